@@ -1,0 +1,143 @@
+"""Random-weight Stable Diffusion models built with ComfyUI's own classes.
+
+No trained weights can be downloaded where the tests run, so tests, the demo and the
+benchmark build models in the exact SD1.5 / SD2.x / SDXL layouts (``full``) or in the same
+layouts at a fraction of the width (``tiny``, for fast CPU tests), with weights drawn from a
+private generator. ``write_checkpoint`` saves a full single-file checkpoint (UNet, CLIP, VAE)
+that ComfyUI's loader detects as the real model type.
+
+Runs inside the host venv with the ComfyUI folder importable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# As ComfyUI's model detection reports the real models (comfy/model_detection.py).
+_COMMON = {"use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4,
+           "use_spatial_transformer": True, "legacy": False, "use_temporal_attention": False,
+           "use_temporal_resblock": False}
+FULL_UNET_CONFIGS = {
+    "SD15": {**_COMMON, "adm_in_channels": None, "model_channels": 320, "num_res_blocks": [2, 2, 2, 2],
+             "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0], "channel_mult": [1, 2, 4, 4],
+             "transformer_depth_middle": 1, "use_linear_in_transformer": False, "context_dim": 768,
+             "num_heads": 8, "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]},
+    "SD21": {**_COMMON, "adm_in_channels": None, "model_channels": 320, "num_res_blocks": [2, 2, 2, 2],
+             "transformer_depth": [1, 1, 1, 1, 1, 1, 0, 0], "channel_mult": [1, 2, 4, 4],
+             "transformer_depth_middle": 1, "use_linear_in_transformer": True, "context_dim": 1024,
+             "num_head_channels": 64, "transformer_depth_output": [1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]},
+    "SDXL": {**_COMMON, "num_classes": "sequential", "adm_in_channels": 2816, "model_channels": 320,
+             "num_res_blocks": [2, 2, 2], "transformer_depth": [0, 0, 2, 2, 10, 10], "channel_mult": [1, 2, 4],
+             "transformer_depth_middle": 10, "use_linear_in_transformer": True, "context_dim": 2048,
+             "num_head_channels": 64, "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10]},
+}
+# Same block structure, a fraction of the width and depth: seconds per step on a CPU.
+TINY_OVERRIDES = {
+    "SD15": {"model_channels": 32, "context_dim": 64, "num_heads": 2},
+    "SD21": {"model_channels": 32, "context_dim": 64, "num_head_channels": 16, "num_heads": -1},
+    "SDXL": {"model_channels": 32, "context_dim": 64, "num_head_channels": 16, "num_heads": -1, "transformer_depth": [0, 0, 1, 1, 2, 2],
+             "transformer_depth_middle": 1, "transformer_depth_output": [0, 0, 0, 1, 1, 1, 2, 2, 2]},
+}
+CONTEXT_TOKENS = 77
+SDXL_POOLED = 1280
+
+
+def unet_config(family: str, tiny: bool) -> dict:
+    config = dict(FULL_UNET_CONFIGS[family])
+    if tiny:
+        config.update(TINY_OVERRIDES[family])
+    return config
+
+
+def _model_config(family: str, config: dict):
+    import comfy.supported_models as supported
+
+    cls = {"SD15": supported.SD15, "SD21": supported.SD20, "SDXL": supported.SDXL}[family]
+    model_config = cls(config)
+    # The class adds its own head layout (unet_extra_config); ours must win for tiny models.
+    model_config.unet_config.update({k: v for k, v in config.items() if k in ("num_heads", "num_head_channels")})
+    model_config.set_inference_dtype(torch.float32, None)
+    return model_config
+
+
+def randomize_(module: torch.nn.Module, seed: int) -> None:
+    """Fill every parameter from a private generator: weights ~ N(0, 1/fan_in), norm scales
+    1, biases 0, so activations stay finite through the random network."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if param.dim() >= 2:
+                fan_in = math.prod(param.shape[1:])
+                param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.fill_(1.0)
+
+
+def make_model(family: str = "SD15", tiny: bool = True, seed: int = 0, v_prediction: bool = False):
+    """A ModelPatcher around a random-weight UNet of that family, on ComfyUI's torch device."""
+    import comfy.model_base
+    import comfy.model_management
+    import comfy.model_patcher
+
+    model_config = _model_config(family, unet_config(family, tiny))
+    model_type = comfy.model_base.ModelType.V_PREDICTION if v_prediction else comfy.model_base.ModelType.EPS
+    if family == "SDXL":
+        model = comfy.model_base.SDXL(model_config, model_type=model_type)
+    else:
+        model = comfy.model_base.BaseModel(model_config, model_type=model_type)
+    randomize_(model.diffusion_model, seed)
+    model.eval()
+    device = comfy.model_management.get_torch_device()
+    return comfy.model_patcher.ModelPatcher(model, load_device=device,
+                                            offload_device=comfy.model_management.unet_offload_device())
+
+
+def conditioning(family: str, tiny: bool, batch: int = 1, seed: int = 1) -> list:
+    """A random text conditioning in ComfyUI's format for that family."""
+    context_dim = unet_config(family, tiny)["context_dim"]
+    generator = torch.Generator().manual_seed(seed)
+    extras = {}
+    if family == "SDXL":
+        extras["pooled_output"] = torch.randn(batch, SDXL_POOLED, generator=generator)
+    return [[torch.randn(batch, CONTEXT_TOKENS, context_dim, generator=generator), extras]]
+
+
+def smooth_latent(batch: int, height: int, width: int, seed: int = 2) -> torch.Tensor:
+    """A spatially smooth latent (as real latents are): coarse noise upsampled bicubically."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(batch, 4, max(2, height // 8), max(2, width // 8), generator=generator)
+    return torch.nn.functional.interpolate(coarse, size=(height, width), mode="bicubic", align_corners=False)
+
+
+def write_checkpoint(path: str, family: str = "SD15", seed: int = 0) -> None:
+    """A full-size random-weight single-file checkpoint that ComfyUI loads as ``family``."""
+    import comfy.sd
+    import comfy.utils
+
+    patcher = make_model(family, tiny=False, seed=seed)
+    model_config = patcher.model.model_config
+    clip_target = model_config.clip_target()
+    clip = comfy.sd.CLIP(target=clip_target, embedding_directory=None)
+    clip_model = clip.cond_stage_model
+    randomize_(clip_model, seed + 1)
+    vae_sd = _random_vae_state_dict(seed + 2)
+    clip_sd = clip.get_sd()
+    sd = patcher.model.state_dict_for_saving(clip_sd, vae_sd, None)
+    sd = {k: v.contiguous().to(torch.float16) for k, v in sd.items()}
+    comfy.utils.save_torch_file(sd, path)
+
+
+def _random_vae_state_dict(seed: int) -> dict:
+    """The SD (kl-f8) VAE with random weights, in the checkpoint's key layout."""
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+
+    ddconfig = {"double_z": True, "z_channels": 4, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+    vae = AutoencoderKL(ddconfig=ddconfig, embed_dim=4)
+    randomize_(vae, seed)
+    # Random decoders blow up in late layers; keep images in range by scaling the output conv.
+    return {k: v for k, v in vae.state_dict().items()}

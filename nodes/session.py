@@ -1,0 +1,94 @@
+"""Per-run state of one patch, and its lifecycle inside ComfyUI's sampler.
+
+A patch node creates one ``PatchSession`` for the MODEL it returns. The session is shared by
+every clone of that MODEL (the host deep-copies ``model_options`` on clone, so the session
+and the patch objects opt out of copying) and holds nothing between runs: an OUTER_SAMPLE
+wrapper opens a fresh ``RunState`` when sampling starts and drops it in ``finally``, so an
+interrupted run leaves nothing behind and the next run starts clean.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from comfy.patcher_extension import WrappersMP
+
+from ..tokenreduce import SigmaWindow
+
+LOG = logging.getLogger("tokenreduce")
+WRAPPER_KEY = "tokenreduce"
+
+
+@dataclass
+class RunState:
+    """Everything one sampling run accumulates; discarded when the run ends."""
+
+    window: SigmaWindow
+    # The plan made at the start of the current call of each transformer block, by site key;
+    # None where the block is not reduced in this call. Overwritten on every block call.
+    plans: dict = field(default_factory=dict)
+    _sigmas: torch.Tensor | None = None
+    _sigma: float = 0.0
+    _generators: dict = field(default_factory=dict)
+
+    def sigma(self, extra_options: dict) -> float:
+        """The noise level of the current UNet call. Every block of a call gets the same
+        tensor, so it is read from the device once per call, not once per block."""
+        sigmas = extra_options["sigmas"]
+        if sigmas is not self._sigmas:
+            self._sigmas, self._sigma = sigmas, float(sigmas.max())
+        return self._sigma
+
+    def in_window(self, extra_options: dict) -> bool:
+        return self.window.contains(self.sigma(extra_options))
+
+    def generator(self, device: torch.device, seed: int) -> torch.Generator:
+        """A private generator seeded with ``seed``; never the global torch RNG."""
+        # On CUDA draw on the device (no host round trip); elsewhere on the CPU.
+        where = device if device.type == "cuda" else torch.device("cpu")
+        generator = self._generators.get(where)
+        if generator is None:
+            generator = self._generators[where] = torch.Generator(device=where)
+        return generator.manual_seed(seed)
+
+
+class PatchSession:
+    """Shared by the patch functions of one node output and its OUTER_SAMPLE wrapper."""
+
+    def __init__(self, label: str, start_percent: float, end_percent: float):
+        self.label = label
+        self.start_percent = start_percent
+        self.end_percent = end_percent
+        self.run: RunState | None = None
+        self._warned_outside_sampler = False
+
+    def __deepcopy__(self, memo):
+        # ModelPatcher.clone() deep-copies model_options; the clone must share this session.
+        return self
+
+    def window_for(self, model_sampling) -> SigmaWindow:
+        return SigmaWindow(model_sampling.percent_to_sigma(self.start_percent),
+                           model_sampling.percent_to_sigma(self.end_percent))
+
+    def outer_sample_wrapper(self, executor, *args, **kwargs):
+        guider = executor.class_obj
+        window = self.window_for(guider.model_patcher.get_model_object("model_sampling"))
+        previous, self.run = self.run, RunState(window)
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            self.run = previous
+
+    def attach(self, patcher) -> None:
+        patcher.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, self.outer_sample_wrapper)
+
+    def current(self) -> RunState | None:
+        """The run in progress, or None when the model is called outside a ComfyUI sampler
+        (then the patch passes everything through, and says so once)."""
+        if self.run is None and not self._warned_outside_sampler:
+            self._warned_outside_sampler = True
+            LOG.warning("%s: the model was called outside a ComfyUI sampler; this patch does "
+                        "nothing there (it is active only inside sampling runs).", self.label)
+        return self.run

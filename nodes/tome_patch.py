@@ -1,0 +1,134 @@
+"""ToMe for SD inside ComfyUI's transformer blocks.
+
+ComfyUI's BasicTransformerBlock gives patches the normed input ``n = norm1(x)`` of
+self-attention (``attn1_patch``, with keys and values still ``n``), the attention output
+before the residual add (``attn1_output_patch``) and the same pair for cross-attention. There
+is no hook around the feed-forward, so MLP merging is an object patch of that block's
+``ff.forward``, which the host restores when the model is unpatched.
+
+Per block call the self-attention patch plans the merge once on ``n`` (ComfyUI's built-in
+does the same; tomesd plans on the block input ``x``) and every stage of that block reuses
+the plan, as tomesd does. The plan lives in the run state until the block's next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..tokenreduce import MergePlan, block_grid, derive_seed, downsample_of, plan_bipartite_merge
+from .session import PatchSession, RunState
+from .unet_layout import TransformerSite
+
+
+@dataclass(frozen=True)
+class ToMeSettings:
+    ratio: float
+    stride_x: int
+    stride_y: int
+    max_downsample: int
+    queries_only: bool  # merge the queries only (ComfyUI's built-in) instead of q, k and v
+    merge_attn: bool
+    merge_crossattn: bool
+    merge_mlp: bool
+    use_rand: bool
+    seed: int
+
+
+def _site_key(extra_options: dict) -> tuple | None:
+    block = extra_options.get("block")
+    if block is None:
+        return None
+    return (block[0], block[1], extra_options.get("block_index", 0))
+
+
+class ToMePatch:
+    """The patch functions of one ToMe node output."""
+
+    def __init__(self, settings: ToMeSettings, session: PatchSession):
+        self.settings = settings
+        self.session = session
+
+    def __deepcopy__(self, memo):
+        # Shared across clones of the patched model, like its session.
+        return self
+
+    def _plan(self, run: RunState, key: tuple, n: torch.Tensor, extra_options: dict) -> MergePlan | None:
+        """The merge plan of this block call, or None where it is left alone: a level above
+        max_downsample, a step outside the window, or tokens that are not the block's grid
+        (another patch reshaped them, or temporal attention)."""
+        activations = extra_options.get("activations_shape")
+        original = extra_options.get("original_shape")
+        if activations is None or original is None:
+            return None
+        grid = block_grid(n.shape[1], (activations[-2], activations[-1]))
+        if grid is None:
+            return None
+        if downsample_of((original[-2], original[-1]), grid) > self.settings.max_downsample:
+            return None
+        if not run.in_window(extra_options):
+            return None
+        s = self.settings
+        h, w = grid
+        generator = None
+        if s.use_rand:
+            # Keyed by when and where, not by call order: split or batched cond/uncond and
+            # area conditioning draw the same partition for the same block and step.
+            seed = derive_seed(s.seed, run.sigma(extra_options), key, h, w)
+            generator = run.generator(n.device, seed)
+        return plan_bipartite_merge(n, w, h, s.stride_x, s.stride_y, int(n.shape[1] * s.ratio), generator)
+
+    def attn1(self, n, context, value, extra_options):
+        run = self.session.current()
+        key = _site_key(extra_options)
+        if run is None or key is None:
+            return n, context, value
+        plan = run.plans[key] = self._plan(run, key, n, extra_options)
+        if plan is None or not self.settings.merge_attn:
+            return n, context, value
+        merged = plan.merge(n)
+        if self.settings.queries_only or context is not n or value is not n:
+            # Keys/values stay full (or as an earlier patch left them).
+            return merged, context, value
+        return merged, merged, merged
+
+    def _stage_plan(self, extra_options: dict, tokens: int) -> MergePlan | None:
+        run = self.session.run
+        key = _site_key(extra_options)
+        if run is None or key is None:
+            return None
+        plan = run.plans.get(key)
+        return plan if plan is not None and plan.tokens == tokens else None
+
+    def _unmerge(self, n, extra_options):
+        run = self.session.run
+        key = _site_key(extra_options)
+        plan = run.plans.get(key) if run is not None and key is not None else None
+        if plan is None or n.shape[1] != plan.merged_tokens:
+            return n
+        return plan.unmerge(n)
+
+    def attn1_output(self, n, extra_options):
+        return self._unmerge(n, extra_options)
+
+    def attn2(self, n, context, value, extra_options):
+        plan = self._stage_plan(extra_options, n.shape[1])
+        return (n if plan is None else plan.merge(n)), context, value
+
+    def attn2_output(self, n, extra_options):
+        return self._unmerge(n, extra_options)
+
+    def mlp_forward(self, site: TransformerSite, feed_forward: torch.nn.Module):
+        """A replacement ``forward`` for the feed-forward module of ``site``."""
+        original = type(feed_forward).forward
+        session = self.session
+
+        def forward(x):
+            run = session.run
+            plan = run.plans.get(site.key) if run is not None else None
+            if plan is None or plan.tokens != x.shape[1]:
+                return original(feed_forward, x)
+            return plan.unmerge(original(feed_forward, plan.merge(x)))
+
+        return forward

@@ -1,0 +1,21 @@
+"""Host-free core of the TokenReduce node pack: token merging (ToMe) and token downsampling
+(ToDo) for Stable Diffusion UNets.
+
+Imports nothing but torch. Host adapters (the ComfyUI nodes in ``nodes/``) read the host's
+data structures and call into this package.
+"""
+
+from .bipartite import MergePlan, plan_bipartite_merge, stride_ratio_cap
+from .grid import block_grid, downsample_of
+from .seeding import derive_seed
+from .window import SigmaWindow
+
+__all__ = [
+    "MergePlan",
+    "plan_bipartite_merge",
+    "stride_ratio_cap",
+    "block_grid",
+    "downsample_of",
+    "derive_seed",
+    "SigmaWindow",
+]

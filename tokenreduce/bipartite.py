@@ -1,0 +1,145 @@
+"""Bipartite soft matching on a 2-D token grid (ToMe for SD, Bolya & Hoffman 2023).
+
+The grid is tiled into ``sy x sx`` cells; one token per cell becomes a *destination* (dst),
+every other token a *source* (src). Each src picks its most similar dst (cosine similarity
+of the metric), and the ``r`` src tokens with the highest similarity are averaged into their
+dst. ``unmerge`` copies each dst's result back to the src tokens merged into it, restoring
+the full sequence in its original order.
+
+For the same metric, sizes, ``r`` and generator state this computes the same partition and
+the same merges as ``tomesd.merge.bipartite_soft_matching_random2d`` (tomesd 0.1.3, our test
+oracle); the plan is an object instead of a pair of closures so that a host can keep it
+between the merge and the unmerge, reuse it, and report on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def stride_ratio_cap(stride_x: int, stride_y: int) -> float:
+    """The largest ratio a ``stride_x x stride_y`` dst grid can reach: every src merged."""
+    return 1.0 - 1.0 / (stride_x * stride_y)
+
+
+def _gather(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    # MPS mis-gathers along a trailing dimension of size 1 (tomesd#4); add a dimension there.
+    if x.device.type == "mps" and x.shape[-1] == 1:
+        return torch.gather(x.unsqueeze(-1), dim - 1 if dim < 0 else dim, index.unsqueeze(-1)).squeeze(-1)
+    return torch.gather(x, dim, index)
+
+
+def _partition(h: int, w: int, sx: int, sy: int, generator: torch.Generator | None,
+               device: torch.device) -> tuple[torch.Tensor, int]:
+    """Token indices ordered dst first, then src, each in raster order; and the dst count."""
+    hsy, wsx = h // sy, w // sx
+    if generator is None:
+        choice = torch.zeros(hsy, wsx, 1, device=device, dtype=torch.int64)
+    else:
+        # Drawn on the generator's device so the stream is the same wherever the model runs.
+        choice = torch.randint(sy * sx, size=(hsy, wsx, 1), device=generator.device,
+                               generator=generator).to(device)
+    marks = torch.zeros(hsy, wsx, sy * sx, device=device, dtype=torch.int64)
+    marks.scatter_(dim=2, index=choice, src=torch.full_like(choice, -1))
+    marks = marks.view(hsy, wsx, sy, sx).transpose(1, 2).reshape(hsy * sy, wsx * sx)
+    if hsy * sy < h or wsx * sx < w:
+        # Rows/columns beyond the last whole cell hold no dst: they are all src.
+        full = torch.zeros(h, w, device=device, dtype=torch.int64)
+        full[: hsy * sy, : wsx * sx] = marks
+        marks = full
+    # dst are marked -1 and src 0, so sorting lists dst first, then src. The same (default,
+    # not necessarily stable) sort as tomesd keeps the token order identical to the oracle's.
+    order = marks.reshape(1, -1, 1).argsort(dim=1)
+    return order, hsy * wsx
+
+
+@dataclass(eq=False)
+class MergePlan:
+    """Which tokens merge into which, for one block call. Applies to any [B, N, C] tensor of
+    the batch and token count it was planned on."""
+
+    batch: int
+    tokens: int
+    r: int
+    num_dst: int
+    src_of: torch.Tensor | None = None  # [1, N - num_dst, 1]: token index of each src
+    dst_of: torch.Tensor | None = None  # [1, num_dst, 1]: token index of each dst
+    unmerged: torch.Tensor | None = None  # [B, N - num_dst - r, 1]: positions in src kept
+    merged: torch.Tensor | None = None  # [B, r, 1]: positions in src merged away
+    merged_into: torch.Tensor | None = None  # [B, r, 1]: the dst each of those joins
+
+    @property
+    def is_identity(self) -> bool:
+        return self.r <= 0
+
+    @property
+    def merged_tokens(self) -> int:
+        """Token count after merging."""
+        return self.tokens - max(self.r, 0)
+
+    @classmethod
+    def identity(cls, batch: int, tokens: int) -> "MergePlan":
+        return cls(batch=batch, tokens=tokens, r=0, num_dst=0)
+
+    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, c = x.shape
+        src = _gather(x, 1, self.src_of.expand(b, n - self.num_dst, c))
+        dst = _gather(x, 1, self.dst_of.expand(b, self.num_dst, c))
+        return src, dst
+
+    def merge(self, x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+        """[B, N, C] -> [B, N - r, C]: unmerged src tokens, then dst tokens."""
+        if self.is_identity:
+            return x
+        src, dst = self._split(x)
+        b, n_src, c = src.shape
+        kept = _gather(src, -2, self.unmerged.expand(b, n_src - self.r, c))
+        moved = _gather(src, -2, self.merged.expand(b, self.r, c))
+        dst = dst.scatter_reduce(-2, self.merged_into.expand(b, self.r, c), moved, reduce=mode)
+        return torch.cat([kept, dst], dim=1)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, N - r, C] -> [B, N, C]: every merged src receives its dst's value."""
+        if self.is_identity:
+            return x
+        n_kept = self.unmerged.shape[1]
+        kept, dst = x[..., :n_kept, :], x[..., n_kept:, :]
+        b, c = x.shape[0], x.shape[-1]
+        moved = _gather(dst, -2, self.merged_into.expand(b, self.r, c))
+        src_of = self.src_of.expand(b, self.src_of.shape[1], 1)
+        out = torch.zeros(b, self.tokens, c, device=x.device, dtype=x.dtype)
+        out.scatter_(-2, self.dst_of.expand(b, self.num_dst, c), dst)
+        out.scatter_(-2, _gather(src_of, 1, self.unmerged).expand(b, n_kept, c), kept)
+        out.scatter_(-2, _gather(src_of, 1, self.merged).expand(b, self.r, c), moved)
+        return out
+
+
+def plan_bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
+                         generator: torch.Generator | None = None) -> MergePlan:
+    """Plan merging ``r`` tokens of ``metric`` ([B, N, C], N = h * w in raster order).
+
+    ``generator`` draws the dst position in each cell; ``None`` takes the top-left token of
+    every cell. ``r`` is capped at the number of src tokens. Grids smaller than one cell
+    (``h < sy`` or ``w < sx``) have no dst and give the identity plan.
+    """
+    batch, tokens, _ = metric.shape
+    if tokens != h * w:
+        raise ValueError(f"metric has {tokens} tokens, the grid {h}x{w} has {h * w}")
+    if r <= 0 or h < sy or w < sx:
+        return MergePlan.identity(batch, tokens)
+    with torch.no_grad():
+        order, num_dst = _partition(h, w, sx, sy, generator, metric.device)
+        src_of, dst_of = order[:, num_dst:, :], order[:, :num_dst, :]
+        plan = MergePlan(batch=batch, tokens=tokens, r=min(r, tokens - num_dst),
+                         num_dst=num_dst, src_of=src_of, dst_of=dst_of)
+        unit = metric / metric.norm(dim=-1, keepdim=True)
+        a, b = plan._split(unit)
+        scores = a @ b.transpose(-1, -2)
+        best, best_dst = scores.max(dim=-1)
+        by_similarity = best.argsort(dim=-1, descending=True)[..., None]
+        plan.unmerged = by_similarity[..., plan.r:, :]
+        plan.merged = by_similarity[..., : plan.r, :]
+        plan.merged_into = _gather(best_dst[..., None], -2, plan.merged)
+    return plan
