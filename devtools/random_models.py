@@ -141,3 +141,20 @@ def _random_vae_state_dict(seed: int) -> dict:
     randomize_(vae, seed)
     # Random decoders blow up in late layers; keep images in range by scaling the output conv.
     return {k: v for k, v in vae.state_dict().items()}
+
+
+def make_dit(seed: int = 0):
+    """A tiny random-weight SD3 (MMDiT): a diffusion model with no UNet transformer blocks."""
+    import comfy.model_management
+    import comfy.model_patcher
+    import comfy.supported_models as supported
+
+    config = {"in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2, "pos_embed_scaling_factor": None,
+              "pos_embed_max_size": 16, "num_patches": 256, "adm_in_channels": 64,
+              "context_embedder_config": {"target": "torch.nn.Linear", "params": {"in_features": 64, "out_features": 128}}}
+    model_config = supported.SD3(config)
+    model_config.set_inference_dtype(torch.float32, None)
+    model = model_config.get_model({})
+    randomize_(model.diffusion_model, seed)
+    return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
+                                            offload_device=comfy.model_management.unet_offload_device())

@@ -1,0 +1,64 @@
+"""Shared test setup.
+
+Core tests (test_core_*.py) need only torch and tomesd. Host tests (test_comfy_*.py) run on
+the real pinned ComfyUI built by devtools/host.py: in-process through the ``comfy`` fixture,
+or as a server through the fixtures in server_harness.py. Run everything with
+``python3 devtools/run_tests.py``, which builds the host first.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PACK_MODULE = "tokenreduce_pack"  # the name the tests load the pack under, as ComfyUI would
+
+
+def comfyui_dir() -> Path:
+    explicit = os.environ.get("TOKENREDUCE_COMFYUI")
+    if explicit:
+        return Path(explicit)
+    sys.path.insert(0, str(REPO / "devtools"))
+    import host  # noqa: E402  (devtools/host.py: stdlib only)
+
+    return host.host_location().comfyui
+
+
+@pytest.fixture(scope="session")
+def comfy() -> types.SimpleNamespace:
+    """The real ComfyUI, imported in this process (CPU unless a GPU is present), and this pack
+    loaded as a package the way ComfyUI loads custom nodes."""
+    root = comfyui_dir()
+    if not (root / "comfy").is_dir():
+        pytest.fail(f"no ComfyUI at {root}: run `python3 devtools/run_tests.py`, which builds the pinned host")
+    sys.path.insert(0, str(root))
+    from comfy.cli_args import args
+
+    args.cpu = not torch.cuda.is_available()
+    import comfy.model_management
+    import comfy.sample
+    import comfy.samplers
+    import random_models
+
+    if PACK_MODULE not in sys.modules:
+        spec = importlib.util.spec_from_file_location(PACK_MODULE, REPO / "__init__.py",
+                                                      submodule_search_locations=[str(REPO)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[PACK_MODULE] = module
+        spec.loader.exec_module(module)
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    return types.SimpleNamespace(
+        root=root,
+        sample=comfy.sample,
+        samplers=comfy.samplers,
+        model_management=comfy.model_management,
+        models=random_models,
+        pack=importlib.import_module(f"{PACK_MODULE}.nodes.tome_node"),
+    )

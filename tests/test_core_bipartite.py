@@ -1,0 +1,98 @@
+"""Host-free tests of the bipartite matching: the tomesd oracle, merge/unmerge, edge sizes."""
+
+import pytest
+import torch
+from tomesd.merge import bipartite_soft_matching_random2d as tomesd_matching
+
+from tokenreduce import plan_bipartite_merge, stride_ratio_cap
+
+CASES = [  # h, w, sx, sy, batch, ratio
+    (8, 8, 2, 2, 2, 0.5),
+    (64, 64, 2, 2, 2, 0.5),
+    (9, 13, 2, 2, 1, 0.6),  # not divisible by the stride: the remainder is all src
+    (65, 97, 2, 2, 2, 0.5),  # a 520x776 px image at the finest SD level
+    (7, 5, 3, 2, 3, 0.5),
+    (16, 16, 4, 4, 1, 0.9),
+    (12, 10, 2, 1, 2, 0.3),
+]
+
+
+def _metric(batch, h, w, channels=24, seed=0):
+    return torch.randn(batch, h * w, channels, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("h,w,sx,sy,batch,ratio", CASES)
+@pytest.mark.parametrize("use_rand", [True, False])
+def test_same_merges_as_tomesd(h, w, sx, sy, batch, ratio, use_rand):
+    x = _metric(batch, h, w)
+    r = int(h * w * ratio)
+    ref_merge, ref_unmerge = tomesd_matching(x, w, h, sx, sy, r, no_rand=not use_rand,
+                                             generator=torch.Generator().manual_seed(7))
+    plan = plan_bipartite_merge(x, w, h, sx, sy, r, torch.Generator().manual_seed(7) if use_rand else None)
+    values = _metric(batch, h, w, channels=5, seed=1)
+    assert torch.equal(plan.merge(values), ref_merge(values))
+    merged = plan.merge(values)
+    assert torch.equal(plan.unmerge(merged), ref_unmerge(merged))
+
+
+@pytest.mark.parametrize("h,w,sx,sy,batch,ratio", CASES)
+def test_unmerge_restores_order_and_shape(h, w, sx, sy, batch, ratio):
+    x = _metric(batch, h, w)
+    plan = plan_bipartite_merge(x, w, h, sx, sy, int(h * w * ratio), torch.Generator().manual_seed(3))
+    merged = plan.merge(x)
+    assert merged.shape == (batch, plan.merged_tokens, x.shape[-1])
+    restored = plan.unmerge(merged)
+    assert restored.shape == x.shape
+    # Tokens that were not merged come back bit-exact, in their original positions.
+    unchanged = (restored == x).all(dim=-1)
+    assert unchanged.sum(dim=1).tolist() == [h * w - plan.r * 1 - _touched_dst(plan, b) for b in range(batch)]
+
+
+def _touched_dst(plan, b):
+    """dst tokens that received a merge are averages, so they differ from the input."""
+    return int(torch.unique(plan.merged_into[b]).numel())
+
+
+def test_merge_of_identical_tokens_is_lossless():
+    # Constant features: any merge averages equal values, so unmerge restores them exactly.
+    x = torch.ones(2, 64, 8) * torch.arange(8.0)
+    plan = plan_bipartite_merge(x, 8, 8, 2, 2, 40, torch.Generator().manual_seed(0))
+    assert torch.equal(plan.unmerge(plan.merge(x)), x)
+
+
+def test_ratio_zero_is_exact_no_op():
+    x = _metric(2, 8, 8)
+    plan = plan_bipartite_merge(x, 8, 8, 2, 2, 0, torch.Generator().manual_seed(0))
+    assert plan.is_identity
+    assert plan.merge(x) is x and plan.unmerge(x) is x
+
+
+def test_grid_smaller_than_a_cell_is_identity():
+    x = _metric(1, 1, 9)
+    assert plan_bipartite_merge(x, 9, 1, 2, 2, 4).is_identity
+
+
+def test_r_is_capped_at_the_src_count():
+    x = _metric(1, 8, 8)
+    plan = plan_bipartite_merge(x, 8, 8, 2, 2, 1000)
+    assert plan.r == 48 and plan.merged_tokens == 16
+
+
+def test_stride_ratio_cap():
+    assert stride_ratio_cap(2, 2) == 0.75
+    assert stride_ratio_cap(1, 2) == 0.5
+    assert stride_ratio_cap(1, 1) == 0.0
+
+
+def test_wrong_token_count_is_an_error():
+    with pytest.raises(ValueError, match="grid"):
+        plan_bipartite_merge(_metric(1, 8, 8), 7, 8, 2, 2, 10)
+
+
+def test_generator_seed_decides_the_partition():
+    x = _metric(1, 16, 16)
+    a = plan_bipartite_merge(x, 16, 16, 2, 2, 128, torch.Generator().manual_seed(1))
+    b = plan_bipartite_merge(x, 16, 16, 2, 2, 128, torch.Generator().manual_seed(1))
+    c = plan_bipartite_merge(x, 16, 16, 2, 2, 128, torch.Generator().manual_seed(2))
+    assert torch.equal(a.dst_of, b.dst_of)
+    assert not torch.equal(a.dst_of, c.dst_of)
