@@ -17,11 +17,28 @@ NODE_ID = "TokenReduceToMe"  # public and permanent: saved workflows refer to it
 MAX_DOWNSAMPLE_CHOICES = ["auto", "1", "2", "4", "8"]
 MODE_FULL = "q, k, v (tomesd)"
 MODE_QUERIES = "queries only (ComfyUI built-in)"
+MODES = [MODE_FULL, MODE_QUERIES]
+# Declared once for the schema and for validate_inputs: ComfyUI skips its own min/max check for
+# every input that a node's validate_inputs takes, so the node checks those ranges itself.
+RANGES = {"ratio": (0.0, 1.0), "stride_x": (1, 8), "stride_y": (1, 8), "start_percent": (0.0, 1.0),
+          "end_percent": (0.0, 1.0)}
 
 
-def _check_settings(ratio, stride_x, stride_y, merge_attn, merge_crossattn, merge_mlp,
+def _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn, merge_mlp,
                     start_percent, end_percent) -> str | None:
-    """The reason these settings cannot work, or None. Shared by validation and execution."""
+    """The reason these settings cannot work, or None. Shared by validation and execution.
+    Values that are links (None at validation time) are checked when the node runs."""
+    # This ComfyUI does not check V3 combo values against their options: we do.
+    for name, value, options in (("max_downsample", max_downsample, MAX_DOWNSAMPLE_CHOICES),
+                                 ("mode", mode, MODES)):
+        if value is not None and value not in options:
+            return f"{name} {value!r} is not one of {', '.join(map(repr, options))}."
+    given = {"ratio": ratio, "stride_x": stride_x, "stride_y": stride_y, "start_percent": start_percent,
+             "end_percent": end_percent}
+    for name, value in given.items():
+        low, high = RANGES[name]
+        if value is not None and not low <= value <= high:
+            return f"{name} {value:g} is out of range: it must be between {low:g} and {high:g}."
     if None not in (ratio, stride_x, stride_y):
         cap = stride_ratio_cap(stride_x, stride_y)
         if ratio > cap + 1e-9:
@@ -50,19 +67,19 @@ class ToMePatchNode(io.ComfyNode):
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The diffusion model (UNet) to patch. The input model is never changed."),
-                io.Float.Input("ratio", default=0.5, min=0.0, max=1.0, step=0.01,
+                io.Float.Input("ratio", default=0.5, min=RANGES["ratio"][0], max=RANGES["ratio"][1], step=0.01,
                                tooltip="Fraction of tokens merged in each patched block. At most 1 - 1/(stride_x*stride_y) "
                                        "(0.75 for 2x2); higher values are rejected, not silently capped. 0 merges nothing."),
-                io.Int.Input("stride_x", default=2, min=1, max=8,
+                io.Int.Input("stride_x", default=2, min=RANGES["stride_x"][0], max=RANGES["stride_x"][1],
                              tooltip="Width of the cells that each keep one token as merge target. Larger strides allow "
                                      "higher ratios but merge tokens that are further apart."),
-                io.Int.Input("stride_y", default=2, min=1, max=8,
+                io.Int.Input("stride_y", default=2, min=RANGES["stride_y"][0], max=RANGES["stride_y"][1],
                              tooltip="Height of the cells that each keep one token as merge target."),
                 io.Combo.Input("max_downsample", options=MAX_DOWNSAMPLE_CHOICES, default="auto",
                                tooltip="Patch transformer blocks whose feature map is downsampled at most this much "
                                        "from the latent. auto: the finest level that has transformer blocks in this "
                                        "model (1 for SD1.x/2.x, 2 for SDXL). A value that patches no block is reported."),
-                io.Combo.Input("mode", options=[MODE_FULL, MODE_QUERIES], default=MODE_FULL,
+                io.Combo.Input("mode", options=MODES, default=MODE_FULL,
                                tooltip="What self-attention computes from merged tokens: queries, keys and values "
                                        "(tomesd, fastest) or only the queries with full keys and values (ComfyUI's "
                                        "built-in TomePatchModel, closer to the unpatched model)."),
@@ -78,30 +95,31 @@ class ToMePatchNode(io.ComfyNode):
                 io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF,
                              tooltip="Seed of the random merge targets. The same seed gives bit-identical results on "
                                      "every run, whatever sampler or noise node is used; the global RNG is untouched."),
-                io.Float.Input("start_percent", default=0.0, min=0.0, max=1.0, step=0.001,
+                io.Float.Input("start_percent", default=0.0, min=RANGES["start_percent"][0], max=RANGES["start_percent"][1], step=0.001,
                                tooltip="Merging starts at this point of sampling (0 = first step, highest noise), "
                                        "measured in noise level like Kohya Deep Shrink, not in steps."),
-                io.Float.Input("end_percent", default=1.0, min=0.0, max=1.0, step=0.001,
+                io.Float.Input("end_percent", default=1.0, min=RANGES["end_percent"][0], max=RANGES["end_percent"][1], step=0.001,
                                tooltip="Merging stops after this point of sampling (1 = last step)."),
             ],
             outputs=[
                 io.Model.Output(tooltip="The patched model (a clone)."),
-                io.String.Output("info", tooltip="What was patched, and any warning about settings that do nothing."),
+                io.String.Output("info", display_name="info", tooltip="What was patched, and any warning about settings that do nothing."),
             ],
         )
 
     @classmethod
-    def validate_inputs(cls, ratio=None, stride_x=None, stride_y=None, merge_attn=None, merge_crossattn=None,
-                        merge_mlp=None, start_percent=None, end_percent=None) -> bool | str:
-        problem = _check_settings(ratio, stride_x, stride_y, merge_attn, merge_crossattn, merge_mlp,
-                                  start_percent, end_percent)
+    def validate_inputs(cls, ratio=None, stride_x=None, stride_y=None, max_downsample=None, mode=None,
+                        merge_attn=None, merge_crossattn=None, merge_mlp=None, start_percent=None,
+                        end_percent=None) -> bool | str:
+        problem = _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn,
+                                  merge_mlp, start_percent, end_percent)
         return True if problem is None else problem
 
     @classmethod
     def execute(cls, model, ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn,
                 merge_mlp, use_rand, seed, start_percent, end_percent) -> io.NodeOutput:
-        problem = _check_settings(ratio, stride_x, stride_y, merge_attn, merge_crossattn, merge_mlp,
-                                  start_percent, end_percent)
+        problem = _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn,
+                                  merge_mlp, start_percent, end_percent)
         if problem is not None:
             raise ValueError(f"{NODE_ID}: {problem}")
         target = patch_target(model, "ToMe", max_downsample)

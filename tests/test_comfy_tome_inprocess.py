@@ -293,16 +293,20 @@ def test_info_reports_what_was_patched(comfy, models):
     (dict(ratio=0.6, stride_x=1, stride_y=2), "= 0.5"),
     (dict(merge_attn=False), "nothing to merge"),
     (dict(start_percent=0.6, end_percent=0.4), "after end_percent"),
+    (dict(ratio=1.2), "ratio 1.2 is out of range"),
+    (dict(stride_y=9), "stride_y 9 is out of range"),
+    (dict(max_downsample="16"), "max_downsample '16' is not one of"),
+    (dict(mode="keys"), "mode 'keys' is not one of"),
 ])
 def test_bad_settings_are_rejected(comfy, models, overrides, message):
     settings = {**DEFAULTS, **overrides}
     node = comfy.pack.ToMePatchNode
-    problem = node.validate_inputs(**{k: v for k, v in settings.items() if k not in ("max_downsample", "mode", "use_rand", "seed")})
+    problem = node.validate_inputs(**{k: v for k, v in settings.items() if k not in ("use_rand", "seed")})
     assert isinstance(problem, str) and message in problem
     with pytest.raises(ValueError, match="TokenReduceToMe"):
         tome(comfy, models["SD15"], **overrides)
 
 
 def test_a_ratio_at_the_cap_is_accepted(comfy, models):
-    settings = {k: v for k, v in {**DEFAULTS, "ratio": 0.75}.items() if k not in ("max_downsample", "mode", "use_rand", "seed")}
+    settings = {k: v for k, v in {**DEFAULTS, "ratio": 0.75}.items() if k not in ("use_rand", "seed")}
     assert comfy.pack.ToMePatchNode.validate_inputs(**settings) is True

@@ -1,0 +1,187 @@
+"""Run the pinned ComfyUI as a server with this pack installed, and talk to its HTTP API.
+
+Everything the server writes (models folder, custom_nodes, user data, outputs) lives under a
+base directory of the caller's choosing, so the cached host stays untouched. The pack is
+installed the way a user installs it: a folder in ``custom_nodes/`` (here a symlink to the
+repo). Used by the end-to-end tests and the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+PACK_FOLDER = "ComfyUI-TokenReduce"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PromptRejected(Exception):
+    """POST /prompt answered 400: the prompt failed validation."""
+
+    def __init__(self, body: dict):
+        super().__init__(json.dumps(body)[:2000])
+        self.body = body
+
+
+class ComfyServer:
+    def __init__(self, comfyui: Path, python: Path | str, base: Path, checkpoints: dict[str, Path] | None = None,
+                 extra_args: list[str] | None = None):
+        self.comfyui = Path(comfyui)
+        self.python = str(python)
+        self.base = Path(base)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.client_id = uuid.uuid4().hex
+        self.output = self.base / "output"
+        self.log_path = self.base / "server.log"
+        self._prepare(checkpoints or {})
+        self.extra_args = extra_args or []
+        self.process: subprocess.Popen | None = None
+
+    def _prepare(self, checkpoints: dict[str, Path]) -> None:
+        nodes_dir = self.base / "custom_nodes"
+        nodes_dir.mkdir(parents=True, exist_ok=True)
+        link = nodes_dir / PACK_FOLDER
+        if not link.exists():
+            link.symlink_to(REPO, target_is_directory=True)
+        ckpt_dir = self.base / "models" / "checkpoints"
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        for name, path in checkpoints.items():
+            target = ckpt_dir / name
+            if not target.exists():
+                target.symlink_to(Path(path).resolve())
+        self.output.mkdir(parents=True, exist_ok=True)
+
+    def start(self, timeout: float = 240.0) -> "ComfyServer":
+        cmd = [self.python, "main.py", "--listen", "127.0.0.1", "--port", str(self.port), "--disable-auto-launch",
+               "--base-directory", str(self.base), "--output-directory", str(self.output), *self.extra_args]
+        try:
+            import torch  # only to tell whether this machine has a GPU
+            gpu = torch.cuda.is_available()
+        except ImportError:
+            gpu = False
+        if not gpu:
+            cmd.append("--cpu")
+        self._log = open(self.log_path, "w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(cmd, cwd=self.comfyui, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.process.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if requests.get(f"{self.url}/object_info/KSampler", timeout=5).ok:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise RuntimeError(f"ComfyUI did not answer within {timeout:.0f} s:\n{self.log()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "ComfyServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    # --- API -------------------------------------------------------------------------------
+    def get(self, path: str, **kwargs):
+        response = requests.get(f"{self.url}{path}", timeout=60, **kwargs)
+        response.raise_for_status()
+        return response.json()
+
+    def object_info(self, node: str | None = None) -> dict:
+        return self.get(f"/object_info/{node}" if node else "/object_info")
+
+    def queue(self, prompt: dict) -> str:
+        response = requests.post(f"{self.url}/prompt", json={"prompt": prompt, "client_id": self.client_id}, timeout=60)
+        if response.status_code == 400:
+            raise PromptRejected(response.json())
+        response.raise_for_status()
+        return response.json()["prompt_id"]
+
+    def wait(self, prompt_id: str, timeout: float = 900.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            history = self.get(f"/history/{prompt_id}")
+            if prompt_id in history and history[prompt_id].get("status", {}).get("completed") is not None:
+                entry = history[prompt_id]
+                if entry["status"].get("status_str") in ("success", "error"):
+                    return entry
+            time.sleep(0.25)
+        raise TimeoutError(f"prompt {prompt_id} did not finish within {timeout:.0f} s")
+
+    def run(self, prompt: dict, timeout: float = 900.0) -> dict:
+        entry = self.wait(self.queue(prompt), timeout)
+        if entry["status"]["status_str"] != "success":
+            raise RuntimeError(f"prompt failed: {json.dumps(entry['status'])[:4000]}")
+        return entry
+
+    def interrupt(self) -> None:
+        requests.post(f"{self.url}/interrupt", json={}, timeout=30).raise_for_status()
+
+    def free(self) -> None:
+        """Unload models and drop the execution cache: the next prompt re-executes every node."""
+        requests.post(f"{self.url}/free", json={"unload_models": True, "free_memory": True},
+                      timeout=30).raise_for_status()
+
+    def images(self, entry: dict) -> list[Path]:
+        paths = []
+        for output in entry["outputs"].values():
+            for image in output.get("images", []):
+                paths.append(self.output / image.get("subfolder", "") / image["filename"])
+        return paths
+
+    def execution_seconds(self, entry: dict) -> float:
+        """Wall time from execution_start to execution_success, from the history's messages."""
+        stamps = {name: data.get("timestamp") for name, data in entry["status"].get("messages", [])}
+        return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
+
+
+def checkpoint_path(host_root: Path, family: str = "SD15", seed: int = 0) -> Path:
+    """Where the random-weight checkpoint of a family is cached beside the host."""
+    return Path(host_root) / "checkpoints" / f"tokenreduce-random-{family.lower()}-seed{seed}-v1.safetensors"
+
+
+def ensure_checkpoint(host_root: Path, python: str | Path = sys.executable, family: str = "SD15", seed: int = 0) -> Path:
+    """Write (once) a full-size random-weight checkpoint with ComfyUI's classes, in the host."""
+    path = checkpoint_path(host_root, family, seed)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "import torch\nfrom comfy.cli_args import args\nargs.cpu = not torch.cuda.is_available()\n"
+            "import random_models\nrandom_models.write_checkpoint(sys.argv[3], sys.argv[4], int(sys.argv[5]))\n")
+    subprocess.run([str(python), "-c", code, str(Path(host_root) / "ComfyUI"), str(REPO / "devtools"), str(partial),
+                    family, str(seed)], check=True)
+    partial.rename(path)
+    return path
