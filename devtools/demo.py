@@ -1,0 +1,122 @@
+"""The main job on a fresh machine: ``python3 devtools/demo.py``.
+
+Sets up the pinned ComfyUI (cached), installs this pack into it (a custom_nodes folder of a
+private base directory), writes a random-weight SD1.5 checkpoint unless ``--checkpoint`` names
+yours, runs the example workflow ``example_workflows/sd15_txt2img_tome.json`` with and without
+the ToMe node, prints the seconds per sampling step of each and saves both images.
+
+    python3 devtools/demo.py                                  # random weights, 512 px, 4 steps
+    python3 devtools/demo.py --checkpoint ~/models/v1-5.safetensors --size 768 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "devtools"))
+
+import host  # noqa: E402
+
+EXAMPLE = REPO / "example_workflows" / "sd15_txt2img_tome.json"
+NODE = "TokenReduceToMe"
+
+
+def _in_host() -> bool:
+    return Path(sys.prefix).resolve() == (host.host_location().root / "venv").resolve()
+
+
+async def _run_timed(server, prompt: dict, sampler_node: str) -> tuple[dict, float]:
+    """Queue a prompt, follow its progress over the websocket, and return its history entry
+    and the seconds per sampling step (from the sampler's progress messages)."""
+    import aiohttp
+
+    ticks = []
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(f"ws://127.0.0.1:{server.port}/ws?clientId={server.client_id}") as ws:
+            prompt_id = server.queue(prompt)
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                event = json.loads(message.data)
+                data = event.get("data", {})
+                if data.get("prompt_id") != prompt_id:
+                    continue
+                if event["type"] == "progress" and data.get("node") == sampler_node:
+                    ticks.append((time.perf_counter(), data["value"]))
+                elif event["type"] == "execution_error":
+                    raise RuntimeError(data.get("exception_message"))
+                elif event["type"] == "executing" and data.get("node") is None:
+                    break
+    entry = server.wait(prompt_id)
+    (t0, v0), (t1, v1) = ticks[0], ticks[-1]
+    return entry, (t1 - t0) / max(1, v1 - v0)
+
+
+def _prompts(object_info: dict, checkpoint_name: str, size: int, steps: int) -> dict[str, dict]:
+    import workflow
+
+    with_tome = workflow.to_api(workflow.load(EXAMPLE), object_info)
+    workflow.find(with_tome, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name
+    latent = workflow.find(with_tome, "EmptyLatentImage")
+    latent["width"] = latent["height"] = size
+    workflow.find(with_tome, "KSampler")["steps"] = steps
+    workflow.find(with_tome, "SaveImage")["filename_prefix"] = "demo_tome"
+    (tome_id,) = [k for k, v in with_tome.items() if v["class_type"] == NODE]
+    without = copy.deepcopy(with_tome)
+    model_source = without.pop(tome_id)["inputs"]["model"]
+    workflow.find(without, "KSampler")["model"] = model_source
+    workflow.find(without, "SaveImage")["filename_prefix"] = "demo_unpatched"
+    return {"without ToMe": without, "with ToMe": with_tome}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, help="an SD1.x checkpoint (default: a random-weight SD1.5)")
+    parser.add_argument("--size", type=int, default=512, help="image width and height in px (default 512)")
+    parser.add_argument("--steps", type=int, default=4, help="sampling steps (default 4, at least 2)")
+    parser.add_argument("--out", type=Path, default=REPO / "out" / "demo", help="where images and logs go")
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be at least 2 to measure seconds per step")
+
+    if not _in_host():
+        built = host.ensure_host()
+        os.execv(str(built.python), [str(built.python), __file__, *sys.argv[1:]])
+
+    from comfy_server import ComfyServer, ensure_checkpoint
+
+    built = host.host_location()
+    checkpoint = args.checkpoint.expanduser().resolve() if args.checkpoint else ensure_checkpoint(built.root)
+    base = args.out / "comfyui-base"
+    shutil.rmtree(base, ignore_errors=True)
+    server = ComfyServer(built.comfyui, sys.executable, base, {checkpoint.name: checkpoint})
+    print(f"starting ComfyUI (log: {server.log_path})", flush=True)
+    results = {}
+    with server:
+        prompts = _prompts(server.object_info(), checkpoint.name, args.size, args.steps)
+        for label, prompt in prompts.items():
+            (sampler,) = [k for k, v in prompt.items() if v["class_type"] == "KSampler"]
+            print(f"running the example workflow {label} ({args.size}x{args.size} px, {args.steps} steps)", flush=True)
+            entry, per_step = asyncio.run(_run_timed(server, prompt, sampler))
+            results[label] = (per_step, server.images(entry)[0], entry)
+    base_time = results["without ToMe"][0]
+    print(f"\n{'run':<14} {'s/step':>8} {'speed-up':>9}  image")
+    for label, (per_step, image, _) in results.items():
+        print(f"{label:<14} {per_step:8.3f} {base_time / per_step:8.2f}x  {image}")
+    tome_report = [o["text"][0] for o in results["with ToMe"][2]["outputs"].values() if "text" in o]
+    if tome_report:
+        print(f"\nToMe node report: {tome_report[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
