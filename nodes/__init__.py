@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .todo_node import ToDoPatchNode
 from .tome_node import ToMePatchNode
 
 
 class TokenReduceExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [ToMePatchNode]
+        return [ToMePatchNode, ToDoPatchNode]
 
 
 async def comfy_entrypoint() -> TokenReduceExtension:

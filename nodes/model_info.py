@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .unet_layout import TransformerSite, UNetLayout, unet_layout
+
+LEVEL_CHOICES = ["auto", "1", "2", "4", "8"]
 
 
 def model_family(model) -> str:
@@ -17,16 +20,21 @@ def model_family(model) -> str:
 class PatchTarget:
     family: str
     layout: UNetLayout | None
-    max_downsample: int
+    level: int  # the resolved level setting ("auto" -> this model's finest transformer level)
     sites: tuple[TransformerSite, ...] | None  # None: nothing to patch, see message
     message: str = ""
 
+    def count_at(self, level: int) -> int:
+        return sum(1 for site in self.sites if site.downsample == level)
 
-def patch_target(model, method: str, max_downsample: str) -> PatchTarget:
-    """Resolve ``max_downsample`` ("auto" or a number) for this model, and find the blocks.
 
-    Never silent: a model without UNet transformer blocks, or a level that has none, comes
-    back with ``sites=None`` and a message that says why and what would work.
+def patch_target(model, method: str, setting: str, choice: str,
+                 select: Callable[[UNetLayout, int], tuple[TransformerSite, ...]]) -> PatchTarget:
+    """Resolve a level setting (``choice``: "auto" or a downsample) for this model and select
+    the blocks to patch with ``select(layout, level)``.
+
+    Never silent: a model without UNet transformer blocks, or a setting that selects none of
+    its blocks, comes back with ``sites=None`` and a message that says why and what would work.
     """
     family = model_family(model)
     layout = unet_layout(model.get_model_object("diffusion_model"), family)
@@ -35,19 +43,11 @@ def patch_target(model, method: str, max_downsample: str) -> PatchTarget:
                            f"WARNING: {method} does nothing on this {family} model: it has no UNet transformer "
                            f"blocks (DiT models such as SD3 and Flux are not supported). The model is returned unchanged.")
     levels = layout.levels
-    resolved = levels[0] if max_downsample == "auto" else int(max_downsample)
-    sites = layout.within(resolved)
+    level = levels[0] if choice == "auto" else int(choice)
+    sites = select(layout, level)
     if not sites:
-        return PatchTarget(family, layout, resolved, None,
-                           f"WARNING: {method} does nothing on this {family} model with max_downsample {max_downsample}: "
+        return PatchTarget(family, layout, level, None,
+                           f"WARNING: {method} does nothing on this {family} model with {setting} {choice}: "
                            f"its transformer blocks are at downsample {', '.join(map(str, levels))}. "
-                           f"Use max_downsample auto or {levels[0]} or more. The model is returned unchanged.")
-    return PatchTarget(family, layout, resolved, sites)
-
-
-def describe_sites(target: PatchTarget) -> str:
-    """e.g. 'max_downsample 1 (auto): 5 of 16 transformer blocks (downsample 1: 5)'."""
-    per_level = ", ".join(f"downsample {level}: {len(target.layout.at(level))}"
-                          for level in target.layout.levels if level <= target.max_downsample)
-    return (f"max_downsample {target.max_downsample}: {len(target.sites)} of {len(target.layout.sites)} "
-            f"transformer blocks ({per_level})")
+                           f"Use {setting} auto or {levels[0]}. The model is returned unchanged.")
+    return PatchTarget(family, layout, level, sites)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tokenreduce import MergePlan, block_grid, derive_seed, downsample_of, plan_bipartite_merge
+from ..tokenreduce import MergePlan, derive_seed, plan_bipartite_merge
+from .blocks import block_level, site_key
 from .session import PatchSession, RunState
 from .unet_layout import TransformerSite
 
@@ -36,13 +37,6 @@ class ToMeSettings:
     seed: int
 
 
-def _site_key(extra_options: dict) -> tuple | None:
-    block = extra_options.get("block")
-    if block is None:
-        return None
-    return (block[0], block[1], extra_options.get("block_index", 0))
-
-
 class ToMePatch:
     """The patch functions of one ToMe node output."""
 
@@ -58,14 +52,11 @@ class ToMePatch:
         """The merge plan of this block call, or None where it is left alone: a level above
         max_downsample, a step outside the window, or tokens that are not the block's grid
         (another patch reshaped them, or temporal attention)."""
-        activations = extra_options.get("activations_shape")
-        original = extra_options.get("original_shape")
-        if activations is None or original is None:
+        level = block_level(n.shape[1], extra_options)
+        if level is None:
             return None
-        grid = block_grid(n.shape[1], (activations[-2], activations[-1]))
-        if grid is None:
-            return None
-        if downsample_of((original[-2], original[-1]), grid) > self.settings.max_downsample:
+        grid, downsample = level
+        if downsample > self.settings.max_downsample:
             return None
         if not run.in_window(extra_options):
             return None
@@ -81,7 +72,7 @@ class ToMePatch:
 
     def attn1(self, n, context, value, extra_options):
         run = self.session.current()
-        key = _site_key(extra_options)
+        key = site_key(extra_options)
         if run is None or key is None:
             return n, context, value
         plan = run.plans[key] = self._plan(run, key, n, extra_options)
@@ -95,7 +86,7 @@ class ToMePatch:
 
     def _stage_plan(self, extra_options: dict, tokens: int) -> MergePlan | None:
         run = self.session.run
-        key = _site_key(extra_options)
+        key = site_key(extra_options)
         if run is None or key is None:
             return None
         plan = run.plans.get(key)
@@ -103,7 +94,7 @@ class ToMePatch:
 
     def _unmerge(self, n, extra_options):
         run = self.session.run
-        key = _site_key(extra_options)
+        key = site_key(extra_options)
         plan = run.plans.get(key) if run is not None and key is not None else None
         if plan is None or n.shape[1] != plan.merged_tokens:
             return n

@@ -61,4 +61,11 @@ def comfy() -> types.SimpleNamespace:
         model_management=comfy.model_management,
         models=random_models,
         pack=importlib.import_module(f"{PACK_MODULE}.nodes.tome_node"),
+        todo=importlib.import_module(f"{PACK_MODULE}.nodes.todo_node"),
     )
+
+
+@pytest.fixture(scope="session")
+def models(comfy):
+    """Tiny random-weight models of each UNet family, shared by the in-process tests."""
+    return {family: comfy.models.make_model(family, tiny=True, seed=0) for family in ("SD15", "SD21", "SDXL")}

@@ -5,12 +5,16 @@ Imports nothing but torch. Host adapters (the ComfyUI nodes in ``nodes/``) read 
 data structures and call into this package.
 """
 
+from .downsample import METHODS as DOWNSAMPLE_METHODS, downsample_tokens, downsampled_grid
 from .bipartite import MergePlan, plan_bipartite_merge, stride_ratio_cap
 from .grid import block_grid, downsample_of
 from .seeding import derive_seed
 from .window import SigmaWindow
 
 __all__ = [
+    "DOWNSAMPLE_METHODS",
+    "downsample_tokens",
+    "downsampled_grid",
     "MergePlan",
     "plan_bipartite_merge",
     "stride_ratio_cap",

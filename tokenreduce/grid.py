@@ -7,15 +7,18 @@ rounding, so odd and non-square sizes map to the right level.
 
 from __future__ import annotations
 
+import functools
 import math
 
 
+@functools.lru_cache(maxsize=1024)  # pure; called for every block of every step
 def grid_at(latent_hw: tuple[int, int], downsample: int) -> tuple[int, int]:
     """The (h, w) token grid a UNet level with this downsample has for a latent of latent_hw."""
     h, w = latent_hw
     return math.ceil(h / downsample), math.ceil(w / downsample)
 
 
+@functools.lru_cache(maxsize=1024)
 def downsample_of(latent_hw: tuple[int, int], grid_hw: tuple[int, int]) -> int:
     """The power-of-two downsample of a level whose grid is grid_hw, for a latent of latent_hw.
 

@@ -1,0 +1,54 @@
+"""Schema pieces and the patch lifecycle that every TokenReduce node shares."""
+
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import io
+
+from .session import PatchSession
+
+LOG = logging.getLogger("tokenreduce")
+WINDOW_RANGES = {"start_percent": (0.0, 1.0), "end_percent": (0.0, 1.0)}
+
+
+def model_input() -> io.Model.Input:
+    return io.Model.Input("model", tooltip="The diffusion model (UNet) to patch. The input model is never changed.")
+
+
+def window_inputs(what: str) -> list:
+    return [
+        io.Float.Input("start_percent", default=0.0, min=WINDOW_RANGES["start_percent"][0],
+                       max=WINDOW_RANGES["start_percent"][1], step=0.001,
+                       tooltip=f"{what} starts at this point of sampling (0 = first step, highest noise), measured "
+                               f"in noise level like Kohya Deep Shrink, not in steps."),
+        io.Float.Input("end_percent", default=1.0, min=WINDOW_RANGES["end_percent"][0],
+                       max=WINDOW_RANGES["end_percent"][1], step=0.001,
+                       tooltip=f"{what} stops after this point of sampling (1 = last step)."),
+    ]
+
+
+def outputs() -> list:
+    return [
+        io.Model.Output(tooltip="The patched model (a clone)."),
+        io.String.Output("info", display_name="info", tooltip="What was patched, and any warning about settings that do nothing."),
+    ]
+
+
+def unchanged(model, message: str) -> io.NodeOutput:
+    """Return the input model as it is, saying why (a WARNING in the log and in info)."""
+    LOG.warning("%s", message)
+    return io.NodeOutput(model, message, ui={"text": [message]})
+
+
+def patched_clone(model, label: str, start_percent: float, end_percent: float):
+    """A clone of the model and the session that gives its patches per-run state."""
+    clone = model.clone()
+    session = PatchSession(label, start_percent, end_percent)
+    session.attach(clone)
+    return clone, session
+
+
+def done(model, info: str) -> io.NodeOutput:
+    LOG.info("%s", info)
+    return io.NodeOutput(model, info, ui={"text": [info]})

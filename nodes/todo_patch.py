@@ -1,0 +1,46 @@
+"""ToDo inside ComfyUI's transformer blocks: self-attention keeps every query and sees keys and
+values pooled on the block's grid.
+
+``attn1_patch`` receives the normed block input before projection as queries, keys and values
+alike; returning shorter keys/values makes the attention read fewer tokens, which every
+ComfyUI attention backend supports (it is what cross-attention does). Nothing to unmerge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..tokenreduce import downsample_tokens
+from .blocks import block_level
+from .session import PatchSession
+
+
+@dataclass(frozen=True)
+class ToDoSettings:
+    factors: dict  # downsample level -> pooling factor per side (> 1)
+    method: str
+
+
+class ToDoPatch:
+    def __init__(self, settings: ToDoSettings, session: PatchSession):
+        self.settings = settings
+        self.session = session
+
+    def __deepcopy__(self, memo):
+        return self  # shared across clones of the patched model, like its session
+
+    def attn1(self, n, context, value, extra_options):
+        run = self.session.current()
+        if run is None:
+            return n, context, value
+        # Keys/values may already be shorter or reshaped (another patch): then leave them.
+        level = block_level(context.shape[1], extra_options)
+        if level is None:
+            return n, context, value
+        (h, w), downsample = level
+        factor = self.settings.factors.get(downsample)
+        if factor is None or not run.in_window(extra_options):
+            return n, context, value
+        keys = downsample_tokens(context, h, w, factor, self.settings.method)
+        values = keys if value is context else downsample_tokens(value, h, w, factor, self.settings.method)
+        return n, keys, values

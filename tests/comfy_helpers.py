@@ -1,0 +1,64 @@
+"""Helpers of the in-process host tests: apply our nodes, sample with comfy.sample, probe."""
+
+from __future__ import annotations
+
+import torch
+
+TOME_DEFAULTS = dict(ratio=0.5, stride_x=2, stride_y=2, max_downsample="auto", mode="q, k, v (tomesd)",
+                     merge_attn=True, merge_crossattn=False, merge_mlp=False, use_rand=True, seed=0,
+                     start_percent=0.0, end_percent=1.0)
+TODO_DEFAULTS = dict(factor=2.0, factor_next=1.0, level="auto", method="nearest", start_percent=0.0, end_percent=1.0)
+
+
+def node_class(comfy, node: str):
+    return {"tome": comfy.pack.ToMePatchNode, "todo": comfy.todo.ToDoPatchNode}[node]
+
+
+def apply(comfy, node: str, model, **overrides):
+    """Run the node's execute as ComfyUI would; returns its NodeOutput."""
+    defaults = TOME_DEFAULTS if node == "tome" else TODO_DEFAULTS
+    return node_class(comfy, node).execute(model, **{**defaults, **overrides})
+
+
+def patched(comfy, node: str, model, **overrides):
+    return apply(comfy, node, model, **overrides).result[0]
+
+
+def sample(comfy, model, family="SD15", *, steps=2, size=(32, 32), batch=1, cfg=5.0, seed=0, denoise=1.0,
+           latent=None, positive=None, negative=None, noise=None):
+    if noise is None:
+        noise = torch.randn(batch, 4, *size, generator=torch.Generator().manual_seed(seed))
+    if latent is None:
+        latent = torch.zeros_like(noise)
+    positive = positive or comfy.models.conditioning(family, True, seed=1)
+    negative = negative or comfy.models.conditioning(family, True, seed=2)
+    return comfy.sample.sample(model, noise, steps, cfg, "euler", "normal", positive, negative, latent,
+                               denoise=denoise, disable_pbar=True, seed=seed)
+
+
+def spy_attn1(model, records):
+    """A clone of model with a probe after every other attn1 patch: it records what
+    self-attention receives in each block call."""
+    probe = model.clone()
+
+    def record(n, context, value, extra):
+        records.append({"block": extra["block"], "grid": tuple(extra["activations_shape"][-2:]),
+                        "queries": n.shape[1], "keys": context.shape[1], "values": value.shape[1]})
+        return n, context, value
+
+    probe.set_model_attn1_patch(record)
+    return probe
+
+
+def reduced(records, field="queries"):
+    """The grids of the block calls in which `field` had fewer tokens than the grid."""
+    return {r["grid"] for r in records if r[field] < r["grid"][0] * r["grid"][1]}
+
+
+def rel_error(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def session_of(model):
+    patch = model.model_options["transformer_options"]["patches"]["attn1_patch"][0]
+    return patch.__self__.session
