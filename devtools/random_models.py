@@ -51,14 +51,14 @@ def unet_config(family: str, tiny: bool) -> dict:
     return config
 
 
-def _model_config(family: str, config: dict):
+def _model_config(family: str, config: dict, dtype: torch.dtype = torch.float32):
     import comfy.supported_models as supported
 
     cls = {"SD15": supported.SD15, "SD21": supported.SD20, "SDXL": supported.SDXL}[family]
     model_config = cls(config)
     # The class adds its own head layout (unet_extra_config); ours must win for tiny models.
     model_config.unet_config.update({k: v for k, v in config.items() if k in ("num_heads", "num_head_channels")})
-    model_config.set_inference_dtype(torch.float32, None)
+    model_config.set_inference_dtype(dtype, None)
     return model_config
 
 
@@ -77,13 +77,14 @@ def randomize_(module: torch.nn.Module, seed: int) -> None:
                 param.fill_(1.0)
 
 
-def make_model(family: str = "SD15", tiny: bool = True, seed: int = 0, v_prediction: bool = False):
+def make_model(family: str = "SD15", tiny: bool = True, seed: int = 0, v_prediction: bool = False,
+               dtype: torch.dtype = torch.float32):
     """A ModelPatcher around a random-weight UNet of that family, on ComfyUI's torch device."""
     import comfy.model_base
     import comfy.model_management
     import comfy.model_patcher
 
-    model_config = _model_config(family, unet_config(family, tiny))
+    model_config = _model_config(family, unet_config(family, tiny), dtype)
     model_type = comfy.model_base.ModelType.V_PREDICTION if v_prediction else comfy.model_base.ModelType.EPS
     if family == "SDXL":
         model = comfy.model_base.SDXL(model_config, model_type=model_type)
@@ -118,10 +119,11 @@ def write_checkpoint(path: str, family: str = "SD15", seed: int = 0) -> None:
     import comfy.sd
     import comfy.utils
 
-    patcher = make_model(family, tiny=False, seed=seed)
+    # Built in half precision: a full SDXL in float32 would need over 20 GB while saving.
+    patcher = make_model(family, tiny=False, seed=seed, dtype=torch.float16)
     model_config = patcher.model.model_config
     clip_target = model_config.clip_target()
-    clip = comfy.sd.CLIP(target=clip_target, embedding_directory=None)
+    clip = comfy.sd.CLIP(target=clip_target, embedding_directory=None, model_options={"dtype": torch.float16})
     clip_model = clip.cond_stage_model
     randomize_(clip_model, seed + 1)
     vae_sd = _random_vae_state_dict(seed + 2)
@@ -139,8 +141,7 @@ def _random_vae_state_dict(seed: int) -> dict:
                 "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
     vae = AutoencoderKL(ddconfig=ddconfig, embed_dim=4)
     randomize_(vae, seed)
-    # Random decoders blow up in late layers; keep images in range by scaling the output conv.
-    return {k: v for k, v in vae.state_dict().items()}
+    return dict(vae.state_dict())
 
 
 def make_dit(seed: int = 0):

@@ -33,8 +33,8 @@ def _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn,
 
 
 def _check_cap(ratio, stride_x, stride_y) -> str | None:
-    if None in (ratio, stride_x, stride_y):
-        return None
+    if None in (ratio, stride_x, stride_y) or min(stride_x, stride_y) < 1:
+        return None  # missing or out of range: reported by the range check
     cap = stride_ratio_cap(stride_x, stride_y)
     if ratio <= cap + 1e-9:
         return None

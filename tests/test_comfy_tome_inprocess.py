@@ -105,6 +105,7 @@ VALIDATED = ("ratio", "stride_x", "stride_y", "max_downsample", "mode", "merge_a
     (dict(start_percent=0.6, end_percent=0.4), "after end_percent"),
     (dict(ratio=1.2), "ratio 1.2 is out of range"),
     (dict(stride_y=9), "stride_y 9 is out of range"),
+    (dict(stride_x=0), "stride_x 0 is out of range"),
     (dict(max_downsample="16"), "max_downsample '16' is not one of"),
     (dict(mode="keys"), "mode 'keys' is not one of"),
 ])

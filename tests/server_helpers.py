@@ -1,0 +1,51 @@
+"""Helpers of the end-to-end tests: a ComfyUI server with this pack and random checkpoints,
+and prompts made from the example workflows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+import workflow
+from comfy_server import ComfyServer, ensure_checkpoint
+from conftest import REPO, comfyui_dir
+
+NODE_IDS = {"tome": "TokenReduceToMe", "todo": "TokenReduceToDo"}
+PUBLIC_INPUTS = {  # public interface: saved workflows depend on these names and their order
+    "TokenReduceToMe": ["model", "ratio", "stride_x", "stride_y", "max_downsample", "mode", "merge_attn",
+                        "merge_crossattn", "merge_mlp", "use_rand", "seed", "start_percent", "end_percent"],
+    "TokenReduceToDo": ["model", "factor", "factor_next", "level", "method", "start_percent", "end_percent"],
+}
+
+
+def checkpoint_name(family: str) -> str:
+    return f"tokenreduce-random-{family.lower()}.safetensors"
+
+
+def start_server(base: Path, families: list[str]) -> ComfyServer:
+    root = comfyui_dir()
+    checkpoints = {checkpoint_name(f): ensure_checkpoint(root.parent, sys.executable, f) for f in families}
+    return ComfyServer(root, sys.executable, base, checkpoints).start()
+
+
+def example_prompt(object_info, family: str, patch: str, size=256, steps=2, **settings) -> dict:
+    prompt = workflow.to_api(workflow.load(REPO / "example_workflows" / f"{family.lower()}_txt2img_{patch}.json"),
+                             object_info)
+    workflow.find(prompt, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name(family)
+    latent = workflow.find(prompt, "EmptyLatentImage")
+    latent["width"] = latent["height"] = size
+    workflow.find(prompt, "KSampler")["steps"] = steps
+    workflow.find(prompt, NODE_IDS[patch]).update(settings)
+    return prompt
+
+
+def node_id(prompt, class_type):
+    (nid,) = [k for k, v in prompt.items() if v["class_type"] == class_type]
+    return nid
+
+
+def pixels(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"))

@@ -1,0 +1,29 @@
+"""End to end on SDXL: a full-size random-weight SDXL checkpoint (the loader detects it as SDXL),
+served by the pinned ComfyUI, sampled through both example workflows. Its own server, so the
+SD1.5 server of test_comfy_server.py is gone before this one loads SDXL into memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from server_helpers import NODE_IDS, example_prompt, node_id, pixels, start_server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("comfy-sdxl"), ["SDXL"])
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("patch,report", [
+    ("tome", "ToMe on SDXL: ratio 0.5, strides 2x2, max_downsample 2: 10 of 70 transformer blocks"),
+    ("todo", "ToDo on SDXL: downsample 2: 10 blocks"),
+])
+def test_sdxl_example_workflow_patches_attention(server, patch, report):
+    object_info = server.object_info()
+    prompt = example_prompt(object_info, "SDXL", patch, steps=1)
+    entry = server.run(prompt)
+    (image,) = server.images(entry)
+    assert pixels(image).shape == (256, 256, 3)
+    assert entry["outputs"][node_id(prompt, NODE_IDS[patch])]["text"][0].startswith(report)
