@@ -168,7 +168,7 @@ class ComfyServer:
 
 def checkpoint_path(host_root: Path, family: str = "SD15", seed: int = 0) -> Path:
     """Where the random-weight checkpoint of a family is cached beside the host."""
-    return Path(host_root) / "checkpoints" / f"tokenreduce-random-{family.lower()}-seed{seed}-v1.safetensors"
+    return Path(host_root) / "checkpoints" / f"tokenreduce-random-{family.lower()}-seed{seed}-v2.safetensors"
 
 
 def ensure_checkpoint(host_root: Path, python: str | Path = sys.executable, family: str = "SD15", seed: int = 0) -> Path:

@@ -41,7 +41,7 @@ TORCH_PINS = ["torch==2.14.1", "torchvision==0.29.1"]
 # Lines of ComfyUI's requirements.txt that we replace (torch pair above) or must not
 # install (a mismatched torchaudio breaks ComfyUI's imports).
 SKIPPED_HOST_REQUIREMENTS = ("torch", "torchvision", "torchaudio")
-OUR_REQUIREMENT_FILES = [REPO / "requirements.txt", REPO / "tests" / "requirements.txt"]
+OUR_REQUIREMENT_FILES = [REPO / "requirements.txt", REPO / "tests" / "requirements.txt", REPO / "devtools" / "requirements.txt"]
 COMPLETE_MARKER = "host-complete.json"
 # Our own requirements change more often than the host; they are topped up in place.
 OUR_REQUIREMENTS_STAMP = "our-requirements.sha256"

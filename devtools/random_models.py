@@ -63,14 +63,15 @@ def _model_config(family: str, config: dict, dtype: torch.dtype = torch.float32)
 
 
 def randomize_(module: torch.nn.Module, seed: int) -> None:
-    """Fill every parameter from a private generator: weights ~ N(0, 1/fan_in), norm scales
-    1, biases 0, so activations stay finite through the random network."""
+    """Fill every parameter from a private generator as PyTorch's default layer init would
+    (weights uniform in +-1/sqrt(fan_in)), norm scales 1, biases 0. ComfyUI builds its layers
+    without initialising them, so this is needed for finite, deterministic outputs."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in module.named_parameters():
             if param.dim() >= 2:
-                fan_in = math.prod(param.shape[1:])
-                param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(fan_in))
+                bound = 1 / math.sqrt(math.prod(param.shape[1:]))
+                param.copy_((torch.rand(param.shape, generator=generator) * 2 - 1) * bound)
             elif name.endswith("bias"):
                 param.zero_()
             else:

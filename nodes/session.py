@@ -10,6 +10,7 @@ interrupted run leaves nothing behind and the next run starts clean.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -21,11 +22,21 @@ LOG = logging.getLogger("tokenreduce")
 WRAPPER_KEY = "tokenreduce"
 
 
+@dataclass(frozen=True)
+class RunReport:
+    """Numbers (no tensors) kept from the last finished run, for reports and benchmarks."""
+
+    sampling_seconds: float
+    plan_seconds: float  # time spent planning merges; measured only when the session profiles
+
+
 @dataclass
 class RunState:
     """Everything one sampling run accumulates; discarded when the run ends."""
 
     window: SigmaWindow
+    profile: bool = False
+    plan_seconds: float = 0.0
     # The plan made at the start of the current call of each transformer block, by site key;
     # None where the block is not reduced in this call. Overwritten on every block call.
     plans: dict = field(default_factory=dict)
@@ -43,6 +54,18 @@ class RunState:
 
     def in_window(self, extra_options: dict) -> bool:
         return self.window.contains(self.sigma(extra_options))
+
+    def timed(self, device: torch.device, work):
+        """Run work(); with profiling on, add its duration (device-synchronised) to plan_seconds."""
+        if not self.profile:
+            return work()
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        result = work()
+        sync()
+        self.plan_seconds += time.perf_counter() - start
+        return result
 
     def generator(self, device: torch.device, seed: int) -> torch.Generator:
         """A private generator seeded with ``seed``; never the global torch RNG."""
@@ -62,6 +85,8 @@ class PatchSession:
         self.start_percent = start_percent
         self.end_percent = end_percent
         self.run: RunState | None = None
+        self.profile = False  # set by benchmarks: time merge planning (synchronises the device)
+        self.last_report: RunReport | None = None
         self._warned_outside_sampler = False
 
     def __deepcopy__(self, memo):
@@ -75,10 +100,12 @@ class PatchSession:
     def outer_sample_wrapper(self, executor, *args, **kwargs):
         guider = executor.class_obj
         window = self.window_for(guider.model_patcher.get_model_object("model_sampling"))
-        previous, self.run = self.run, RunState(window)
+        previous, self.run = self.run, RunState(window, profile=self.profile)
+        start = time.perf_counter()
         try:
             return executor(*args, **kwargs)
         finally:
+            self.last_report = RunReport(time.perf_counter() - start, self.run.plan_seconds)
             self.run = previous
 
     def attach(self, patcher) -> None:
@@ -92,3 +119,9 @@ class PatchSession:
             LOG.warning("%s: the model was called outside a ComfyUI sampler; this patch does "
                         "nothing there (it is active only inside sampling runs).", self.label)
         return self.run
+
+
+def sessions_of(patcher) -> list[PatchSession]:
+    """The TokenReduce sessions attached to a patched model (for benchmarks and reports)."""
+    wrappers = patcher.wrappers.get(WrappersMP.OUTER_SAMPLE, {}).get(WRAPPER_KEY, [])
+    return [w.__self__ for w in wrappers if isinstance(getattr(w, "__self__", None), PatchSession)]

@@ -68,7 +68,8 @@ class ToMePatch:
             # area conditioning draw the same partition for the same block and step.
             seed = derive_seed(s.seed, run.sigma(extra_options), key, h, w)
             generator = run.generator(n.device, seed)
-        return plan_bipartite_merge(n, w, h, s.stride_x, s.stride_y, int(n.shape[1] * s.ratio), generator)
+        r = int(n.shape[1] * s.ratio)
+        return run.timed(n.device, lambda: plan_bipartite_merge(n, w, h, s.stride_x, s.stride_y, r, generator))
 
     def attn1(self, n, context, value, extra_options):
         run = self.session.current()

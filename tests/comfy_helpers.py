@@ -32,8 +32,9 @@ def sample(comfy, model, family="SD15", *, steps=2, size=(32, 32), batch=1, cfg=
         latent = torch.zeros_like(noise)
     positive = positive or comfy.models.conditioning(family, True, seed=1)
     negative = negative or comfy.models.conditioning(family, True, seed=2)
-    return comfy.sample.sample(model, noise, steps, cfg, "euler", "normal", positive, negative, latent,
-                               denoise=denoise, disable_pbar=True, seed=seed)
+    with torch.inference_mode():  # as ComfyUI runs its nodes
+        return comfy.sample.sample(model, noise, steps, cfg, "euler", "normal", positive, negative, latent,
+                                   denoise=denoise, disable_pbar=True, seed=seed)
 
 
 def spy_attn1(model, records):

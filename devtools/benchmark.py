@@ -1,0 +1,426 @@
+"""Side-by-side benchmark of token reduction in one process and one run.
+
+    python3 devtools/benchmark.py                        # pinned ComfyUI, random weights, CPU or GPU
+    python3 devtools/benchmark.py --quick                # a short subset
+    /path/to/ComfyUI/venv/python devtools/benchmark.py --comfyui /path/to/ComfyUI [--checkpoint ckpt.safetensors]
+
+For each model family, size and attention backend it runs one denoising step (one UNet call
+per CFG half, batch 2 as with CFG) of every configuration through ComfyUI's own sampler path,
+on the same spatially smooth input, and reports:
+
+- seconds per UNet forward (median of repeats after a warm-up) and the speed-up against the
+  unpatched model measured in the same run;
+- peak memory (CUDA only), and the time spent planning merges (ToMe);
+- quality: relative L2 error of the model output (noise prediction) against unpatched;
+- the Amdahl bound: the share of the unpatched forward spent in the modules a configuration
+  reduces, and the speed-up that share allows if they cost nothing.
+
+Writes ``results.md``, ``results.json`` and PNG plots to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "devtools"))
+
+import host  # noqa: E402
+
+PACK = "tokenreduce_pack"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    method: str  # unpatched | builtin | tome | todo | combined (for plots)
+    reduction: float  # fraction of self-attention tokens (queries or keys) removed at the first level
+    apply: Callable  # (nodes, model) -> model
+    levels: Callable = lambda first: ()  # downsample levels whose self-attention it reduces
+    mlp: bool = False
+
+
+def _configs() -> list[Config]:
+    tome = lambda **kw: (lambda n, m: n.tome.ToMePatchNode.execute(m, **{**n.TOME, **kw}).result[0])
+    todo = lambda **kw: (lambda n, m: n.todo.ToDoPatchNode.execute(m, **{**n.TODO, **kw}).result[0])
+    builtin = lambda ratio: (lambda n, m: n.builtin.execute(m, ratio).result[0])
+    first = lambda f: (f,)
+    two = lambda f: (f, 2 * f)
+    combined = lambda m_ratio, factor: (lambda n, m: todo(factor=factor)(n, tome(ratio=m_ratio, mode=n.QUERIES)(n, m)))
+    return [
+        Config("unpatched", "unpatched", 0.0, lambda n, m: m),
+        Config("built-in ToMe 0.3 (its default)", "builtin", 0.3, builtin(0.3), lambda f: (1,)),
+        Config("built-in ToMe 0.5", "builtin", 0.5, builtin(0.5), lambda f: (1,)),
+        Config("ToMe 0.3", "tome", 0.3, tome(ratio=0.3), first),
+        Config("ToMe 0.5", "tome", 0.5, tome(ratio=0.5), first),
+        Config("ToMe 0.7", "tome", 0.7, tome(ratio=0.7), first),
+        Config("ToMe 0.5 queries only", "tome-queries", 0.5, lambda n, m: tome(ratio=0.5, mode=n.QUERIES)(n, m), first),
+        Config("ToMe 0.5 + MLP", "tome-mlp", 0.5, tome(ratio=0.5, merge_mlp=True), first, mlp=True),
+        Config("ToDo 1.5", "todo", 1 - 1 / 1.5 ** 2, todo(factor=1.5), first),
+        Config("ToDo 2", "todo", 0.75, todo(factor=2.0), first),
+        Config("ToDo 3", "todo", 1 - 1 / 9, todo(factor=3.0), first),
+        Config("ToDo 4", "todo", 1 - 1 / 16, todo(factor=4.0), first),
+        Config("ToDo 2 + next 2", "todo-next", 0.75, todo(factor=2.0, factor_next=2.0), two),
+        Config("ToDo 4 + next 2", "todo-next", 1 - 1 / 16, todo(factor=4.0, factor_next=2.0), two),
+        Config("ToMe 0.5 queries + ToDo 2", "combined", 0.75, combined(0.5, 2.0), first),
+        Config("ToMe 0.5 queries + ToDo 4", "combined", 1 - 1 / 16, combined(0.5, 4.0), first),
+    ]
+
+
+@dataclass
+class Row:
+    family: str
+    size: int
+    attention: str
+    config: str
+    method: str
+    reduction: float
+    seconds: float
+    speedup: float
+    rel_error: float
+    peak_mib: float | None
+    plan_seconds: float | None
+    share: float
+    bound: float
+    repeats: list = field(default_factory=list)
+
+
+def _setup_comfy(comfyui: Path):
+    import torch
+
+    sys.path.insert(0, str(comfyui))
+    from comfy.cli_args import args
+
+    args.cpu = not torch.cuda.is_available()
+    import comfy.model_management  # noqa: F401
+
+    if PACK not in sys.modules:
+        spec = importlib.util.spec_from_file_location(PACK, REPO / "__init__.py", submodule_search_locations=[str(REPO)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[PACK] = module
+        spec.loader.exec_module(module)
+    import importlib as il
+
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    tome = il.import_module(f"{PACK}.nodes.tome_node")
+    todo = il.import_module(f"{PACK}.nodes.todo_node")
+    session = il.import_module(f"{PACK}.nodes.session")
+
+    class Nodes:
+        pass
+
+    nodes = Nodes()
+    nodes.tome, nodes.todo, nodes.session, nodes.builtin = tome, todo, session, TomePatchModel
+    nodes.QUERIES = tome.MODE_QUERIES
+    nodes.TOME = dict(ratio=0.5, stride_x=2, stride_y=2, max_downsample="auto", mode=tome.MODE_FULL, merge_attn=True,
+                      merge_crossattn=False, merge_mlp=False, use_rand=True, seed=0, start_percent=0.0, end_percent=1.0)
+    nodes.TODO = dict(factor=2.0, factor_next=1.0, level="auto", method="nearest", start_percent=0.0, end_percent=1.0)
+    return nodes
+
+
+def _attention_backends(names: list[str]) -> dict:
+    import comfy.ldm.modules.attention as attention
+
+    available = {"sub-quad": attention.attention_sub_quad, "sdpa": attention.attention_pytorch,
+                 "split": attention.attention_split}
+    return {name: available[name] for name in names}
+
+
+def _with_attention(model, backend):
+    """A clone whose every attention call goes to `backend`, through ComfyUI's own override hook."""
+    clone = model.clone()
+    clone.model_options["transformer_options"]["optimized_attention_override"] = (
+        lambda func, *args, **kwargs: backend(*args, **kwargs))
+    return clone
+
+
+class OneStep:
+    """Runs one CFG denoising step through ComfyUI's sampler (so wrappers and per-run state work
+    as in real sampling) and returns the model's raw noise predictions for the cond and uncond
+    halves of the batch (before CFG, which would amplify differences by the cfg scale)."""
+
+    def __init__(self, family: str, size: int, batch_images: int, sigma_percent: float, tiny: bool):
+        import comfy.samplers
+        import random_models
+        import torch
+
+        self.torch = torch
+        latent = size // 8
+        self.latent = random_models.smooth_latent(batch_images, latent, latent, seed=11)
+        self.noise = random_models.smooth_latent(batch_images, latent, latent, seed=12)
+        self.positive = random_models.conditioning(family, tiny, seed=1)
+        self.negative = random_models.conditioning(family, tiny, seed=2)
+        self.sigma_percent = sigma_percent
+        self.sampler = comfy.samplers.KSAMPLER(self._one_eval)
+        self._raw = None
+
+    @staticmethod
+    def _one_eval(model, x, sigmas, extra_args=None, callback=None, disable=None):
+        return model(x, sigmas[0] * x.new_ones([x.shape[0]]), **(extra_args or {}))
+
+    def _record(self, args):
+        sigma = args["sigma"].reshape(-1, 1, 1, 1)
+        x = args["input"]
+        self._raw = self.torch.cat([(x - args["cond_denoised"]) / sigma, (x - args["uncond_denoised"]) / sigma])
+        return args["denoised"]
+
+    def __call__(self, model):
+        import comfy.sample
+
+        recording = model.clone()
+        recording.set_model_sampler_post_cfg_function(self._record)
+        sigma = model.get_model_object("model_sampling").percent_to_sigma(self.sigma_percent)
+        sigmas = self.torch.tensor([sigma, 0.0])
+        with self.torch.inference_mode():  # as ComfyUI runs its nodes
+            comfy.sample.sample_custom(recording, self.noise, 5.0, self.sampler, sigmas, self.positive,
+                                       self.negative, self.latent, disable_pbar=True, seed=0)
+        if self.torch.cuda.is_available():
+            self.torch.cuda.synchronize()
+        return self._raw.float().cpu()
+
+
+def _attention_share(model, step: OneStep, levels_of_config: dict) -> dict:
+    """Per config: share of the unpatched forward spent in the modules it reduces (self-attention
+    of its levels, and the MLP where it merges it), measured with device-synchronised hooks."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    nodes_layout = importlib.import_module(f"{PACK}.nodes.unet_layout")
+    family = type(model.model.model_config).__name__
+    layout = nodes_layout.unet_layout(model.get_model_object("diffusion_model"), family)
+    spent = {}
+    handles = []
+    for site in layout.sites:
+        block = model.get_model_object(site.path)
+        for part in ("attn1", "ff"):
+            module = getattr(block, part)
+            key = (part, site.downsample)
+
+            def pre(_m, _a, key=key):
+                sync()
+                spent.setdefault(key, []).append(-time.perf_counter())
+
+            def post(_m, _a, _o, key=key):
+                sync()
+                spent[key][-1] += time.perf_counter()
+
+            handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        step(model)  # warm-up
+        spent.clear()
+        start = time.perf_counter()
+        step(model)
+        total = time.perf_counter() - start
+    finally:
+        for handle in handles:
+            handle.remove()
+    first = layout.levels[0]
+    shares = {}
+    for name, (levels, mlp) in levels_of_config.items():
+        reduced = sum(sum(v) for (part, level), v in spent.items()
+                      if level in levels(first) and (part == "attn1" or (mlp and part == "ff")))
+        shares[name] = reduced / total
+    return shares
+
+
+def _measure(step: OneStep, model, repeats: int) -> tuple[list[float], object, float | None, float | None]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    out = step(model)  # warm-up
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step(model)
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+    sessions = [s for s in importlib.import_module(f"{PACK}.nodes.session").sessions_of(model)
+                if s.label == "TokenReduceToMe"]
+    plan = None
+    if sessions:  # one more pass, timing the merge planning (device-synchronised)
+        for s in sessions:
+            s.profile = True
+        step(model)
+        plan = sum(s.last_report.plan_seconds for s in sessions)
+        for s in sessions:
+            s.profile = False
+    return times, out, peak, plan
+
+
+def _machine() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def run(args) -> list[Row]:
+    import random_models
+    import torch
+    from tqdm import tqdm
+
+    nodes = _setup_comfy(Path(args.comfyui))
+    known = {c.name for c in _configs()}
+    unknown = set(args.configs or []) - known
+    if unknown:
+        raise SystemExit(f"unknown configs {sorted(unknown)}; known: {sorted(known)}")
+    configs = [c for c in _configs() if not args.configs or c.name == "unpatched" or c.name in args.configs]
+    backends = _attention_backends(args.attention)
+    cuda = torch.cuda.is_available()
+    dtype = torch.float16 if cuda else torch.float32
+    total = len(args.families) * len(args.sizes) * len(backends) * len(configs)
+    rows: list[Row] = []
+    with tqdm(total=total, desc="benchmark", unit="config") as bar:
+        for family in args.families:
+            if args.checkpoint:
+                import comfy.sd
+
+                model = comfy.sd.load_checkpoint_guess_config(str(args.checkpoint))[0]
+            else:
+                model = random_models.make_model(family, tiny=args.tiny, seed=0, dtype=dtype)
+            for size in args.sizes:
+                step = OneStep(family, size, 1, 0.5, args.tiny)
+                for attention, backend in backends.items():
+                    base = _with_attention(model, backend)
+                    shares = _attention_share(base, step, {c.name: (c.levels, c.mlp) for c in configs})
+                    reference = None
+                    base_seconds = None
+                    for config in configs:
+                        bar.set_postfix_str(f"{family} {size}px {attention}: {config.name}")
+                        patched = config.apply(nodes, base)
+                        times, out, peak, plan = _measure(step, patched, args.repeats)
+                        seconds = statistics.median(times)
+                        if config.name == "unpatched":
+                            reference, base_seconds = out, seconds
+                        error = float((out - reference).norm() / reference.norm())
+                        share = shares[config.name]
+                        rows.append(Row(family, size, attention, config.name, config.method, config.reduction,
+                                        seconds, base_seconds / seconds, error, peak, plan, share,
+                                        1 / max(1e-9, 1 - share), times))
+                        bar.update()
+            del model
+            import comfy.model_management as mm
+
+            mm.unload_all_models()
+            mm.soft_empty_cache()
+    return rows
+
+
+def to_markdown(rows: list[Row], machine: str) -> str:
+    lines = [f"Machine: {machine}", ""]
+    groups = {}
+    for row in rows:
+        groups.setdefault((row.family, row.size, row.attention), []).append(row)
+    for (family, size, attention), group in groups.items():
+        base = group[0]
+        lines += [f"### {family}, {size}x{size} px, batch 2 (CFG), {attention} attention",
+                  "", f"Unpatched: {base.seconds * 1000:.0f} ms per UNet forward.", "",
+                  "| config | s/forward | speed-up | rel. error | plan time | peak MiB | reduced share | Amdahl bound |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in group:
+            plan = f"{r.plan_seconds * 1000:.0f} ms" if r.plan_seconds is not None else "-"
+            peak = f"{r.peak_mib:.0f}" if r.peak_mib is not None else "-"
+            share = f"{r.share:.0%}" if r.method != "unpatched" else "-"
+            bound = f"{r.bound:.2f}x" if r.method != "unpatched" else "-"
+            lines.append(f"| {r.config} | {r.seconds:.3f} | {r.speedup:.2f}x | {r.rel_error:.4f} | {plan} | {peak} | "
+                         f"{share} | {bound} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for row in rows:
+        groups.setdefault((row.family, row.size, row.attention), []).append(row)
+    written = []
+    for (family, size, attention), group in groups.items():
+        fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+        methods = sorted({r.method for r in group if r.method != "unpatched"})
+        for method in methods:
+            pts = sorted((r.reduction, r.speedup, r.rel_error) for r in group if r.method == method)
+            axes[0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=method)
+            axes[1].plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=method)
+            axes[2].scatter([p[2] for p in pts], [p[1] for p in pts], label=method)
+        axes[0].set(xlabel="tokens removed at the first level (ratio, or 1 - 1/factor^2)", ylabel="speed-up",
+                    title="speed-up vs ratio")
+        axes[1].set(xlabel="tokens removed at the first level", ylabel="relative error", title="error vs ratio")
+        axes[2].set(xlabel="relative error vs unpatched", ylabel="speed-up", title="speed-up vs error")
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{family} {size}x{size} px, batch 2, {attention} attention")
+        fig.tight_layout()
+        path = out / f"{family.lower()}_{size}_{attention}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--comfyui", type=Path, help="a ComfyUI folder to run in (default: the pinned host)")
+    parser.add_argument("--checkpoint", type=Path, help="benchmark this checkpoint instead of random weights")
+    parser.add_argument("--families", nargs="+", default=["SD15", "SDXL"], choices=["SD15", "SD21", "SDXL"])
+    parser.add_argument("--sizes", nargs="+", type=int, help="px (default 512 768 1024, plus 2048 on a GPU)")
+    parser.add_argument("--attention", nargs="+", default=["sub-quad", "sdpa"], choices=["sub-quad", "sdpa", "split"])
+    parser.add_argument("--configs", nargs="*", help="only these configs (exact names; unpatched always runs)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="tiny models (a smoke test of the benchmark itself)")
+    parser.add_argument("--quick", action="store_true", help="SD15 at 512 px, 2 repeats")
+    parser.add_argument("--out", type=Path, default=REPO / "out" / "benchmark")
+    args = parser.parse_args()
+
+    if args.comfyui is None:
+        built = host.ensure_host() if Path(sys.prefix).resolve() != (host.host_location().root / "venv").resolve() \
+            else host.host_location()
+        if Path(sys.prefix).resolve() != (built.root / "venv").resolve():
+            os.execv(str(built.python), [str(built.python), __file__, *sys.argv[1:]])
+        args.comfyui = built.comfyui
+    import torch
+
+    if args.quick:
+        args.families, args.sizes, args.repeats = ["SD15"], [512], 2
+    if not args.sizes:
+        args.sizes = [512, 768, 1024] + ([2048] if torch.cuda.is_available() else [])
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = run(args)
+    machine = _machine()
+    (args.out / "results.json").write_text(json.dumps({"machine": machine, "rows": [asdict(r) for r in rows]}, indent=1))
+    markdown = to_markdown(rows, machine)
+    (args.out / "results.md").write_text(markdown + "\n")
+    plots = plot(rows, args.out)
+    print(markdown)
+    print("\nwrote", args.out / "results.md", *plots, sep="\n  ")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
