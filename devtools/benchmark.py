@@ -8,8 +8,8 @@ For each model family, size and attention backend it runs one denoising step (on
 per CFG half, batch 2 as with CFG) of every configuration through ComfyUI's own sampler path,
 on the same spatially smooth input, and reports:
 
-- seconds per UNet forward (median of repeats after a warm-up) and the speed-up against the
-  unpatched model measured in the same run;
+- seconds per UNet forward (median of repeats after warm-up runs) and the speed-up against
+  the unpatched model measured in the same run;
 - peak memory (CUDA only), and the time spent planning merges (ToMe);
 - quality: relative L2 error of the model output (noise prediction) against unpatched;
 - the Amdahl bound: the share of the unpatched forward spent in the modules a configuration
@@ -93,6 +93,8 @@ class Row:
     share: float
     bound: float
     repeats: list = field(default_factory=list)
+    image_mse: float | None = None  # with --checkpoint: decoded image of a full sampling run vs unpatched
+    image_psnr: float | None = None
 
 
 def _setup_comfy(comfyui: Path):
@@ -150,7 +152,8 @@ class OneStep:
     as in real sampling) and returns the model's raw noise predictions for the cond and uncond
     halves of the batch (before CFG, which would amplify differences by the cfg scale)."""
 
-    def __init__(self, family: str, size: int, batch_images: int, sigma_percent: float, tiny: bool):
+    def __init__(self, family: str, size: int, batch_images: int, sigma_percent: float, tiny: bool,
+                 conditioning: tuple | None = None):
         import comfy.samplers
         import random_models
         import torch
@@ -159,8 +162,9 @@ class OneStep:
         latent = size // 8
         self.latent = random_models.smooth_latent(batch_images, latent, latent, seed=11)
         self.noise = random_models.smooth_latent(batch_images, latent, latent, seed=12)
-        self.positive = random_models.conditioning(family, tiny, seed=1)
-        self.negative = random_models.conditioning(family, tiny, seed=2)
+        if conditioning is None:
+            conditioning = (random_models.conditioning(family, tiny, seed=1), random_models.conditioning(family, tiny, seed=2))
+        self.positive, self.negative = conditioning
         self.sigma_percent = sigma_percent
         self.sampler = comfy.samplers.KSAMPLER(self._one_eval)
         self._raw = None
@@ -190,7 +194,7 @@ class OneStep:
         return self._raw.float().cpu()
 
 
-def _attention_share(model, step: OneStep, levels_of_config: dict) -> dict:
+def _attention_share(model, step: OneStep, levels_of_config: dict, warmup: int) -> dict:
     """Per config: share of the unpatched forward spent in the modules it reduces (self-attention
     of its levels, and the MLP where it merges it), measured with device-synchronised hooks."""
     import torch
@@ -217,7 +221,8 @@ def _attention_share(model, step: OneStep, levels_of_config: dict) -> dict:
 
             handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     try:
-        step(model)  # warm-up
+        for _ in range(warmup):
+            step(model)
         spent.clear()
         start = time.perf_counter()
         step(model)
@@ -234,17 +239,18 @@ def _attention_share(model, step: OneStep, levels_of_config: dict) -> dict:
     return shares
 
 
-def _measure(step: OneStep, model, repeats: int) -> tuple[list[float], object, float | None, float | None]:
+def _measure(step: OneStep, model, repeats: int, warmup: int) -> tuple[list[float], object, float | None, float | None]:
     import torch
 
     cuda = torch.cuda.is_available()
-    out = step(model)  # warm-up
+    for _ in range(warmup):
+        step(model)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        step(model)
+        out = step(model)
         times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
     sessions = [s for s in importlib.import_module(f"{PACK}.nodes.session").sessions_of(model)
@@ -258,6 +264,44 @@ def _measure(step: OneStep, model, repeats: int) -> tuple[list[float], object, f
         for s in sessions:
             s.profile = False
     return times, out, peak, plan
+
+
+STUDY_PROMPT = "a lighthouse on a rocky cliff at sunset, dramatic sky, highly detailed photograph"
+STUDY_NEGATIVE = "blurry, low quality, watermark"
+
+
+def _encode(clip, text: str):
+    return clip.encode_from_tokens_scheduled(clip.tokenize(text))
+
+
+def image_study(nodes, model, vae, configs, size: int, steps: int, conditioning, out: Path, label: str) -> dict:
+    """Full sampling (euler, normal schedule, the same seed) per config with a real checkpoint:
+    MSE and PSNR of the decoded image against the unpatched one, and a grid image with the
+    baseline on the left and reductions rising to the right."""
+    import comfy.sample
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    positive, negative = conditioning
+    noise = torch.randn(1, 4, size // 8, size // 8, generator=torch.Generator().manual_seed(42))
+    images = {}
+    for config in sorted(configs, key=lambda c: (c.method != "unpatched", c.reduction)):
+        patched = config.apply(nodes, model)
+        with torch.inference_mode():
+            latent = comfy.sample.sample(patched, noise, steps, 7.0, "euler", "normal", positive, negative,
+                                         torch.zeros_like(noise), disable_pbar=True, seed=42)
+            pixels = vae.decode(latent)[0].clamp(0, 1).float().cpu().numpy()
+        images[config.name] = pixels
+    reference = images["unpatched"]
+    scores = {}
+    for name, pixels in images.items():
+        mse = float(((pixels - reference) ** 2).mean())
+        scores[name] = (mse, float("inf") if mse == 0 else 10 * np.log10(1.0 / mse))
+    tiles = [(np.asarray(p) * 255).round().astype("uint8") for p in images.values()]
+    Image.fromarray(np.concatenate(tiles, axis=1)).save(out / f"grid_{label}.png")
+    (out / f"grid_{label}.txt").write_text("left to right: " + ", ".join(images) + "\n")
+    return scores
 
 
 def _machine() -> str:
@@ -290,35 +334,44 @@ def run(args) -> list[Row]:
     backends = _attention_backends(args.attention)
     cuda = torch.cuda.is_available()
     dtype = torch.float16 if cuda else torch.float32
-    total = len(args.families) * len(args.sizes) * len(backends) * len(configs)
+    total = (1 if args.checkpoint else len(args.families)) * len(args.sizes) * len(backends) * len(configs)
     rows: list[Row] = []
     with tqdm(total=total, desc="benchmark", unit="config") as bar:
-        for family in args.families:
+        for family in (["checkpoint"] if args.checkpoint else args.families):
+            conditioning = vae = None
             if args.checkpoint:
                 import comfy.sd
 
-                model = comfy.sd.load_checkpoint_guess_config(str(args.checkpoint))[0]
+                model, clip, vae = comfy.sd.load_checkpoint_guess_config(str(args.checkpoint))[:3]
+                family = type(model.model.model_config).__name__
+                conditioning = (_encode(clip, STUDY_PROMPT), _encode(clip, STUDY_NEGATIVE))
             else:
                 model = random_models.make_model(family, tiny=args.tiny, seed=0, dtype=dtype)
             for size in args.sizes:
-                step = OneStep(family, size, 1, 0.5, args.tiny)
+                step = OneStep(family, size, 1, 0.5, args.tiny, conditioning)
+                scores = {}
+                if vae is not None:
+                    bar.set_postfix_str(f"{family} {size}px: image study ({args.sample_steps} steps per config)")
+                    scores = image_study(nodes, model, vae, configs, size, args.sample_steps, conditioning, args.out,
+                                         f"{family.lower()}_{size}")
                 for attention, backend in backends.items():
                     base = _with_attention(model, backend)
-                    shares = _attention_share(base, step, {c.name: (c.levels, c.mlp) for c in configs})
+                    shares = _attention_share(base, step, {c.name: (c.levels, c.mlp) for c in configs}, args.warmup)
                     reference = None
                     base_seconds = None
                     for config in configs:
                         bar.set_postfix_str(f"{family} {size}px {attention}: {config.name}")
                         patched = config.apply(nodes, base)
-                        times, out, peak, plan = _measure(step, patched, args.repeats)
+                        times, out, peak, plan = _measure(step, patched, args.repeats, args.warmup)
                         seconds = statistics.median(times)
                         if config.name == "unpatched":
                             reference, base_seconds = out, seconds
                         error = float((out - reference).norm() / reference.norm())
                         share = shares[config.name]
+                        mse, psnr = scores.get(config.name, (None, None))
                         rows.append(Row(family, size, attention, config.name, config.method, config.reduction,
                                         seconds, base_seconds / seconds, error, peak, plan, share,
-                                        1 / max(1e-9, 1 - share), times))
+                                        1 / max(1e-9, 1 - share), times, mse, psnr))
                         bar.update()
             del model
             import comfy.model_management as mm
@@ -335,17 +388,19 @@ def to_markdown(rows: list[Row], machine: str) -> str:
         groups.setdefault((row.family, row.size, row.attention), []).append(row)
     for (family, size, attention), group in groups.items():
         base = group[0]
+        images = base.image_mse is not None
         lines += [f"### {family}, {size}x{size} px, batch 2 (CFG), {attention} attention",
                   "", f"Unpatched: {base.seconds * 1000:.0f} ms per UNet forward.", "",
-                  "| config | s/forward | speed-up | rel. error | plan time | peak MiB | reduced share | Amdahl bound |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| config | s/forward | speed-up | rel. error | plan time | peak MiB | reduced share | Amdahl bound |"
+                  + (" image MSE | PSNR dB |" if images else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|---|" if images else "")]
         for r in group:
             plan = f"{r.plan_seconds * 1000:.0f} ms" if r.plan_seconds is not None else "-"
             peak = f"{r.peak_mib:.0f}" if r.peak_mib is not None else "-"
             share = f"{r.share:.0%}" if r.method != "unpatched" else "-"
             bound = f"{r.bound:.2f}x" if r.method != "unpatched" else "-"
             lines.append(f"| {r.config} | {r.seconds:.3f} | {r.speedup:.2f}x | {r.rel_error:.4f} | {plan} | {peak} | "
-                         f"{share} | {bound} |")
+                         f"{share} | {bound} |" + (f" {r.image_mse:.5f} | {r.image_psnr:.1f} |" if images else ""))
         lines.append("")
     return "\n".join(lines)
 
@@ -393,6 +448,9 @@ def main() -> int:
     parser.add_argument("--attention", nargs="+", default=["sub-quad", "sdpa"], choices=["sub-quad", "sdpa", "split"])
     parser.add_argument("--configs", nargs="*", help="only these configs (exact names; unpatched always runs)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs before each measurement")
+    parser.add_argument("--sample-steps", type=int, default=20,
+                        help="with --checkpoint: steps of the full sampling run per config for the image study")
     parser.add_argument("--tiny", action="store_true", help="tiny models (a smoke test of the benchmark itself)")
     parser.add_argument("--quick", action="store_true", help="SD15 at 512 px, 2 repeats")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "benchmark")

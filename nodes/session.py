@@ -121,6 +121,18 @@ class PatchSession:
         return self.run
 
 
+class SessionPatch:
+    """Base of a node's patch object: its settings and session, shared by every clone of the
+    patched model (the host deep-copies model_options, and with them bound methods' owners)."""
+
+    def __init__(self, settings, session: PatchSession):
+        self.settings = settings
+        self.session = session
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 def sessions_of(patcher) -> list[PatchSession]:
     """The TokenReduce sessions attached to a patched model (for benchmarks and reports)."""
     wrappers = patcher.wrappers.get(WrappersMP.OUTER_SAMPLE, {}).get(WRAPPER_KEY, [])

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..tokenreduce import downsample_tokens
 from .blocks import block_level
-from .session import PatchSession
+from .session import SessionPatch
 
 
 @dataclass(frozen=True)
@@ -21,13 +21,8 @@ class ToDoSettings:
     method: str
 
 
-class ToDoPatch:
-    def __init__(self, settings: ToDoSettings, session: PatchSession):
-        self.settings = settings
-        self.session = session
-
-    def __deepcopy__(self, memo):
-        return self  # shared across clones of the patched model, like its session
+class ToDoPatch(SessionPatch):
+    """The patch function of one ToDo node output."""
 
     def attn1(self, n, context, value, extra_options):
         run = self.session.current()

@@ -19,7 +19,7 @@ import torch
 
 from ..tokenreduce import MergePlan, derive_seed, plan_bipartite_merge
 from .blocks import block_level, site_key
-from .session import PatchSession, RunState
+from .session import RunState, SessionPatch
 from .unet_layout import TransformerSite
 
 
@@ -37,16 +37,8 @@ class ToMeSettings:
     seed: int
 
 
-class ToMePatch:
+class ToMePatch(SessionPatch):
     """The patch functions of one ToMe node output."""
-
-    def __init__(self, settings: ToMeSettings, session: PatchSession):
-        self.settings = settings
-        self.session = session
-
-    def __deepcopy__(self, memo):
-        # Shared across clones of the patched model, like its session.
-        return self
 
     def _plan(self, run: RunState, key: tuple, n: torch.Tensor, extra_options: dict) -> MergePlan | None:
         """The merge plan of this block call, or None where it is left alone: a level above

@@ -121,7 +121,7 @@ def test_committed_examples_are_what_the_generator_writes():
     generated = make_examples.examples()
     assert sorted(generated) == [p.name for p in EXAMPLES]
     for path in EXAMPLES:
-        assert path.read_text() == make_examples.render(generated[path.name]), f"rerun devtools/make_examples.py"
+        assert path.read_text() == make_examples.render(generated[path.name]), "rerun devtools/make_examples.py"
 
 
 def test_template_browser_serves_the_examples(server):

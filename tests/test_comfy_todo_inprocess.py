@@ -3,12 +3,11 @@ test_comfy_lifecycle_inprocess.py)."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
-from comfy_helpers import TODO_DEFAULTS, apply, patched, reduced, rel_error, sample, spy_attn1
+from comfy_helpers import TODO_DEFAULTS, apply, patched, rel_error, sample, spy_attn1
 
 
 def keys_at(records):
