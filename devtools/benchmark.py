@@ -400,7 +400,7 @@ def to_markdown(rows: list[Row], machine: str) -> str:
             share = f"{r.share:.0%}" if r.method != "unpatched" else "-"
             bound = f"{r.bound:.2f}x" if r.method != "unpatched" else "-"
             lines.append(f"| {r.config} | {r.seconds:.3f} | {r.speedup:.2f}x | {r.rel_error:.4f} | {plan} | {peak} | "
-                         f"{share} | {bound} |" + (f" {r.image_mse:.5f} | {r.image_psnr:.1f} |" if images else ""))
+                         f"{share} | {bound} |" + (f" {r.image_mse:.2e} | {r.image_psnr:.1f} |" if images else ""))
         lines.append("")
     return "\n".join(lines)
 

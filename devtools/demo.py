@@ -2,8 +2,9 @@
 
 Sets up the pinned ComfyUI (cached), installs this pack into it (a custom_nodes folder of a
 private base directory), writes a random-weight SD1.5 checkpoint unless ``--checkpoint`` names
-yours, runs the example workflow ``example_workflows/sd15_txt2img_tome.json`` with and without
-the ToMe node, prints the seconds per sampling step of each and saves both images.
+yours, runs the SD1.5 example workflows (``example_workflows/sd15_txt2img_tome.json`` and
+``sd15_txt2img_todo.json``) with the ToMe node, with the ToDo node and without either, prints
+the seconds per sampling step of each and saves the images.
 
     python3 devtools/demo.py                                  # random weights, 512 px, 4 steps
     python3 devtools/demo.py --checkpoint ~/models/v1-5.safetensors --size 768 --steps 20
@@ -26,8 +27,8 @@ sys.path.insert(0, str(REPO / "devtools"))
 
 import host  # noqa: E402
 
-EXAMPLE = REPO / "example_workflows" / "sd15_txt2img_tome.json"
-NODE = "TokenReduceToMe"
+EXAMPLES = {"with ToMe": (REPO / "example_workflows" / "sd15_txt2img_tome.json", "TokenReduceToMe"),
+            "with ToDo": (REPO / "example_workflows" / "sd15_txt2img_todo.json", "TokenReduceToDo")}
 
 
 def _in_host() -> bool:
@@ -64,18 +65,21 @@ async def _run_timed(server, prompt: dict, sampler_node: str) -> tuple[dict, flo
 def _prompts(object_info: dict, checkpoint_name: str, size: int, steps: int) -> dict[str, dict]:
     import workflow
 
-    with_tome = workflow.to_api(workflow.load(EXAMPLE), object_info)
-    workflow.find(with_tome, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name
-    latent = workflow.find(with_tome, "EmptyLatentImage")
-    latent["width"] = latent["height"] = size
-    workflow.find(with_tome, "KSampler")["steps"] = steps
-    workflow.find(with_tome, "SaveImage")["filename_prefix"] = "demo_tome"
-    (tome_id,) = [k for k, v in with_tome.items() if v["class_type"] == NODE]
-    without = copy.deepcopy(with_tome)
-    model_source = without.pop(tome_id)["inputs"]["model"]
-    workflow.find(without, "KSampler")["model"] = model_source
+    prompts = {}
+    for label, (path, node) in EXAMPLES.items():
+        prompt = workflow.to_api(workflow.load(path), object_info)
+        workflow.find(prompt, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name
+        latent = workflow.find(prompt, "EmptyLatentImage")
+        latent["width"] = latent["height"] = size
+        workflow.find(prompt, "KSampler")["steps"] = steps
+        workflow.find(prompt, "SaveImage")["filename_prefix"] = "demo_" + node.removeprefix("TokenReduce").lower()
+        prompts[label] = prompt
+    # The same graph without the patch node: the loader's model goes straight to the sampler.
+    without = copy.deepcopy(prompts["with ToMe"])
+    (patch_id,) = [k for k, v in without.items() if v["class_type"] == EXAMPLES["with ToMe"][1]]
+    workflow.find(without, "KSampler")["model"] = without.pop(patch_id)["inputs"]["model"]
     workflow.find(without, "SaveImage")["filename_prefix"] = "demo_unpatched"
-    return {"without ToMe": without, "with ToMe": with_tome}
+    return {"unpatched": without, **prompts}
 
 
 def main() -> int:
@@ -108,13 +112,14 @@ def main() -> int:
             print(f"running the example workflow {label} ({args.size}x{args.size} px, {args.steps} steps)", flush=True)
             entry, per_step = asyncio.run(_run_timed(server, prompt, sampler))
             results[label] = (per_step, server.images(entry)[0], entry)
-    base_time = results["without ToMe"][0]
+    base_time = results["unpatched"][0]
     print(f"\n{'run':<14} {'s/step':>8} {'speed-up':>9}  image")
     for label, (per_step, image, _) in results.items():
         print(f"{label:<14} {per_step:8.3f} {base_time / per_step:8.2f}x  {image}")
-    tome_report = [o["text"][0] for o in results["with ToMe"][2]["outputs"].values() if "text" in o]
-    if tome_report:
-        print(f"\nToMe node report: {tome_report[0]}")
+    for label in EXAMPLES:
+        for output in results[label][2]["outputs"].values():
+            if "text" in output:
+                print(f"\n{label}, node report: {output['text'][0]}")
     return 0
 
 
