@@ -28,6 +28,7 @@ class RunReport:
 
     sampling_seconds: float
     plan_seconds: float  # time spent planning merges; measured only when the session profiles
+    skipped_calls: int  # block calls left alone because their tokens were not the block's grid
 
 
 @dataclass
@@ -37,6 +38,7 @@ class RunState:
     window: SigmaWindow
     profile: bool = False
     plan_seconds: float = 0.0
+    skipped_calls: int = 0
     # The plan made at the start of the current call of each transformer block, by site key;
     # None where the block is not reduced in this call. Overwritten on every block call.
     plans: dict = field(default_factory=dict)
@@ -105,8 +107,17 @@ class PatchSession:
         try:
             return executor(*args, **kwargs)
         finally:
-            self.last_report = RunReport(time.perf_counter() - start, self.run.plan_seconds)
+            run = self.run
+            self.last_report = RunReport(time.perf_counter() - start, run.plan_seconds, run.skipped_calls)
             self.run = previous
+            if run.skipped_calls:
+                # Never a silent no-op: another attention patch that runs before ours reshaped
+                # the tokens (HyperTile tiles the queries, for example).
+                LOG.warning("%s was skipped in %d block calls of this run: the tokens it received were not the "
+                            "block's grid: an attention patch applied before it reshaped them (HyperTile tiles the "
+                            "queries; ToMe in its q, k, v mode merges keys and values). Apply %s before that patch "
+                            "(closer to the checkpoint loader).",
+                            self.label, run.skipped_calls, self.label)
 
     def attach(self, patcher) -> None:
         patcher.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, self.outer_sample_wrapper)

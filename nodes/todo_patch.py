@@ -28,13 +28,15 @@ class ToDoPatch(SessionPatch):
         run = self.session.current()
         if run is None:
             return n, context, value
-        # Keys/values may already be shorter or reshaped (another patch): then leave them.
-        level = block_level(context.shape[1], extra_options)
+        level = block_level(extra_options)
         if level is None:
             return n, context, value
         (h, w), downsample = level
         factor = self.settings.factors.get(downsample)
         if factor is None or not run.in_window(extra_options):
+            return n, context, value
+        if context.shape[1] != h * w or value.shape[1] != h * w:
+            run.skipped_calls += 1  # another patch changed the keys/values; reported at run end
             return n, context, value
         keys = downsample_tokens(context, h, w, factor, self.settings.method)
         values = keys if value is context else downsample_tokens(value, h, w, factor, self.settings.method)

@@ -44,13 +44,14 @@ class ToMePatch(SessionPatch):
         """The merge plan of this block call, or None where it is left alone: a level above
         max_downsample, a step outside the window, or tokens that are not the block's grid
         (another patch reshaped them, or temporal attention)."""
-        level = block_level(n.shape[1], extra_options)
+        level = block_level(extra_options)
         if level is None:
             return None
         grid, downsample = level
-        if downsample > self.settings.max_downsample:
+        if downsample > self.settings.max_downsample or not run.in_window(extra_options):
             return None
-        if not run.in_window(extra_options):
+        if n.shape[1] != grid[0] * grid[1]:
+            run.skipped_calls += 1  # reported at the end of the run
             return None
         s = self.settings
         h, w = grid

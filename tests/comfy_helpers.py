@@ -61,5 +61,7 @@ def rel_error(a, b):
 
 
 def session_of(model):
-    patch = model.model_options["transformer_options"]["patches"]["attn1_patch"][0]
-    return patch.__self__.session
+    import sys
+
+    (session,) = sys.modules["tokenreduce_pack.nodes.session"].sessions_of(model)
+    return session
