@@ -1,7 +1,7 @@
 // TokenReduce front-end extension. Acts only on this pack's node types.
 import { app } from "../../scripts/app.js";
 
-const OUR_NODES = new Set(["TokenReduceToMe"]);
+const OUR_NODES = new Set(["TokenReduceToMe", "TokenReduceToDo"]);
 
 app.registerExtension({
   name: "TokenReduce.NodeInfo",
