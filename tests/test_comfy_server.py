@@ -128,3 +128,40 @@ def test_template_browser_serves_the_examples(server):
     templates = server.get("/api/workflow_templates")
     (names,) = [v for k, v in templates.items() if "TokenReduce" in k]
     assert sorted(names) == sorted(p.stem for p in EXAMPLES)
+
+
+def _interrupt_after_first_step(server, prompt) -> str:
+    """Queue the prompt, wait for the sampler's first progress message, interrupt."""
+    import asyncio
+    import json
+
+    import aiohttp
+
+    sampler = node_id(prompt, "KSampler")
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"ws://127.0.0.1:{server.port}/ws?clientId={server.client_id}") as ws:
+                prompt_id = server.queue(prompt)
+                async for message in ws:
+                    if message.type != aiohttp.WSMsgType.TEXT:
+                        continue
+                    event = json.loads(message.data)
+                    data = event.get("data", {})
+                    if event["type"] == "progress" and data.get("prompt_id") == prompt_id and data.get("node") == sampler:
+                        server.interrupt()
+                        return prompt_id
+
+    return asyncio.run(asyncio.wait_for(go(), timeout=600))
+
+
+@pytest.mark.parametrize("patch", ["tome", "todo"])
+def test_interrupt_during_sampling_then_the_same_prompt_matches_an_uninterrupted_run(server, object_info, patch):
+    prompt = example_prompt(object_info, "SD15", patch, steps=4)
+    (reference,) = server.images(server.run(copy.deepcopy(prompt)))
+    server.free()
+    interrupted = server.wait(_interrupt_after_first_step(server, copy.deepcopy(prompt)))
+    assert interrupted["status"]["status_str"] == "error"
+    assert "execution_interrupted" in [m[0] for m in interrupted["status"]["messages"]]
+    (again,) = server.images(server.run(copy.deepcopy(prompt)))  # queued as is: cached nodes stay cached
+    assert np.array_equal(pixels(again), pixels(reference))
