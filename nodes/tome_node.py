@@ -116,10 +116,10 @@ class ToMePatchNode(io.ComfyNode):
         patch = ToMePatch(settings, session)
         patched.set_model_attn1_patch(patch.attn1)
         if merge_attn:
-            patched.set_model_attn1_output_patch(patch.attn1_output)
+            patched.set_model_attn1_output_patch(patch.unmerge_output)
         if merge_crossattn:
             patched.set_model_attn2_patch(patch.attn2)
-            patched.set_model_attn2_output_patch(patch.attn2_output)
+            patched.set_model_attn2_output_patch(patch.unmerge_output)
         if merge_mlp:
             for site in target.sites:
                 feed_forward = patched.get_model_object(f"{site.path}.ff")

@@ -78,31 +78,24 @@ class ToMePatch(SessionPatch):
             return merged, context, value
         return merged, merged, merged
 
-    def _stage_plan(self, extra_options: dict, tokens: int) -> MergePlan | None:
+    def _block_plan(self, extra_options: dict) -> MergePlan | None:
+        """The plan the self-attention patch made for this block call, if any."""
         run = self.session.run
         key = site_key(extra_options)
-        if run is None or key is None:
-            return None
-        plan = run.plans.get(key)
-        return plan if plan is not None and plan.tokens == tokens else None
+        return run.plans.get(key) if run is not None and key is not None else None
 
-    def _unmerge(self, n, extra_options):
-        run = self.session.run
-        key = site_key(extra_options)
-        plan = run.plans.get(key) if run is not None and key is not None else None
+    def unmerge_output(self, n, extra_options):
+        """attn1/attn2 output patch: restore the full sequence where the input was merged."""
+        plan = self._block_plan(extra_options)
         if plan is None or n.shape[1] != plan.merged_tokens:
             return n
         return plan.unmerge(n)
 
-    def attn1_output(self, n, extra_options):
-        return self._unmerge(n, extra_options)
-
     def attn2(self, n, context, value, extra_options):
-        plan = self._stage_plan(extra_options, n.shape[1])
-        return (n if plan is None else plan.merge(n)), context, value
-
-    def attn2_output(self, n, extra_options):
-        return self._unmerge(n, extra_options)
+        plan = self._block_plan(extra_options)
+        if plan is None or plan.tokens != n.shape[1]:
+            return n, context, value
+        return plan.merge(n), context, value
 
     def mlp_forward(self, site: TransformerSite, feed_forward: torch.nn.Module):
         """A replacement ``forward`` for the feed-forward module of ``site``."""

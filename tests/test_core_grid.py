@@ -2,7 +2,7 @@
 
 import pytest
 
-from tokenreduce import SigmaWindow, block_grid, derive_seed, downsample_of
+from tokenreduce import SigmaWindow, derive_seed, downsample_of
 from tokenreduce.grid import grid_at
 
 
@@ -21,11 +21,6 @@ def test_odd_sizes():
     assert downsample_of((65, 97), (33, 49)) == 2
     assert downsample_of((65, 97), (17, 25)) == 4
     assert downsample_of((65, 97), (65, 97)) == 1
-
-
-def test_block_grid_rejects_sequences_that_are_not_the_grid():
-    assert block_grid(12, (3, 4)) == (3, 4)
-    assert block_grid(13, (3, 4)) is None
 
 
 def test_derive_seed_is_stable_and_sensitive():

@@ -7,7 +7,7 @@ data structures and call into this package.
 
 from .downsample import METHODS as DOWNSAMPLE_METHODS, downsample_tokens, downsampled_grid
 from .bipartite import MergePlan, plan_bipartite_merge, stride_ratio_cap
-from .grid import block_grid, downsample_of
+from .grid import downsample_of
 from .seeding import derive_seed
 from .window import SigmaWindow
 
@@ -18,7 +18,6 @@ __all__ = [
     "MergePlan",
     "plan_bipartite_merge",
     "stride_ratio_cap",
-    "block_grid",
     "downsample_of",
     "derive_seed",
     "SigmaWindow",

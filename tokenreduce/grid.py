@@ -36,10 +36,3 @@ def downsample_of(latent_hw: tuple[int, int], grid_hw: tuple[int, int]) -> int:
         if candidate >= 1 and grid_at(latent_hw, candidate) == (gh, gw):
             return candidate
     return level
-
-
-def block_grid(tokens: int, activations_hw: tuple[int, int]) -> tuple[int, int] | None:
-    """The (h, w) grid of a block's tokens, or None when the sequence is not that grid
-    (temporal attention, tiled queries from another patch, anything not h*w tokens)."""
-    h, w = activations_hw
-    return (h, w) if h * w == tokens else None
