@@ -455,13 +455,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="SD15 at 512 px, 2 repeats")
     parser.add_argument("--out", type=Path, default=REPO / "out" / "benchmark")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
 
     if args.comfyui is None:
-        built = host.ensure_host() if Path(sys.prefix).resolve() != (host.host_location().root / "venv").resolve() \
-            else host.host_location()
-        if Path(sys.prefix).resolve() != (built.root / "venv").resolve():
-            os.execv(str(built.python), [str(built.python), __file__, *sys.argv[1:]])
-        args.comfyui = built.comfyui
+        args.comfyui = host.run_inside_host(__file__).comfyui
     import torch
 
     if args.quick:

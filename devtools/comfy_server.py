@@ -145,6 +145,36 @@ class ComfyServer:
             raise RuntimeError(f"prompt failed: {json.dumps(entry['status'])[:4000]}")
         return entry
 
+    def queue_and_follow(self, prompt: dict, node: str, on_progress) -> str:
+        """Queue a prompt and follow its websocket messages until it finishes. ``on_progress``
+        gets each progress value of ``node``; if it returns True, following stops there.
+        Returns the prompt id; raises if the prompt fails with an execution error."""
+        import asyncio
+
+        import aiohttp
+
+        async def follow() -> str:
+            async with aiohttp.ClientSession() as session:
+                async with session.ws_connect(f"ws://127.0.0.1:{self.port}/ws?clientId={self.client_id}") as ws:
+                    prompt_id = self.queue(prompt)
+                    async for message in ws:
+                        if message.type != aiohttp.WSMsgType.TEXT:
+                            continue
+                        event = json.loads(message.data)
+                        data = event.get("data", {})
+                        if data.get("prompt_id") != prompt_id:
+                            continue
+                        if event["type"] == "progress" and data.get("node") == node:
+                            if on_progress(data["value"]):
+                                break
+                        elif event["type"] == "execution_error":
+                            raise RuntimeError(data.get("exception_message"))
+                        elif event["type"] == "executing" and data.get("node") is None:
+                            break
+                    return prompt_id
+
+        return asyncio.run(asyncio.wait_for(follow(), timeout=3600))
+
     def interrupt(self) -> None:
         requests.post(f"{self.url}/interrupt", json={}, timeout=30).raise_for_status()
 

@@ -13,10 +13,7 @@ the seconds per sampling step of each and saves the images.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
-import json
-import os
 import shutil
 import sys
 import time
@@ -31,35 +28,13 @@ EXAMPLES = {"with ToMe": (REPO / "example_workflows" / "sd15_txt2img_tome.json",
             "with ToDo": (REPO / "example_workflows" / "sd15_txt2img_todo.json", "TokenReduceToDo")}
 
 
-def _in_host() -> bool:
-    return Path(sys.prefix).resolve() == (host.host_location().root / "venv").resolve()
-
-
-async def _run_timed(server, prompt: dict, sampler_node: str) -> tuple[dict, float]:
-    """Queue a prompt, follow its progress over the websocket, and return its history entry
-    and the seconds per sampling step (from the sampler's progress messages)."""
-    import aiohttp
-
+def _run_timed(server, prompt: dict, sampler_node: str) -> tuple[dict, float]:
+    """Run a prompt and return its history entry and the seconds per sampling step, from the
+    times at which the sampler's progress messages arrive."""
     ticks = []
-    async with aiohttp.ClientSession() as session:
-        async with session.ws_connect(f"ws://127.0.0.1:{server.port}/ws?clientId={server.client_id}") as ws:
-            prompt_id = server.queue(prompt)
-            async for message in ws:
-                if message.type != aiohttp.WSMsgType.TEXT:
-                    continue
-                event = json.loads(message.data)
-                data = event.get("data", {})
-                if data.get("prompt_id") != prompt_id:
-                    continue
-                if event["type"] == "progress" and data.get("node") == sampler_node:
-                    ticks.append((time.perf_counter(), data["value"]))
-                elif event["type"] == "execution_error":
-                    raise RuntimeError(data.get("exception_message"))
-                elif event["type"] == "executing" and data.get("node") is None:
-                    break
-    entry = server.wait(prompt_id)
+    prompt_id = server.queue_and_follow(prompt, sampler_node, lambda value: ticks.append((time.perf_counter(), value)))
     (t0, v0), (t1, v1) = ticks[0], ticks[-1]
-    return entry, (t1 - t0) / max(1, v1 - v0)
+    return server.wait(prompt_id), (t1 - t0) / max(1, v1 - v0)
 
 
 def _prompts(object_info: dict, checkpoint_name: str, size: int, steps: int) -> dict[str, dict]:
@@ -92,13 +67,10 @@ def main() -> int:
     if args.steps < 2:
         parser.error("--steps must be at least 2 to measure seconds per step")
 
-    if not _in_host():
-        built = host.ensure_host()
-        os.execv(str(built.python), [str(built.python), __file__, *sys.argv[1:]])
+    built = host.run_inside_host(__file__)
 
     from comfy_server import ComfyServer, ensure_checkpoint
 
-    built = host.host_location()
     checkpoint = args.checkpoint.expanduser().resolve() if args.checkpoint else ensure_checkpoint(built.root)
     base = args.out / "comfyui-base"
     shutil.rmtree(base, ignore_errors=True)
@@ -110,7 +82,7 @@ def main() -> int:
         for label, prompt in prompts.items():
             (sampler,) = [k for k, v in prompt.items() if v["class_type"] == "KSampler"]
             print(f"running the example workflow {label} ({args.size}x{args.size} px, {args.steps} steps)", flush=True)
-            entry, per_step = asyncio.run(_run_timed(server, prompt, sampler))
+            entry, per_step = _run_timed(server, prompt, sampler)
             results[label] = (per_step, server.images(entry)[0], entry)
     base_time = results["unpatched"][0]
     print(f"\n{'run':<14} {'s/step':>8} {'speed-up':>9}  image")

@@ -156,6 +156,16 @@ def ensure_host() -> Host:
     return host
 
 
+def run_inside_host(script: str) -> Host:
+    """Make sure this script runs with the host's Python: build the host if needed and
+    re-execute the script there (same arguments). Returns the host once inside it."""
+    host = host_location()
+    if Path(sys.prefix).resolve() != (host.root / "venv").resolve():
+        built = ensure_host()
+        os.execv(str(built.python), [str(built.python), script, *sys.argv[1:]])
+    return host
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only report whether the host is built")

@@ -131,28 +131,8 @@ def test_template_browser_serves_the_examples(server):
 
 
 def _interrupt_after_first_step(server, prompt) -> str:
-    """Queue the prompt, wait for the sampler's first progress message, interrupt."""
-    import asyncio
-    import json
-
-    import aiohttp
-
-    sampler = node_id(prompt, "KSampler")
-
-    async def go():
-        async with aiohttp.ClientSession() as session:
-            async with session.ws_connect(f"ws://127.0.0.1:{server.port}/ws?clientId={server.client_id}") as ws:
-                prompt_id = server.queue(prompt)
-                async for message in ws:
-                    if message.type != aiohttp.WSMsgType.TEXT:
-                        continue
-                    event = json.loads(message.data)
-                    data = event.get("data", {})
-                    if event["type"] == "progress" and data.get("prompt_id") == prompt_id and data.get("node") == sampler:
-                        server.interrupt()
-                        return prompt_id
-
-    return asyncio.run(asyncio.wait_for(go(), timeout=600))
+    """Queue the prompt and interrupt it at the sampler's first progress message."""
+    return server.queue_and_follow(prompt, node_id(prompt, "KSampler"), lambda value: server.interrupt() or True)
 
 
 @pytest.mark.parametrize("patch", ["tome", "todo"])
