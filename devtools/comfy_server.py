@@ -182,6 +182,11 @@ class ComfyServer:
         """Unload models and drop the execution cache: the next prompt re-executes every node."""
         requests.post(f"{self.url}/free", json={"unload_models": True, "free_memory": True},
                       timeout=30).raise_for_status()
+        # The worker reads the flags after its next queue wake-up; a prompt queued right now
+        # could run first, from the old cache. It is single-threaded and frees before it takes
+        # the next item, so once a throwaway prompt has finished, the free has happened.
+        self.run({"1": {"class_type": "EmptyImage", "inputs": {"width": 8, "height": 8, "batch_size": 1, "color": 0}},
+                  "2": {"class_type": "PreviewImage", "inputs": {"images": ["1", 0]}}})
 
     def images(self, entry: dict) -> list[Path]:
         paths = []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 ACTIVE_MODE = 0  # 2 = muted, 4 = bypassed
+_MISSING = object()
 
 
 def load(path: str | Path) -> dict:
@@ -45,10 +46,12 @@ def to_api(workflow: dict, object_info: dict) -> dict:
         inputs = {}
         for name, spec in _input_specs(info):
             if _is_widget(spec):
-                value = next(values)
+                value = next(values, _MISSING)
                 if len(spec) > 1 and spec[1].get("control_after_generate"):
-                    next(values)  # the "fixed/randomize" companion value the UI stores after it
-                if name not in linked:
+                    next(values, None)  # the "fixed/randomize" companion value the UI stores after it
+                if name not in linked and value is not _MISSING:
+                    # A workflow saved before an input was added has no value for it: the
+                    # input is left out and the node uses its default, as the UI does.
                     inputs[name] = value
             if name in linked:
                 _, from_node, from_slot, *_ = links[linked[name]]

@@ -42,6 +42,9 @@ class RunState:
     # The plan made at the start of the current call of each transformer block, by site key;
     # None where the block is not reduced in this call. Overwritten on every block call.
     plans: dict = field(default_factory=dict)
+    # Plans shared by the blocks of one grid within one UNet call (ToMe's plan sharing),
+    # by grid; emptied when the next UNet call starts.
+    call_plans: dict = field(default_factory=dict)
     _sigmas: torch.Tensor | None = None
     _sigma: float = 0.0
     _generators: dict = field(default_factory=dict)
@@ -119,8 +122,16 @@ class PatchSession:
                             "(closer to the checkpoint loader).",
                             self.label, run.skipped_calls, self.label)
 
+    def apply_model_wrapper(self, executor, *args, **kwargs):
+        # A UNet call starts: state shared across its blocks must not leak into the next call
+        # (the other CFG half, another area, the next step).
+        if self.run is not None:
+            self.run.call_plans.clear()
+        return executor(*args, **kwargs)
+
     def attach(self, patcher) -> None:
         patcher.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, self.outer_sample_wrapper)
+        patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, self.apply_model_wrapper)
 
     def current(self) -> RunState | None:
         """The run in progress, or None when the model is called outside a ComfyUI sampler

@@ -85,6 +85,12 @@ class ToMePatchNode(io.ComfyNode):
                              tooltip="Seed of the random merge targets. The same seed gives bit-identical results on "
                                      "every run, whatever sampler or noise node is used; the global RNG is untouched."),
                 *window_inputs("Merging"),
+                # Added after the first release: last and optional, so saved workflows load unchanged.
+                io.Boolean.Input("share_plans", default=False, optional=True,
+                                 tooltip="Plan the merge once per level and model call (in the level's first block) "
+                                         "and reuse it in its other blocks, instead of once per block as tomesd does. "
+                                         "Saves most of the planning time, which matters at small sizes on fast "
+                                         "attention; off is exact tomesd."),
             ],
             outputs=outputs(),
         )
@@ -99,7 +105,7 @@ class ToMePatchNode(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn,
-                merge_mlp, use_rand, seed, start_percent, end_percent) -> io.NodeOutput:
+                merge_mlp, use_rand, seed, start_percent, end_percent, share_plans=False) -> io.NodeOutput:
         problem = _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn,
                                   merge_mlp, start_percent, end_percent)
         if problem is not None:
@@ -110,7 +116,7 @@ class ToMePatchNode(io.ComfyNode):
         settings = ToMeSettings(
             ratio=ratio, stride_x=stride_x, stride_y=stride_y, max_downsample=target.level,
             queries_only=(mode == MODE_QUERIES), merge_attn=merge_attn, merge_crossattn=merge_crossattn,
-            merge_mlp=merge_mlp, use_rand=use_rand, seed=seed,
+            merge_mlp=merge_mlp, use_rand=use_rand, seed=seed, share_plans=bool(share_plans),
         )
         patched, session = patched_clone(model, NODE_ID, start_percent, end_percent)
         patch = ToMePatch(settings, session)
@@ -133,4 +139,5 @@ class ToMePatchNode(io.ComfyNode):
                              f"max_downsample {target.level}: {len(target.sites)} of {len(target.layout.sites)} "
                              f"transformer blocks ({per_level}); merges {', '.join(stages)}; "
                              f"active from {start_percent:g} to {end_percent:g} of sampling; "
-                             + (f"random targets, seed {seed}." if use_rand else "top-left targets."))
+                             + (f"random targets, seed {seed}" if use_rand else "top-left targets")
+                             + ("; one plan per level and model call." if share_plans else "; one plan per block call."))

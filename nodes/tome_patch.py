@@ -9,6 +9,10 @@ is no hook around the feed-forward, so MLP merging is an object patch of that bl
 Per block call the self-attention patch plans the merge once on ``n`` (ComfyUI's built-in
 does the same; tomesd plans on the block input ``x``) and every stage of that block reuses
 the plan, as tomesd does. The plan lives in the run state until the block's next call.
+
+With ``share_plans`` the first block of each grid in a UNet call plans and the other blocks
+of that grid reuse its plan until the next UNet call: planning (a src x dst similarity per
+block, the cost tomesd pays in every block) then happens once per level and call.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class ToMeSettings:
     merge_mlp: bool
     use_rand: bool
     seed: int
+    share_plans: bool = False  # one plan per grid and UNet call instead of one per block call
 
 
 class ToMePatch(SessionPatch):
@@ -53,6 +58,18 @@ class ToMePatch(SessionPatch):
         if n.shape[1] != grid[0] * grid[1]:
             run.skipped_calls += 1  # reported at the end of the run
             return None
+        s = self.settings
+        if s.share_plans:
+            # The first block of this grid in this UNet call plans for all of them: the
+            # similarity is computed once per level instead of once per block.
+            shared = run.call_plans.get(grid)
+            if shared is not None and shared.batch == n.shape[0]:
+                return shared
+            plan = run.call_plans[grid] = self._new_plan(run, ("shared",), grid, n, extra_options)
+            return plan
+        return self._new_plan(run, key, grid, n, extra_options)
+
+    def _new_plan(self, run: RunState, key: tuple, grid: tuple, n: torch.Tensor, extra_options: dict) -> MergePlan:
         s = self.settings
         h, w = grid
         generator = None

@@ -19,6 +19,10 @@ PUBLIC_INPUTS = {  # public interface: saved workflows depend on these names and
                         "merge_crossattn", "merge_mlp", "use_rand", "seed", "start_percent", "end_percent"],
     "TokenReduceToDo": ["model", "factor", "factor_next", "level", "method", "start_percent", "end_percent"],
 }
+OPTIONAL_INPUTS = {  # added after the first release, optional so that older workflows still load
+    "TokenReduceToMe": ["share_plans"],
+    "TokenReduceToDo": [],
+}
 
 
 def checkpoint_name(family: str) -> str:

@@ -12,7 +12,7 @@ import make_examples
 import workflow
 from comfy_server import PromptRejected
 from conftest import REPO
-from server_helpers import NODE_IDS, PUBLIC_INPUTS, example_prompt, node_id, pixels, start_server
+from server_helpers import NODE_IDS, OPTIONAL_INPUTS, PUBLIC_INPUTS, checkpoint_name, example_prompt, node_id, pixels, start_server
 
 EXAMPLES = sorted((REPO / "example_workflows").glob("*.json"))
 
@@ -34,7 +34,8 @@ def test_nodes_and_their_inputs_are_listed(object_info, node):
     info = object_info[node]
     assert info["category"] == "model_patches/unet"
     assert info["input_order"]["required"] == PUBLIC_INPUTS[node]
-    for name, spec in info["input"]["required"].items():
+    assert info["input_order"].get("optional", []) == OPTIONAL_INPUTS[node]
+    for name, spec in [*info["input"]["required"].items(), *info["input"].get("optional", {}).items()]:
         assert spec[1].get("tooltip"), f"input {name} has no tooltip"
     assert info["output"] == ["MODEL", "STRING"] and info["output_name"] == ["MODEL", "info"]
     assert "TomePatchModel" in object_info  # the built-in stays, under its own id
@@ -114,7 +115,20 @@ def test_example_workflows_use_existing_nodes_and_current_widgets(object_info, p
     assert workflow.node_types(flow) <= set(object_info), workflow.node_types(flow) - set(object_info)
     prompt = workflow.to_api(flow, object_info)  # fails if widget values no longer match the inputs
     (ours,) = [n for n in prompt.values() if n["class_type"] in PUBLIC_INPUTS]
-    assert list(ours["inputs"]) == PUBLIC_INPUTS[ours["class_type"]]
+    assert list(ours["inputs"]) == PUBLIC_INPUTS[ours["class_type"]] + OPTIONAL_INPUTS[ours["class_type"]]
+
+
+def test_a_workflow_saved_before_share_plans_existed_still_runs(server, object_info):
+    flow = workflow.load(REPO / "example_workflows" / "sd15_txt2img_tome.json")
+    (ours,) = [n for n in flow["nodes"] if n["type"] == NODE_IDS["tome"]]
+    ours["widgets_values"] = ours["widgets_values"][:len(PUBLIC_INPUTS[NODE_IDS["tome"]]) - 1]  # as first released
+    prompt = workflow.to_api(flow, object_info)
+    assert "share_plans" not in workflow.find(prompt, NODE_IDS["tome"])
+    workflow.find(prompt, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name("SD15")
+    workflow.find(prompt, "EmptyLatentImage").update(width=256, height=256)
+    workflow.find(prompt, "KSampler")["steps"] = 1
+    entry = server.run(prompt)
+    assert "one plan per block call" in entry["outputs"][node_id(prompt, NODE_IDS["tome"])]["text"][0]
 
 
 def test_committed_examples_are_what_the_generator_writes():

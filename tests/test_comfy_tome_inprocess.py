@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfy_helpers import TOME_DEFAULTS, apply, patched, reduced, sample, spy_attn1
+from comfy_helpers import TOME_DEFAULTS, apply, patched, reduced, rel_error, sample, spy_attn1
 
 
 def test_seed_changes_the_partition(comfy, models):
@@ -120,3 +120,35 @@ def test_bad_settings_are_rejected(comfy, models, overrides, message):
 def test_a_ratio_at_the_cap_is_accepted(comfy):
     settings = {k: v for k, v in {**TOME_DEFAULTS, "ratio": 0.75}.items() if k in VALIDATED}
     assert comfy.pack.ToMePatchNode.validate_inputs(**settings) is True
+
+
+def test_shared_plans_plan_once_per_level_and_model_call(comfy, models, monkeypatch):
+    import sys
+
+    module = sys.modules["tokenreduce_pack.nodes.tome_patch"]
+    calls = []
+    original = module.plan_bipartite_merge
+    monkeypatch.setattr(module, "plan_bipartite_merge", lambda n, w, h, *a: calls.append((h, w)) or original(n, w, h, *a))
+    base = models["SD15"]
+    per_block = sample(comfy, patched(comfy, "tome", base, max_downsample="2"), steps=1)
+    blocks_calls, calls[:] = list(calls), []
+    shared_model = patched(comfy, "tome", base, max_downsample="2", share_plans=True)
+    shared = sample(comfy, shared_model, steps=1)
+    # One UNet call (cond and uncond batched): one plan per grid, against one per block.
+    assert sorted(calls) == [(16, 16), (32, 32)]
+    assert len(blocks_calls) > len(calls) and set(blocks_calls) == set(calls)
+    assert torch.equal(sample(comfy, shared_model, steps=1), shared)  # rerun: identical
+    assert 0 < rel_error(shared, per_block) < 0.5
+
+
+def test_shared_plans_do_not_cross_model_calls(comfy, models):
+    """Split cond/uncond calls each plan for themselves: the result equals one batched call."""
+    from comfy.samplers import calc_cond_batch
+
+    model = patched(comfy, "tome", models["SD15"], share_plans=True)
+    batched = sample(comfy, model)
+    split = model.clone()
+    split.set_model_sampler_calc_cond_batch_function(
+        lambda args: [calc_cond_batch(args["model"], [c], args["input"], args["sigma"], args["model_options"])[0]
+                      for c in args["conds"]])
+    assert rel_error(sample(comfy, split), batched) < 1e-3
