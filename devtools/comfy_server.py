@@ -208,15 +208,34 @@ def checkpoint_path(host_root: Path, family: str = "SD15", seed: int = 0) -> Pat
 
 def ensure_checkpoint(host_root: Path, python: str | Path = sys.executable, family: str = "SD15", seed: int = 0) -> Path:
     """Write (once) a full-size random-weight checkpoint with ComfyUI's classes, in the host."""
-    path = checkpoint_path(host_root, family, seed)
+    return _ensure(checkpoint_path(host_root, family, seed), host_root, python,
+                   f"random_models.write_checkpoint(path, {family!r}, {seed})")
+
+
+EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer in random_models)
+    "dit": ("diffusion_models", "write_dit"),
+    "lora": ("loras", "write_lora"),
+    "controlnet": ("controlnet", "write_controlnet"),
+}
+
+
+def ensure_extra_model(host_root: Path, kind: str, python: str | Path = sys.executable) -> tuple[str, Path]:
+    """Write (once) a random-weight model file of ``kind`` (see EXTRA_MODELS) beside the host;
+    returns its ComfyUI model folder and path."""
+    folder, writer = EXTRA_MODELS[kind]
+    path = Path(host_root) / "checkpoints" / f"tokenreduce-random-{kind}-seed0-v1.safetensors"
+    return folder, _ensure(path, host_root, python, f"random_models.{writer}(path)")
+
+
+def _ensure(path: Path, host_root: Path, python: str | Path, call: str) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; path = sys.argv[3]\n"
             "import torch\nfrom comfy.cli_args import args\nargs.cpu = not torch.cuda.is_available()\n"
-            "import random_models\nrandom_models.write_checkpoint(sys.argv[3], sys.argv[4], int(sys.argv[5]))\n")
-    subprocess.run([str(python), "-c", code, str(Path(host_root) / "ComfyUI"), str(REPO / "devtools"), str(partial),
-                    family, str(seed)], check=True)
+            f"import random_models\n{call}\n")
+    subprocess.run([str(python), "-c", code, str(Path(host_root) / "ComfyUI"), str(REPO / "devtools"), str(partial)],
+                   check=True)
     partial.rename(path)
     return path

@@ -160,3 +160,48 @@ def make_dit(seed: int = 0):
     randomize_(model.diffusion_model, seed)
     return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
                                             offload_device=comfy.model_management.unet_offload_device())
+
+
+def write_dit(path: str, seed: int = 0) -> None:
+    """The tiny SD3 of ``make_dit`` as a diffusion-model file (``UNETLoader`` detects it as SD3)."""
+    import comfy.utils
+
+    sd = make_dit(seed).model.diffusion_model.state_dict()
+    comfy.utils.save_torch_file({k: v.contiguous() for k, v in sd.items()}, path)
+
+
+def write_lora(path: str, seed: int = 0, rank: int = 4, scale: float = 0.02) -> None:
+    """A random LoRA for the self-attention projections of every full-size SD1.5 transformer
+    block, in ComfyUI's generic key format (``<unet key>.lora_up/lora_down.weight``)."""
+    import comfy.utils
+
+    generator = torch.Generator().manual_seed(seed)
+    config = FULL_UNET_CONFIGS["SD15"]
+    sd = {}
+    blocks = [("input_blocks", i, 1) for i in (1, 2, 4, 5, 7, 8)] + [("middle_block", None, 1)]
+    blocks += [("output_blocks", i, 1) for i in range(3, 12)]
+    widths = {1: 320, 2: 320, 4: 640, 5: 640, 7: 1280, 8: 1280}
+    out_widths = {3: 1280, 4: 1280, 5: 1280, 6: 640, 7: 640, 8: 640, 9: 320, 10: 320, 11: 320}
+    for part, index, sub in blocks:
+        width = (widths.get(index) if part == "input_blocks" else
+                 out_widths.get(index) if part == "output_blocks" else config["model_channels"] * 4)
+        prefix = f"diffusion_model.{part}.{index}.{sub}" if index is not None else f"diffusion_model.{part}.{sub}"
+        for projection in ("to_q", "to_k", "to_v", "to_out.0"):
+            key = f"{prefix}.transformer_blocks.0.attn1.{projection}"
+            sd[f"{key}.lora_down.weight"] = torch.randn(rank, width, generator=generator) * scale
+            sd[f"{key}.lora_up.weight"] = torch.randn(width, rank, generator=generator) * scale
+    comfy.utils.save_torch_file(sd, path)
+
+
+def write_controlnet(path: str, seed: int = 0) -> None:
+    """A full-size random-weight SD1.5 ControlNet (ldm layout, ``control_model.`` keys) that
+    ``ControlNetLoader`` detects from its shapes, as it does a trained one."""
+    import comfy.ops
+    import comfy.utils
+    from comfy.cldm.cldm import ControlNet
+
+    config = {k: v for k, v in FULL_UNET_CONFIGS["SD15"].items() if k not in ("out_channels", "transformer_depth_output")}
+    net = ControlNet(hint_channels=3, dtype=torch.float16, operations=comfy.ops.disable_weight_init, **config)
+    randomize_(net, seed)
+    comfy.utils.save_torch_file({f"control_model.{k}": v.contiguous().to(torch.float16)
+                                 for k, v in net.state_dict().items()}, path)

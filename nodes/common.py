@@ -6,7 +6,7 @@ import logging
 
 from comfy_api.latest import io
 
-from .session import PatchSession
+from .session import PatchSession, sessions_of
 
 LOG = logging.getLogger("tokenreduce")
 WINDOW_RANGES = {"start_percent": (0.0, 1.0), "end_percent": (0.0, 1.0)}
@@ -35,16 +35,40 @@ def outputs() -> list:
     ]
 
 
+def refuse_stacking(model, node_id: str) -> None:
+    """Raise if this node is already applied upstream: the second copy would see the tokens
+    the first one reduced (and be skipped) or reduce them twice."""
+    if any(session.label == node_id for session in sessions_of(model)):
+        raise ValueError(f"{node_id} is already applied to this model (upstream in the graph). Apply it once. "
+                         f"For different settings per pass (a hires-fix second pass), patch the checkpoint "
+                         f"loader's model with a separate {node_id} for each pass.")
+
+
+def builtin_tome_applied(model) -> bool:
+    """Whether ComfyUI's built-in TomePatchModel is applied to this model."""
+    patches = model.model_options.get("transformer_options", {}).get("patches", {})
+    return any(getattr(f, "__module__", "") == "comfy_extras.nodes_tomesd" for f in patches.get("attn1_patch", []))
+
+
+def refuse_or_unchanged(model, node_id: str, target) -> io.NodeOutput:
+    """For a target with nothing to patch: an error where no setting could work, else the
+    input model unchanged with a warning."""
+    if target.refused:
+        raise ValueError(f"{node_id}: {target.message}")
+    return unchanged(model, target.message)
+
+
 def unchanged(model, message: str) -> io.NodeOutput:
     """Return the input model as it is, saying why (a WARNING in the log and in info)."""
     LOG.warning("%s", message)
     return io.NodeOutput(model, message, ui={"text": [message]})
 
 
-def patched_clone(model, label: str, start_percent: float, end_percent: float):
-    """A clone of the model and the session that gives its patches per-run state."""
+def patched_clone(model, label: str, start_percent: float, end_percent: float, preflight=None):
+    """A clone of the model and the session that gives its patches per-run state.
+    ``preflight(latent_hw)`` checks the settings against the latent when sampling starts."""
     clone = model.clone()
-    session = PatchSession(label, start_percent, end_percent)
+    session = PatchSession(label, start_percent, end_percent, preflight)
     session.attach(clone)
     return clone, session
 

@@ -23,6 +23,7 @@ class PatchTarget:
     level: int  # the resolved level setting ("auto" -> this model's finest transformer level)
     sites: tuple[TransformerSite, ...] | None  # None: nothing to patch, see message
     message: str = ""
+    refused: bool = False  # no setting of the node can work on this model: an error, not a warning
 
     def count_at(self, level: int) -> int:
         return sum(1 for site in self.sites if site.downsample == level)
@@ -33,15 +34,17 @@ def patch_target(model, method: str, setting: str, choice: str,
     """Resolve a level setting (``choice``: "auto" or a downsample) for this model and select
     the blocks to patch with ``select(layout, level)``.
 
-    Never silent: a model without UNet transformer blocks, or a setting that selects none of
-    its blocks, comes back with ``sites=None`` and a message that says why and what would work.
+    Never silent: a model without UNet transformer blocks comes back ``refused`` (no setting
+    can work there); a setting that selects none of its blocks comes back with ``sites=None``
+    and a warning that says what would work.
     """
     family = model_family(model)
     layout = unet_layout(model.get_model_object("diffusion_model"), family)
     if layout is None or not layout.sites:
         return PatchTarget(family, layout, 0, None,
-                           f"WARNING: {method} does nothing on this {family} model: it has no UNet transformer "
-                           f"blocks (DiT models such as SD3 and Flux are not supported). The model is returned unchanged.")
+                           f"{method} cannot patch this {family} model: it has no UNet transformer blocks. "
+                           f"{method} works on UNet models (SD1.x, SD2.x, SDXL); DiT models such as SD3 and Flux "
+                           f"are not supported. Remove this node for this model.", refused=True)
     levels = layout.levels
     level = levels[0] if choice == "auto" else int(choice)
     sites = select(layout, level)

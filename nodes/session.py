@@ -85,8 +85,11 @@ class RunState:
 class PatchSession:
     """Shared by the patch functions of one node output and its OUTER_SAMPLE wrapper."""
 
-    def __init__(self, label: str, start_percent: float, end_percent: float):
+    def __init__(self, label: str, start_percent: float, end_percent: float, preflight=None):
         self.label = label
+        # Checks the settings against the latent size before the first step (raises with a
+        # message for the user); None: nothing depends on the size.
+        self.preflight = preflight
         self.start_percent = start_percent
         self.end_percent = end_percent
         self.run: RunState | None = None
@@ -103,6 +106,9 @@ class PatchSession:
                            model_sampling.percent_to_sigma(self.end_percent))
 
     def outer_sample_wrapper(self, executor, *args, **kwargs):
+        noise = args[0] if args else kwargs.get("noise")
+        if self.preflight is not None and getattr(noise, "ndim", 0) == 4:
+            self.preflight(tuple(noise.shape[-2:]))  # before any step: nothing half-applied
         guider = executor.class_obj
         window = self.window_for(guider.model_patcher.get_model_object("model_sampling"))
         previous, self.run = self.run, RunState(window, profile=self.profile)

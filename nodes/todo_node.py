@@ -5,7 +5,9 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..tokenreduce import DOWNSAMPLE_METHODS
-from .common import done, model_input, outputs, patched_clone, unchanged, window_inputs, WINDOW_RANGES
+from .common import (WINDOW_RANGES, done, model_input, outputs, patched_clone, refuse_or_unchanged, refuse_stacking,
+                     window_inputs)
+from .preflight import todo_factors
 from .model_info import LEVEL_CHOICES, patch_target
 from .todo_patch import ToDoPatch, ToDoSettings
 from .validation import check_choices, check_ranges, check_window, first_problem
@@ -73,13 +75,17 @@ class ToDoPatchNode(io.ComfyNode):
         problem = _check_settings(factor, factor_next, level, method, start_percent, end_percent)
         if problem is not None:
             raise ValueError(f"{NODE_ID}: {problem}")
+        refuse_stacking(model, NODE_ID)
         target = patch_target(
             model, "ToDo", "level", level,
             lambda layout, lv: tuple(s for s in layout.sites if s.downsample in _level_factors(lv, factor, factor_next)))
         if target.sites is None:
-            return unchanged(model, target.message)
+            return refuse_or_unchanged(model, NODE_ID, target)
         factors = _level_factors(target.level, factor, factor_next)
-        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent)
+        present = {site.downsample for site in target.sites}
+        named = [(name, lv, f) for name, lv, f in (("factor", target.level, factor), ("factor_next", target.level * 2, factor_next))
+                 if f > 1 and lv in present]
+        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent, preflight=todo_factors(NODE_ID, named))
         patched.set_model_attn1_patch(ToDoPatch(ToDoSettings(factors, method), session).attn1)
 
         described = []

@@ -5,7 +5,9 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..tokenreduce import stride_ratio_cap
-from .common import done, model_input, outputs, patched_clone, unchanged, window_inputs, WINDOW_RANGES
+from .common import (WINDOW_RANGES, builtin_tome_applied, done, model_input, outputs, patched_clone,
+                     refuse_or_unchanged, refuse_stacking, window_inputs)
+from .preflight import tome_strides
 from .model_info import LEVEL_CHOICES, patch_target
 from .tome_patch import ToMePatch, ToMeSettings
 from .validation import check_choices, check_ranges, check_window, first_problem
@@ -110,15 +112,22 @@ class ToMePatchNode(io.ComfyNode):
                                   merge_mlp, start_percent, end_percent)
         if problem is not None:
             raise ValueError(f"{NODE_ID}: {problem}")
+        refuse_stacking(model, NODE_ID)
+        if builtin_tome_applied(model):
+            raise ValueError(f"{NODE_ID}: ComfyUI's built-in TomePatchModel is already applied to this model. It merges "
+                             f"the queries before this node sees them, so this node would be skipped in every block. "
+                             f"Use one of the two (this node's mode 'queries only' computes what the built-in does).")
         target = patch_target(model, "ToMe", "max_downsample", max_downsample, lambda layout, level: layout.within(level))
         if target.sites is None:
-            return unchanged(model, target.message)
+            return refuse_or_unchanged(model, NODE_ID, target)
         settings = ToMeSettings(
             ratio=ratio, stride_x=stride_x, stride_y=stride_y, max_downsample=target.level,
             queries_only=(mode == MODE_QUERIES), merge_attn=merge_attn, merge_crossattn=merge_crossattn,
             merge_mlp=merge_mlp, use_rand=use_rand, seed=seed, share_plans=bool(share_plans),
         )
-        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent)
+        levels = tuple(sorted({site.downsample for site in target.sites}))
+        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent,
+                                         preflight=tome_strides(NODE_ID, levels, stride_x, stride_y))
         patch = ToMePatch(settings, session)
         patched.set_model_attn1_patch(patch.attn1)
         if merge_attn:

@@ -171,11 +171,10 @@ def test_odd_non_square_size(comfy, models, node, family, reduced_grid):
 
 
 @pytest.mark.parametrize("node", NODES)
-def test_model_without_unet_transformers_is_returned_unchanged(comfy, node):
+def test_model_without_unet_transformers_is_refused(comfy, node):
     dit = comfy.models.make_dit()
-    out = apply(comfy, node, dit)
-    assert out.result[0] is dit
-    assert "no UNet transformer blocks" in out.result[1] and "SD3" in out.result[1]
+    with pytest.raises(ValueError, match="cannot patch this SD3 model: it has no UNet transformer blocks"):
+        apply(comfy, node, dit)
 
 
 @pytest.mark.parametrize("node,setting", [("tome", "max_downsample"), ("todo", "level")])

@@ -7,7 +7,7 @@ data structures and call into this package.
 
 from .downsample import METHODS as DOWNSAMPLE_METHODS, downsample_tokens, downsampled_grid
 from .bipartite import MergePlan, plan_bipartite_merge, stride_ratio_cap
-from .grid import downsample_of
+from .grid import downsample_of, grid_at
 from .seeding import derive_seed
 from .window import SigmaWindow
 
@@ -19,6 +19,7 @@ __all__ = [
     "plan_bipartite_merge",
     "stride_ratio_cap",
     "downsample_of",
+    "grid_at",
     "derive_seed",
     "SigmaWindow",
 ]
