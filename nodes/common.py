@@ -47,7 +47,10 @@ def refuse_stacking(model, node_id: str) -> None:
 def builtin_tome_applied(model) -> bool:
     """Whether ComfyUI's built-in TomePatchModel is applied to this model."""
     patches = model.model_options.get("transformer_options", {}).get("patches", {})
-    return any(getattr(f, "__module__", "") == "comfy_extras.nodes_tomesd" for f in patches.get("attn1_patch", []))
+    # Its module is "comfy_extras.nodes_tomesd" when imported, but the server loads extras by
+    # file path and names the module after the path (".../comfy_extras/nodes_tomesd").
+    return any(str(getattr(f, "__module__", "")).replace("\\", "/").replace(".", "/").endswith("comfy_extras/nodes_tomesd")
+               for f in patches.get("attn1_patch", []))
 
 
 def refuse_or_unchanged(model, node_id: str, target) -> io.NodeOutput:

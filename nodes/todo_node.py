@@ -10,7 +10,7 @@ from .common import (WINDOW_RANGES, done, model_input, outputs, patched_clone, r
 from .preflight import todo_factors
 from .model_info import LEVEL_CHOICES, patch_target
 from .todo_patch import ToDoPatch, ToDoSettings
-from .validation import check_choices, check_ranges, check_window, first_problem
+from .validation import check_choices, check_present, check_ranges, check_window, first_problem
 
 NODE_ID = "TokenReduceToDo"  # public and permanent: saved workflows refer to it
 RANGES = {"factor": (1.0, 8.0), "factor_next": (1.0, 8.0), **WINDOW_RANGES}
@@ -72,7 +72,10 @@ class ToDoPatchNode(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, factor, factor_next, level, method, start_percent, end_percent) -> io.NodeOutput:
-        problem = _check_settings(factor, factor_next, level, method, start_percent, end_percent)
+        problem = first_problem(
+            check_present(dict(factor=factor, factor_next=factor_next, level=level, method=method,
+                               start_percent=start_percent, end_percent=end_percent)),
+            _check_settings(factor, factor_next, level, method, start_percent, end_percent))
         if problem is not None:
             raise ValueError(f"{NODE_ID}: {problem}")
         refuse_stacking(model, NODE_ID)

@@ -10,7 +10,7 @@ from .common import (WINDOW_RANGES, builtin_tome_applied, done, model_input, out
 from .preflight import tome_strides
 from .model_info import LEVEL_CHOICES, patch_target
 from .tome_patch import ToMePatch, ToMeSettings
-from .validation import check_choices, check_ranges, check_window, first_problem
+from .validation import check_choices, check_present, check_ranges, check_window, first_problem, is_number
 
 NODE_ID = "TokenReduceToMe"  # public and permanent: saved workflows refer to it
 MODE_FULL = "q, k, v (tomesd)"
@@ -35,8 +35,8 @@ def _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn,
 
 
 def _check_cap(ratio, stride_x, stride_y) -> str | None:
-    if None in (ratio, stride_x, stride_y) or min(stride_x, stride_y) < 1:
-        return None  # missing or out of range: reported by the range check
+    if not all(map(is_number, (ratio, stride_x, stride_y))) or min(stride_x, stride_y) < 1:
+        return None  # missing, not a number or out of range: reported by the range check
     cap = stride_ratio_cap(stride_x, stride_y)
     if ratio <= cap + 1e-9:
         return None
@@ -108,8 +108,12 @@ class ToMePatchNode(io.ComfyNode):
     @classmethod
     def execute(cls, model, ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn,
                 merge_mlp, use_rand, seed, start_percent, end_percent, share_plans=False) -> io.NodeOutput:
-        problem = _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn,
-                                  merge_mlp, start_percent, end_percent)
+        problem = first_problem(
+            check_present(dict(ratio=ratio, stride_x=stride_x, stride_y=stride_y, max_downsample=max_downsample, mode=mode,
+                               merge_attn=merge_attn, merge_crossattn=merge_crossattn, merge_mlp=merge_mlp,
+                               use_rand=use_rand, seed=seed, start_percent=start_percent, end_percent=end_percent)),
+            _check_settings(ratio, stride_x, stride_y, max_downsample, mode, merge_attn, merge_crossattn, merge_mlp,
+                            start_percent, end_percent))
         if problem is not None:
             raise ValueError(f"{NODE_ID}: {problem}")
         refuse_stacking(model, NODE_ID)

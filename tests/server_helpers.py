@@ -53,3 +53,30 @@ def node_id(prompt, class_type):
 
 def pixels(path: Path) -> np.ndarray:
     return np.asarray(Image.open(path).convert("RGB"))
+
+
+def link_extra_models(base: Path, kinds: list[str]) -> dict[str, str]:
+    """Random-weight model files (see comfy_server.EXTRA_MODELS) linked into a server's model
+    folders before it starts; returns the file name of each kind."""
+    from comfy_server import ensure_extra_model
+
+    names = {}
+    for kind in kinds:
+        folder, path = ensure_extra_model(comfyui_dir().parent, kind)
+        target = base / "models" / folder / f"tokenreduce-random-{kind}.safetensors"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            target.symlink_to(path)
+        names[kind] = target.name
+    return names
+
+
+def execution_error(entry: dict) -> dict:
+    """The data of a finished prompt's execution_error message."""
+    (error,) = [data for name, data in entry["status"]["messages"] if name == "execution_error"]
+    return error
+
+
+def rel_error(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))

@@ -63,3 +63,36 @@ def test_todo_after_full_tome_says_its_keys_were_already_merged(comfy, models, c
     model = patched(comfy, "todo", patched(comfy, "tome", base))  # ToMe q, k, v mode merges the keys first
     sample(comfy, model, steps=1)
     assert "TokenReduceToDo was skipped in" in caplog.text
+
+
+def _with_image_prompt_attention(model):
+    """An IP-Adapter-style patch: every cross-attention is replaced (``attn2`` replace) by text
+    attention plus attention to four extra image-prompt tokens, as IP-Adapter does."""
+    import sys
+
+    from comfy.ldm.modules.attention import optimized_attention
+
+    def attend(q, k, v, extra_options):
+        heads = extra_options["n_heads"]
+        image = torch.randn(q.shape[0], 4, q.shape[-1], generator=torch.Generator().manual_seed(3)).to(q)
+        return optimized_attention(q, k, v, heads) + 0.5 * optimized_attention(q, image, image, heads)
+
+    model = model.clone()
+    layout = sys.modules["tokenreduce_pack.nodes.unet_layout"].unet_layout(
+        model.get_model_object("diffusion_model"), "SD15")
+    for site in layout.sites:
+        model.set_model_attn2_replace(attend, site.block[0], site.block[1], site.block_index)
+    return model
+
+
+@pytest.mark.parametrize("node,settings", [("tome", {"merge_crossattn": True}), ("todo", {})])
+@pytest.mark.parametrize("ours_first", [True, False], ids=["ours-first", "other-first"])
+def test_stacks_with_an_ip_adapter_style_attn2_replace(comfy, models, node, settings, ours_first):
+    base = models["SD15"]
+    model = (_with_image_prompt_attention(patched(comfy, node, base, **settings)) if ours_first
+             else patched(comfy, node, _with_image_prompt_attention(base), **settings))
+    out = sample(comfy, model, steps=2)
+    other_only = sample(comfy, _with_image_prompt_attention(base), steps=2)
+    assert rel_error(other_only, sample(comfy, base, steps=2)) > 1e-3  # the replacement acts
+    assert session_of(model).last_report.skipped_calls == 0
+    assert 1e-4 < rel_error(out, other_only) < 0.5

@@ -1,0 +1,84 @@
+"""Long queue on one server: 30 prompts mixing our nodes with different settings, SD1.5 and
+SDXL, and unpatched graphs. Every unpatched image equals the one a fresh server gives (no patch
+leaks into the cached models), every patched image equals its own first run, and the server's
+resident memory does not grow with the number of prompts."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import psutil
+
+from server_helpers import NODE_IDS, example_prompt, node_id, pixels, start_server
+
+ROUNDS = 3
+LOADER_IDS = {"SD15": "4", "SDXL": "94"}
+GROWTH_BOUND_MIB = 512
+
+
+def _prompt(object_info, family, patch, **settings):
+    prompt = example_prompt(object_info, family, patch or "tome", size=256, steps=1, **settings)
+    if patch is None:  # the same graph without our node
+        ours = node_id(prompt, NODE_IDS["tome"])
+        sampler = node_id(prompt, "KSampler")
+        prompt[sampler]["inputs"]["model"] = [node_id(prompt, "CheckpointLoaderSimple"), 0]
+        del prompt[ours]
+    # Every prompt names both loaders (one unused), so the execution cache keeps both models
+    # loaded between prompts of different families instead of reloading them each time.
+    loader = node_id(prompt, "CheckpointLoaderSimple")
+    prompt = {(LOADER_IDS[family] if k == loader else k): v for k, v in prompt.items()}
+    for node in prompt.values():
+        for name, value in node["inputs"].items():
+            if isinstance(value, list) and value[0] == loader:
+                node["inputs"][name] = [LOADER_IDS[family], value[1]]
+    other = "SDXL" if family == "SD15" else "SD15"
+    prompt[LOADER_IDS[other]] = {"class_type": "CheckpointLoaderSimple",
+                                 "inputs": {"ckpt_name": f"tokenreduce-random-{other.lower()}.safetensors"}}
+    return prompt
+
+
+def _variants(object_info) -> dict:
+    variants = {}
+    for family in ("SD15", "SDXL"):
+        variants[f"{family} unpatched"] = _prompt(object_info, family, None)
+        variants[f"{family} ToMe"] = _prompt(object_info, family, "tome")
+        variants[f"{family} ToMe 0.3 shared"] = _prompt(object_info, family, "tome", ratio=0.3, share_plans=True, seed=7)
+        variants[f"{family} ToDo"] = _prompt(object_info, family, "todo")
+        variants[f"{family} ToDo 3 bilinear"] = _prompt(object_info, family, "todo", factor=3.0, method="bilinear")
+    return variants
+
+
+def _image(server, prompt):
+    entry = server.run(copy.deepcopy(prompt))
+    cached = {n for name, data in entry["status"]["messages"] if name == "execution_cached" for n in data["nodes"]}
+    assert node_id(prompt, "KSampler") not in cached  # the sampler really ran again
+    (path,) = server.images(entry)
+    return pixels(path)
+
+
+def test_thirty_prompts_on_one_server(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("comfy-soak"), ["SD15", "SDXL"])
+    try:
+        variants = _variants(server.object_info())
+        first, rss = {}, []
+        for round_ in range(ROUNDS):
+            for name, prompt in variants.items():
+                image = _image(server, prompt)
+                if round_ == 0:
+                    first[name] = image
+                else:
+                    assert np.array_equal(image, first[name]), f"{name}, round {round_ + 1}"
+            rss.append(psutil.Process(server.process.pid).memory_info().rss / 2 ** 20)
+    finally:
+        server.stop()
+    assert ROUNDS * len(variants) >= 30
+    print(f"server RSS after each round of {len(variants)} prompts: {', '.join(f'{r:.0f} MiB' for r in rss)}")
+    assert rss[-1] - rss[0] < GROWTH_BOUND_MIB, rss
+
+    fresh = start_server(tmp_path_factory.mktemp("comfy-soak-fresh"), ["SD15", "SDXL"])
+    try:
+        for name in ("SD15 unpatched", "SDXL unpatched"):
+            assert np.array_equal(_image(fresh, variants[name]), first[name]), name
+    finally:
+        fresh.stop()
