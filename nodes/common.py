@@ -67,12 +67,14 @@ def unchanged(model, message: str) -> io.NodeOutput:
     return io.NodeOutput(model, message, ui={"text": [message]})
 
 
-def patched_clone(model, label: str, start_percent: float, end_percent: float, preflight=None):
+def patched_clone(model, label: str, start_percent: float, end_percent: float, preflight=None,
+                  per_call_state: bool = False):
     """A clone of the model and the session that gives its patches per-run state.
-    ``preflight(latent_hw)`` checks the settings against the latent when sampling starts."""
+    ``preflight(latent_hw)`` checks the settings against the latent when sampling starts;
+    ``per_call_state``: see ``PatchSession.attach``."""
     clone = model.clone()
     session = PatchSession(label, start_percent, end_percent, preflight)
-    session.attach(clone)
+    session.attach(clone, per_call_state)
     return clone, session
 
 

@@ -22,12 +22,16 @@ def _grids(latent_hw, levels) -> str:
     return ", ".join(f"{'x'.join(map(str, grid_at(latent_hw, lv)))} at downsample {lv}" for lv in levels)
 
 
+def _holds_a_cell(grid: tuple[int, int], stride_x: int, stride_y: int) -> bool:
+    return grid[0] >= stride_y and grid[1] >= stride_x
+
+
 def tome_strides(node_id: str, levels: tuple[int, ...], stride_x: int, stride_y: int):
     """ToMe keeps one merge target per stride_x x stride_y cell: a grid smaller than one cell
     has nothing to merge."""
 
     def check(latent_hw: tuple[int, int]) -> None:
-        fits = [lv for lv in levels if grid_at(latent_hw, lv)[0] >= stride_y and grid_at(latent_hw, lv)[1] >= stride_x]
+        fits = [lv for lv in levels if _holds_a_cell(grid_at(latent_hw, lv), stride_x, stride_y)]
         if not fits:
             raise ValueError(
                 f"{node_id}: stride_x {stride_x} / stride_y {stride_y} do not fit the token grids of this "

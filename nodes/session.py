@@ -135,9 +135,12 @@ class PatchSession:
             self.run.call_plans.clear()
         return executor(*args, **kwargs)
 
-    def attach(self, patcher) -> None:
+    def attach(self, patcher, per_call_state: bool = False) -> None:
+        """Register the wrappers; ``per_call_state``: the patch keeps state across the blocks of
+        one UNet call (shared plans), which is then emptied at the start of every call."""
         patcher.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, self.outer_sample_wrapper)
-        patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, self.apply_model_wrapper)
+        if per_call_state:
+            patcher.add_wrapper_with_key(WrappersMP.APPLY_MODEL, WRAPPER_KEY, self.apply_model_wrapper)
 
     def current(self) -> RunState | None:
         """The run in progress, or None when the model is called outside a ComfyUI sampler

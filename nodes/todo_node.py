@@ -7,8 +7,8 @@ from comfy_api.latest import io
 from ..tokenreduce import DOWNSAMPLE_METHODS
 from .common import (WINDOW_RANGES, done, model_input, outputs, patched_clone, refuse_or_unchanged, refuse_stacking,
                      window_inputs)
-from .preflight import todo_factors
 from .model_info import LEVEL_CHOICES, patch_target
+from .preflight import todo_factors
 from .todo_patch import ToDoPatch, ToDoSettings
 from .validation import check_choices, check_present, check_ranges, check_window, first_problem
 
@@ -27,8 +27,10 @@ def _check_settings(factor, factor_next, level, method, start_percent, end_perce
     )
 
 
-def _level_factors(level: int, factor: float, factor_next: float) -> dict:
-    return {lv: f for lv, f in ((level, factor), (level * 2, factor_next)) if f > 1}
+def _level_factors(level: int, factor: float, factor_next: float) -> list[tuple[str, int, float]]:
+    """(input name, downsample level, factor) of each factor that pools (> 1)."""
+    return [(name, lv, f) for name, lv, f in (("factor", level, factor), ("factor_next", level * 2, factor_next))
+            if f > 1]
 
 
 class ToDoPatchNode(io.ComfyNode):
@@ -81,14 +83,15 @@ class ToDoPatchNode(io.ComfyNode):
         refuse_stacking(model, NODE_ID)
         target = patch_target(
             model, "ToDo", "level", level,
-            lambda layout, lv: tuple(s for s in layout.sites if s.downsample in _level_factors(lv, factor, factor_next)))
+            lambda layout, lv: tuple(s for s in layout.sites
+                                     if s.downsample in {level for _, level, _ in _level_factors(lv, factor, factor_next)}))
         if target.sites is None:
             return refuse_or_unchanged(model, NODE_ID, target)
-        factors = _level_factors(target.level, factor, factor_next)
+        named = _level_factors(target.level, factor, factor_next)
         present = {site.downsample for site in target.sites}
-        named = [(name, lv, f) for name, lv, f in (("factor", target.level, factor), ("factor_next", target.level * 2, factor_next))
-                 if f > 1 and lv in present]
-        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent, preflight=todo_factors(NODE_ID, named))
+        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent,
+                                         preflight=todo_factors(NODE_ID, [nf for nf in named if nf[1] in present]))
+        factors = {lv: f for _, lv, f in named}
         patched.set_model_attn1_patch(ToDoPatch(ToDoSettings(factors, method), session).attn1)
 
         described = []

@@ -7,8 +7,8 @@ from comfy_api.latest import io
 from ..tokenreduce import stride_ratio_cap
 from .common import (WINDOW_RANGES, builtin_tome_applied, done, model_input, outputs, patched_clone,
                      refuse_or_unchanged, refuse_stacking, window_inputs)
-from .preflight import tome_strides
 from .model_info import LEVEL_CHOICES, patch_target
+from .preflight import tome_strides
 from .tome_patch import ToMePatch, ToMeSettings
 from .validation import check_choices, check_present, check_ranges, check_window, first_problem, is_number
 
@@ -131,7 +131,8 @@ class ToMePatchNode(io.ComfyNode):
         )
         levels = tuple(sorted({site.downsample for site in target.sites}))
         patched, session = patched_clone(model, NODE_ID, start_percent, end_percent,
-                                         preflight=tome_strides(NODE_ID, levels, stride_x, stride_y))
+                                         preflight=tome_strides(NODE_ID, levels, stride_x, stride_y),
+                                         per_call_state=settings.share_plans)
         patch = ToMePatch(settings, session)
         patched.set_model_attn1_patch(patch.attn1)
         if merge_attn:

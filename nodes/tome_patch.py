@@ -63,10 +63,9 @@ class ToMePatch(SessionPatch):
             # The first block of this grid in this UNet call plans for all of them: the
             # similarity is computed once per level instead of once per block.
             shared = run.call_plans.get(grid)
-            if shared is not None and shared.batch == n.shape[0]:
-                return shared
-            plan = run.call_plans[grid] = self._new_plan(run, ("shared",), grid, n, extra_options)
-            return plan
+            if shared is None:
+                shared = run.call_plans[grid] = self._new_plan(run, ("shared",), grid, n, extra_options)
+            return shared
         return self._new_plan(run, key, grid, n, extra_options)
 
     def _new_plan(self, run: RunState, key: tuple, grid: tuple, n: torch.Tensor, extra_options: dict) -> MergePlan:
