@@ -3,6 +3,8 @@ and prompts made from the example workflows."""
 
 from __future__ import annotations
 
+import copy
+
 import sys
 from pathlib import Path
 
@@ -44,6 +46,16 @@ def example_prompt(object_info, family: str, patch: str, size=256, steps=2, **se
     workflow.find(prompt, "KSampler")["steps"] = steps
     workflow.find(prompt, NODE_IDS[patch]).update(settings)
     return prompt
+
+
+def without_patch(prompt: dict) -> dict:
+    """The same example-workflow prompt with our patch node taken out: the sampler gets the
+    loader's model."""
+    plain = copy.deepcopy(prompt)
+    (ours,) = [k for k, v in plain.items() if v["class_type"] in NODE_IDS.values()]
+    del plain[ours]
+    plain[node_id(plain, "KSampler")]["inputs"]["model"] = [node_id(plain, "CheckpointLoaderSimple"), 0]
+    return plain
 
 
 def node_id(prompt, class_type):

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from comfy_server import PromptRejected
-from server_helpers import (NODE_IDS, example_prompt, execution_error, link_extra_models, node_id, pixels, rel_error,
-                            start_server)
+from server_helpers import (NODE_IDS, example_prompt, execution_error, link_extra_models, pixels, rel_error, start_server,
+                            without_patch)
 
 SIZE, STEPS = 256, 2
-LOADER, OURS, POSITIVE, NEGATIVE, LATENT, SAMPLER, DECODE, SAVE = "4", "10", "6", "7", "5", "3", "8", "9"
+LOADER, OURS, POSITIVE, NEGATIVE, LATENT, SAMPLER, DECODE = "4", "10", "6", "7", "5", "3", "8"  # ids in the examples
 REFERENCE_PROMPTS = {}  # name -> prompt whose image the fresh-server test compares
 REFERENCE_IMAGES = {}  # name -> pixels from the server these tests abused
 
@@ -47,13 +47,6 @@ def object_info(server):
 
 def prompt_for(object_info, patch="tome", **settings):
     return example_prompt(object_info, "SD15", patch, size=SIZE, steps=STEPS, **settings)
-
-
-def unpatched(prompt):
-    """The same graph with our node taken out."""
-    plain = {k: v for k, v in copy.deepcopy(prompt).items() if k != OURS}
-    plain[SAMPLER]["inputs"]["model"] = [LOADER, 0]
-    return plain
 
 
 def image_of(server, prompt):
@@ -198,12 +191,12 @@ def test_lora_in_either_order_gives_the_same_image(server, object_info, files, p
     ours_first["30"] = copy.deepcopy(lora)
     ours_first["30"]["inputs"]["model"] = [OURS, 0]
     ours_first[SAMPLER]["inputs"]["model"] = ["30", 0]
-    lora_only = unpatched(lora_first)
+    lora_only = without_patch(lora_first)
     lora_only[SAMPLER]["inputs"]["model"] = ["30", 0]
     a, b = image_of(server, lora_first), image_of(server, ours_first)
     assert np.array_equal(a, b)  # weights and attention patches commute
     reference = image_of(server, lora_only)
-    assert not np.array_equal(reference, image_of(server, unpatched(lora_first)))  # the LoRA acts
+    assert not np.array_equal(reference, image_of(server, without_patch(lora_first)))  # the LoRA acts
     assert 0 < rel_error(a, reference) < 0.5
 
 
@@ -222,7 +215,7 @@ def test_controlnet(server, object_info, files):
     for patch in ("tome", "todo"):
         patched = with_controlnet(prompt_for(object_info, patch))
         controlled = image_of(server, patched)
-        reference = image_of(server, unpatched(patched))
+        reference = image_of(server, without_patch(patched))
         assert 0 < rel_error(controlled, reference) < 0.5, patch
 
 
@@ -269,7 +262,7 @@ def test_after_all_of_this_the_server_matches_a_fresh_server(server, object_info
     prompts = {**REFERENCE_PROMPTS,
                "tome": prompt_for(object_info, "tome", merge_crossattn=True, share_plans=True),
                "todo": prompt_for(object_info, "todo", factor_next=2.0, method="bilinear"),
-               "unpatched": unpatched(prompt_for(object_info, "tome"))}
+               "unpatched": without_patch(prompt_for(object_info, "tome"))}
     images = {name: REFERENCE_IMAGES.get(name) for name in prompts}
     for name, prompt in prompts.items():
         if images[name] is None:

@@ -12,7 +12,8 @@ import make_examples
 import workflow
 from comfy_server import PromptRejected
 from conftest import REPO
-from server_helpers import NODE_IDS, OPTIONAL_INPUTS, PUBLIC_INPUTS, checkpoint_name, example_prompt, node_id, pixels, start_server
+from server_helpers import (NODE_IDS, OPTIONAL_INPUTS, PUBLIC_INPUTS, checkpoint_name, example_prompt, node_id, pixels,
+                            start_server, without_patch)
 
 EXAMPLES = sorted((REPO / "example_workflows").glob("*.json"))
 
@@ -77,8 +78,7 @@ def test_unpatched_sampler_in_the_same_graph_matches_a_graph_without_the_pack(se
     plain_in_graph = server.images({"outputs": {"92": entry["outputs"]["92"]}})[0]
     patched_image = server.images({"outputs": {k: v for k, v in entry["outputs"].items() if k != "92"}})[0]
 
-    without_pack = {k: v for k, v in copy.deepcopy(prompt).items() if v["class_type"] != NODE_IDS["tome"]}
-    without_pack[ksampler]["inputs"]["model"] = [loader, 0]
+    without_pack = without_patch(prompt)
     server.free()
     (reference,) = server.images(server.run(without_pack))
     assert np.array_equal(pixels(plain_in_graph), pixels(reference))

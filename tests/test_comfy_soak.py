@@ -10,7 +10,7 @@ import copy
 import numpy as np
 import psutil
 
-from server_helpers import NODE_IDS, example_prompt, node_id, pixels, start_server
+from server_helpers import example_prompt, node_id, pixels, start_server, without_patch
 
 ROUNDS = 3
 LOADER_IDS = {"SD15": "4", "SDXL": "94"}
@@ -19,11 +19,8 @@ GROWTH_BOUND_MIB = 512
 
 def _prompt(object_info, family, patch, **settings):
     prompt = example_prompt(object_info, family, patch or "tome", size=256, steps=1, **settings)
-    if patch is None:  # the same graph without our node
-        ours = node_id(prompt, NODE_IDS["tome"])
-        sampler = node_id(prompt, "KSampler")
-        prompt[sampler]["inputs"]["model"] = [node_id(prompt, "CheckpointLoaderSimple"), 0]
-        del prompt[ours]
+    if patch is None:
+        prompt = without_patch(prompt)
     # Every prompt names both loaders (one unused), so the execution cache keeps both models
     # loaded between prompts of different families instead of reloading them each time.
     loader = node_id(prompt, "CheckpointLoaderSimple")
