@@ -96,3 +96,67 @@ def test_generator_seed_decides_the_partition():
     c = plan_bipartite_merge(x, 16, 16, 2, 2, 128, torch.Generator().manual_seed(2))
     assert torch.equal(a.dst_of, b.dst_of)
     assert not torch.equal(a.dst_of, c.dst_of)
+
+
+# --- matching within nearby cells (reach) ---------------------------------------------------
+
+@pytest.mark.parametrize("h,w,sx,sy,batch,ratio", CASES)
+@pytest.mark.parametrize("use_rand", [True, False])
+def test_a_reach_that_covers_the_grid_plans_what_tomesd_plans(h, w, sx, sy, batch, ratio, use_rand):
+    # float64: the nearby path normalises in another order, so in float32 near-ties could rank
+    # differently; in float64 the products agree and so must every merge.
+    x = _metric(batch, h, w).double()
+    values = _metric(batch, h, w, channels=5, seed=1).double()
+    r = int(h * w * ratio)
+    ref_merge, ref_unmerge = tomesd_matching(x, w, h, sx, sy, r, no_rand=not use_rand,
+                                             generator=torch.Generator().manual_seed(7))
+    reach = max(h // sy, w // sx)
+    plan = plan_bipartite_merge(x, w, h, sx, sy, r, torch.Generator().manual_seed(7) if use_rand else None, reach)
+    merged = plan.merge(values)
+    assert torch.equal(merged, ref_merge(values))
+    assert torch.equal(plan.unmerge(merged), ref_unmerge(merged))
+
+
+def _cell(token, w, sx, sy, h):
+    y, x = divmod(int(token), w)
+    return min(y // sy, h // sy - 1), min(x // sx, w // sx - 1)
+
+
+@pytest.mark.parametrize("h,w,sx,sy", [(16, 16, 2, 2), (9, 13, 2, 2), (12, 10, 3, 2)])
+@pytest.mark.parametrize("reach", [1, 2])
+def test_nearby_matching_merges_only_into_dst_within_reach(h, w, sx, sy, reach):
+    x = _metric(2, h, w)
+    plan = plan_bipartite_merge(x, w, h, sx, sy, int(h * w * 0.5), torch.Generator().manual_seed(4), reach)
+    assert plan.r == int(h * w * 0.5)
+    for b in range(2):
+        for pos, dst in zip(plan.merged[b, :, 0], plan.merged_into[b, :, 0]):
+            (sy_, sx_), (dy_, dx_) = (_cell(plan.src_of[0, pos, 0], w, sx, sy, h),
+                                      _cell(plan.dst_of[0, dst, 0], w, sx, sy, h))
+            assert abs(sy_ - dy_) <= reach and abs(sx_ - dx_) <= reach
+
+
+def test_nearby_matching_picks_the_most_similar_nearby_dst():
+    """Against a brute-force search: every merged src joins the dst of highest cosine similarity
+    among the cells within reach, and the merged src are the most similar ones."""
+    h, w, reach = 10, 12, 1
+    x = _metric(1, h, w).double()
+    plan = plan_bipartite_merge(x, w, h, 2, 2, 40, torch.Generator().manual_seed(5), reach)
+    unit = x[0] / x[0].norm(dim=-1, keepdim=True)
+    dst_tokens = plan.dst_of[0, :, 0]
+    best = []
+    for pos in range(plan.src_of.shape[1]):
+        token = plan.src_of[0, pos, 0]
+        cy, cx = _cell(token, w, 2, 2, h)
+        nearby = [i for i, d in enumerate(dst_tokens)
+                  if max(abs(_cell(d, w, 2, 2, h)[0] - cy), abs(_cell(d, w, 2, 2, h)[1] - cx)) <= reach]
+        scores = unit[dst_tokens[nearby]] @ unit[token]
+        best.append((float(scores.max()), nearby[int(scores.argmax())]))
+    ranked = sorted(range(len(best)), key=lambda i: -best[i][0])
+    assert sorted(plan.merged[0, :, 0].tolist()) == sorted(ranked[:40])
+    for pos, dst in zip(plan.merged[0, :, 0].tolist(), plan.merged_into[0, :, 0].tolist()):
+        assert dst == best[pos][1]
+
+
+def test_a_reach_below_one_cell_is_an_error():
+    with pytest.raises(ValueError, match="reach"):
+        plan_bipartite_merge(_metric(1, 8, 8), 8, 8, 2, 2, 10, reach=0)

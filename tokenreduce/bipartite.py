@@ -10,6 +10,13 @@ For the same metric, sizes, ``r`` and generator state this computes the same par
 the same merges as ``tomesd.merge.bipartite_soft_matching_random2d`` (tomesd 0.1.3, our test
 oracle); the plan is an object instead of a pair of closures so that a host can keep it
 between the merge and the unmerge, reuse it, and report on it.
+
+``reach`` restricts each src to the dst of the cells within ``reach`` cells of its own (a
+``(2 reach + 1)^2`` neighbourhood) instead of every dst of the grid. The similarity then costs
+``N x (2 reach + 1)^2`` instead of ``N^2 / 4`` (tomesd's full src x dst matrix, which grows with
+the square of the tokens like the attention it saves), and merges stay local: a src only ever
+takes the output of a nearby token. The partition and the choice of the ``r`` best pairs are
+unchanged; with a reach that covers the grid the plan is tomesd's.
 """
 
 from __future__ import annotations
@@ -116,14 +123,75 @@ class MergePlan:
         return out
 
 
+def _best_nearby_dst(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, src_of: torch.Tensor,
+                     dst_of: torch.Tensor, reach: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each src's highest cosine similarity to the dst of the cells within ``reach`` cells of its
+    own, and that dst's position in the dst list (both [B, n_src], in src-list order).
+
+    Computed cell by cell: the ``sy*sx`` tokens of a cell against its neighbourhood's
+    ``(2 reach + 1)^2`` dst vectors, one small matrix product per cell. Neighbours past the
+    grid's edge repeat the edge cell (harmless for a maximum). Rows/columns beyond the last
+    whole cell hold only src, which belong to the last cell. Only the dst are normalised before
+    the products (a src's norm does not change which dst is its best): the src are divided by
+    their norm once their best products are known, which saves a pass over all tokens."""
+    batch, tokens, channels = metric.shape
+    hsy, wsx = h // sy, w // sx
+    cells, side = hsy * wsx, 2 * reach + 1
+    device = metric.device
+    # The dst of each cell, and each cell's neighbourhood as positions in the dst list.
+    dst_tokens = dst_of.view(-1)
+    dst_cell = (dst_tokens // w // sy) * wsx + (dst_tokens % w) // sx
+    cell_dst = torch.empty(cells, dtype=torch.int64, device=device)
+    cell_dst[dst_cell] = torch.arange(dst_tokens.numel(), device=device)
+    offsets = torch.arange(-reach, reach + 1, device=device)
+    ny = (torch.arange(hsy, device=device)[:, None, None, None] + offsets[None, None, :, None]).clamp(0, hsy - 1)
+    nx = (torch.arange(wsx, device=device)[None, :, None, None] + offsets[None, None, None, :]).clamp(0, wsx - 1)
+    candidates = cell_dst[(ny * wsx + nx).view(cells, side * side)]  # [cells, K]
+    norms = metric.norm(dim=-1)
+    dst_unit = metric.index_select(1, dst_tokens) / norms.index_select(1, dst_tokens)[..., None]
+    # [B * cells, K, C]: every cell's neighbourhood of dst vectors, channels innermost.
+    nearby = dst_unit.index_select(1, candidates.view(-1)).view(batch * cells, -1, channels)
+
+    grid = metric.view(batch, h, w, channels)
+    whole = grid[:, : hsy * sy, : wsx * sx].reshape(batch, hsy, sy, wsx, sx, channels)
+    whole = whole.permute(0, 1, 3, 2, 4, 5).reshape(batch * cells, sy * sx, channels)
+    best, which = torch.bmm(whole, nearby.transpose(1, 2)).max(dim=-1)  # [B*cells, sy*sx]
+    best_dst = candidates.repeat(batch, 1).gather(-1, which)
+
+    # Back to token order on the full grid, then the remainder rows/columns.
+    def to_grid(values: torch.Tensor, fill) -> torch.Tensor:
+        out = torch.full((batch, h, w), fill, dtype=values.dtype, device=device)
+        out[:, : hsy * sy, : wsx * sx] = values.view(batch, hsy, wsx, sy, sx).permute(0, 1, 3, 2, 4).reshape(
+            batch, hsy * sy, wsx * sx)
+        return out
+
+    best_tok, dst_tok = to_grid(best, 0.0), to_grid(best_dst, 0)
+    if hsy * sy < h or wsx * sx < w:
+        rows, cols = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+        outside = (rows >= hsy * sy) | (cols >= wsx * sx)
+        ry, rx = rows[outside], cols[outside]
+        cell = (ry // sy).clamp(max=hsy - 1) * wsx + (rx // sx).clamp(max=wsx - 1)
+        per_cell = nearby.view(batch, cells, -1, channels)[:, cell]  # [B, nR, K, C]
+        scores = torch.einsum("brc,brkc->brk", grid[:, ry, rx], per_cell)
+        r_best, r_which = scores.max(dim=-1)
+        best_tok[:, ry, rx] = r_best
+        dst_tok[:, ry, rx] = candidates[cell].expand(batch, -1, -1).gather(-1, r_which[..., None]).squeeze(-1)
+    src_tokens = src_of.view(-1)
+    best_cos = best_tok.view(batch, tokens)[:, src_tokens] / norms[:, src_tokens]
+    return best_cos, dst_tok.view(batch, tokens)[:, src_tokens]
+
+
 def plan_bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
-                         generator: torch.Generator | None = None) -> MergePlan:
+                         generator: torch.Generator | None = None, reach: int | None = None) -> MergePlan:
     """Plan merging ``r`` tokens of ``metric`` ([B, N, C], N = h * w in raster order).
 
     ``generator`` draws the dst position in each cell; ``None`` takes the top-left token of
-    every cell. ``r`` is capped at the number of src tokens. Grids smaller than one cell
-    (``h < sy`` or ``w < sx``) have no dst and give the identity plan.
+    every cell. ``reach``: match each src only with the dst of cells at most this many cells
+    away (``None``: every dst, as tomesd). ``r`` is capped at the number of src tokens. Grids
+    smaller than one cell (``h < sy`` or ``w < sx``) have no dst and give the identity plan.
     """
+    if reach is not None and reach < 1:
+        raise ValueError(f"reach must be at least 1 cell, got {reach}")
     batch, tokens, _ = metric.shape
     if tokens != h * w:
         raise ValueError(f"metric has {tokens} tokens, the grid {h}x{w} has {h * w}")
@@ -134,10 +202,12 @@ def plan_bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int,
         src_of, dst_of = order[:, num_dst:, :], order[:, :num_dst, :]
         plan = MergePlan(batch=batch, tokens=tokens, r=min(r, tokens - num_dst),
                          num_dst=num_dst, src_of=src_of, dst_of=dst_of)
-        unit = metric / metric.norm(dim=-1, keepdim=True)
-        a, b = plan._split(unit)
-        scores = a @ b.transpose(-1, -2)
-        best, best_dst = scores.max(dim=-1)
+        if reach is None:
+            unit = metric / metric.norm(dim=-1, keepdim=True)
+            a, b = plan._split(unit)
+            best, best_dst = (a @ b.transpose(-1, -2)).max(dim=-1)
+        else:
+            best, best_dst = _best_nearby_dst(metric, h, w, sx, sy, src_of, dst_of, reach)
         by_similarity = best.argsort(dim=-1, descending=True)[..., None]
         plan.unmerged = by_similarity[..., plan.r:, :]
         plan.merged = by_similarity[..., : plan.r, :]
