@@ -145,10 +145,10 @@ class ComfyServer:
             raise RuntimeError(f"prompt failed: {json.dumps(entry['status'])[:4000]}")
         return entry
 
-    def queue_and_follow(self, prompt: dict, node: str, on_progress) -> str:
-        """Queue a prompt and follow its websocket messages until it finishes. ``on_progress``
-        gets each progress value of ``node``; if it returns True, following stops there.
-        Returns the prompt id; raises if the prompt fails with an execution error."""
+    def _follow(self, prompt: dict, handle, raise_errors: bool = True) -> str:
+        """Queue a prompt and pass each websocket message about it to ``handle(type, data)``
+        until the prompt finishes or ``handle`` returns True. Returns the prompt id; raises
+        if the prompt fails with an execution error (unless ``raise_errors`` is off)."""
         import asyncio
 
         import aiohttp
@@ -164,16 +164,31 @@ class ComfyServer:
                         data = event.get("data", {})
                         if data.get("prompt_id") != prompt_id:
                             continue
-                        if event["type"] == "progress" and data.get("node") == node:
-                            if on_progress(data["value"]):
-                                break
-                        elif event["type"] == "execution_error":
-                            raise RuntimeError(data.get("exception_message"))
-                        elif event["type"] == "executing" and data.get("node") is None:
+                        if handle(event["type"], data):
+                            break
+                        if event["type"] == "execution_error":
+                            if raise_errors:
+                                raise RuntimeError(data.get("exception_message"))
+                            break  # the prompt ends here
+                        if event["type"] == "executing" and data.get("node") is None:
                             break
                     return prompt_id
 
         return asyncio.run(asyncio.wait_for(follow(), timeout=3600))
+
+    def queue_and_follow(self, prompt: dict, node: str, on_progress) -> str:
+        """Queue a prompt and follow it until it finishes. ``on_progress`` gets each progress
+        value of ``node``; if it returns True, following stops there. Returns the prompt id."""
+        return self._follow(prompt, lambda kind, data: kind == "progress" and data.get("node") == node
+                            and bool(on_progress(data["value"])))
+
+    def run_collecting(self, prompt: dict, kinds: set[str], raise_errors: bool = True) -> tuple[str, list]:
+        """Run a prompt to its end; returns its id and the websocket messages ``(type, data)``
+        of those kinds that the server sent about it, in order."""
+        seen: list[tuple[str, dict]] = []
+        prompt_id = self._follow(prompt, lambda kind, data: seen.append((kind, data)) if kind in kinds else None,
+                                 raise_errors)
+        return prompt_id, seen
 
     def interrupt(self) -> None:
         requests.post(f"{self.url}/interrupt", json={}, timeout=30).raise_for_status()

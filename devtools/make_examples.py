@@ -23,7 +23,8 @@ FAMILIES = {  # checkpoint name users most likely have, size, steps, cfg
 }
 # Widget values in input order; the recommended defaults (README).
 PATCHES = {
-    "tome": ("TokenReduceToMe", "ToMe", [0.5, 2, 2, "auto", "q, k, v (tomesd)", True, False, False, True, 0, 0.0, 1.0, False]),
+    "tome": ("TokenReduceToMe", "ToMe", [0.5, 2, 2, "auto", "q, k, v (tomesd)", True, False, False, True, 0, 0.0, 1.0, False,
+                                     "whole grid (tomesd)"]),
     "todo": ("TokenReduceToDo", "ToDo", [2.0, 1.0, "auto", "nearest", 0.0, 1.0]),
 }
 LOADER, PATCH, POSITIVE, NEGATIVE_ID, LATENT, SAMPLER, DECODE, SAVE = 4, 10, 6, 7, 5, 3, 8, 9

@@ -6,6 +6,7 @@ import logging
 
 from comfy_api.latest import io
 
+from .report import publish_run, ui_output
 from .session import PatchSession, sessions_of
 
 LOG = logging.getLogger("tokenreduce")
@@ -62,22 +63,32 @@ def refuse_or_unchanged(model, node_id: str, target) -> io.NodeOutput:
 
 
 def unchanged(model, message: str) -> io.NodeOutput:
-    """Return the input model as it is, saying why (a WARNING in the log and in info)."""
+    """Return the input model as it is, saying why (a WARNING in the log, in info and on the node)."""
     LOG.warning("%s", message)
-    return io.NodeOutput(model, message, ui={"text": [message]})
+    return io.NodeOutput(model, message, ui=ui_output(message, None, [message]))
 
 
-def patched_clone(model, label: str, start_percent: float, end_percent: float, preflight=None,
-                  per_call_state: bool = False):
-    """A clone of the model and the session that gives its patches per-run state.
+def node_id_of(node_class) -> str | None:
+    """The graph node being executed (its id in the browser), or None outside a prompt."""
+    return getattr(node_class.hidden, "unique_id", None)
+
+
+def patched_clone(model, label: str, start_percent: float, end_percent: float, header: str, node_id: str | None,
+                  preflight=None, per_call_state: bool = False):
+    """A clone of the model and the session that gives its patches per-run state and reports
+    each run to the graph node ``node_id`` under ``header`` (what was patched).
     ``preflight(latent_hw)`` checks the settings against the latent when sampling starts;
     ``per_call_state``: see ``PatchSession.attach``."""
     clone = model.clone()
     session = PatchSession(label, start_percent, end_percent, preflight)
+    session.header, session.node_id, session.on_report = header, node_id, publish_run
     session.attach(clone, per_call_state)
     return clone, session
 
 
-def done(model, info: str) -> io.NodeOutput:
+def done(model, info: str, header: str, warnings: list[str] | None = None) -> io.NodeOutput:
+    """Return the patched model, saying what was patched (and what part of it does nothing)."""
     LOG.info("%s", info)
-    return io.NodeOutput(model, info, ui={"text": [info]})
+    for warning in warnings or []:
+        LOG.warning("%s", warning)
+    return io.NodeOutput(model, info, ui=ui_output(info, header, list(warnings or [])))

@@ -28,6 +28,11 @@ class PatchTarget:
     def count_at(self, level: int) -> int:
         return sum(1 for site in self.sites if site.downsample == level)
 
+    def header(self, method: str) -> str:
+        """One line for the node: what is patched in this model."""
+        levels = ", ".join(str(lv) for lv in sorted({site.downsample for site in self.sites}))
+        return f"{method} · {self.family} · {len(self.sites)} of {len(self.layout.sites)} blocks at downsample {levels}"
+
 
 def patch_target(model, method: str, setting: str, choice: str,
                  select: Callable[[UNetLayout, int], tuple[TransformerSite, ...]]) -> PatchTarget:

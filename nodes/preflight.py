@@ -3,15 +3,12 @@
 The latent size is unknown when a node executes (the same patched model serves any size), so
 these run when sampling starts, before the first step: a setting that cannot act on this
 latent is refused there with a message that names the node and the value, instead of the run
-quietly doing nothing."""
+quietly doing nothing; one that acts on only part of it comes back as a warning for the run's
+report."""
 
 from __future__ import annotations
 
-import logging
-
 from ..tokenreduce import grid_at
-
-LOG = logging.getLogger("tokenreduce")
 
 
 def _px(latent_hw: tuple[int, int]) -> str:
@@ -30,17 +27,18 @@ def tome_strides(node_id: str, levels: tuple[int, ...], stride_x: int, stride_y:
     """ToMe keeps one merge target per stride_x x stride_y cell: a grid smaller than one cell
     has nothing to merge."""
 
-    def check(latent_hw: tuple[int, int]) -> None:
+    def check(latent_hw: tuple[int, int]) -> list[str]:
         fits = [lv for lv in levels if _holds_a_cell(grid_at(latent_hw, lv), stride_x, stride_y)]
         if not fits:
             raise ValueError(
                 f"{node_id}: stride_x {stride_x} / stride_y {stride_y} do not fit the token grids of this "
                 f"{_px(latent_hw)} latent ({_grids(latent_hw, levels)}): nothing would be merged. "
                 f"Use strides of at most the grid size, or a larger image.")
-        if len(fits) < len(levels):
-            LOG.warning("%s: strides %dx%d are larger than the token grid at downsample %s for this %s latent; "
-                        "those levels are not merged.", node_id, stride_x, stride_y,
-                        ", ".join(str(lv) for lv in levels if lv not in fits), _px(latent_hw))
+        missed = [str(lv) for lv in levels if lv not in fits]
+        if missed:
+            return [f"{node_id}: strides {stride_x}x{stride_y} are larger than the token grid at downsample "
+                    f"{', '.join(missed)} for this {_px(latent_hw)} latent; those levels are not merged."]
+        return []
 
     return check
 
@@ -49,7 +47,7 @@ def todo_factors(node_id: str, factors: list[tuple[str, int, float]]):
     """ToDo pools keys/values by a factor per side (``(input name, level, factor)``): a factor
     larger than the grid would pool the whole level into one token."""
 
-    def check(latent_hw: tuple[int, int]) -> None:
+    def check(latent_hw: tuple[int, int]) -> list[str]:
         for name, level, factor in factors:
             h, w = grid_at(latent_hw, level)
             if factor > min(h, w):
@@ -57,5 +55,6 @@ def todo_factors(node_id: str, factors: list[tuple[str, int, float]]):
                     f"{node_id}: {name} {factor:g} does not fit the {h}x{w} token grid at downsample {level} of "
                     f"this {_px(latent_hw)} latent: it must be at most {min(h, w)} there. Lower {name} or use a "
                     f"larger image.")
+        return []
 
     return check

@@ -5,8 +5,8 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..tokenreduce import DOWNSAMPLE_METHODS
-from .common import (WINDOW_RANGES, done, model_input, outputs, patched_clone, refuse_or_unchanged, refuse_stacking,
-                     window_inputs)
+from .common import (WINDOW_RANGES, done, model_input, node_id_of, outputs, patched_clone, refuse_or_unchanged,
+                     refuse_stacking, window_inputs)
 from .model_info import LEVEL_CHOICES, patch_target
 from .preflight import todo_factors
 from .todo_patch import ToDoPatch, ToDoSettings
@@ -64,6 +64,7 @@ class ToDoPatchNode(io.ComfyNode):
                 *window_inputs("Downsampling"),
             ],
             outputs=outputs(),
+            hidden=[io.Hidden.unique_id],  # the graph node its run reports go to
         )
 
     @classmethod
@@ -89,18 +90,21 @@ class ToDoPatchNode(io.ComfyNode):
             return refuse_or_unchanged(model, NODE_ID, target)
         named = _level_factors(target.level, factor, factor_next)
         present = {site.downsample for site in target.sites}
-        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent,
+        header = target.header("ToDo")
+        patched, session = patched_clone(model, NODE_ID, start_percent, end_percent, header, node_id_of(cls),
                                          preflight=todo_factors(NODE_ID, [nf for nf in named if nf[1] in present]))
         factors = {lv: f for _, lv, f in named}
         patched.set_model_attn1_patch(ToDoPatch(ToDoSettings(factors, method), session).attn1)
 
-        described = []
-        for lv, f in factors.items():
+        described, warnings = [], []
+        for name, lv, f in named:
             count = target.count_at(lv)
             if count:
                 described.append(f"downsample {lv}: {count} blocks, keys/values pooled {f:g}x per side "
                                  f"(about {f * f:.3g}x fewer keys)")
             else:
                 described.append(f"downsample {lv}: no transformer blocks in this model (factor {f:g} does nothing)")
+                warnings.append(f"WARNING: {name} {f:g} does nothing: this {target.family} model has no transformer "
+                                f"blocks at downsample {lv}.")
         return done(patched, f"ToDo on {target.family}: {'; '.join(described)}; {method} pooling; "
-                             f"active from {start_percent:g} to {end_percent:g} of sampling.")
+                             f"active from {start_percent:g} to {end_percent:g} of sampling.", header, warnings)

@@ -40,4 +40,5 @@ class ToDoPatch(SessionPatch):
             return n, context, value
         keys = downsample_tokens(context, h, w, factor, self.settings.method)
         values = keys if value is context else downsample_tokens(value, h, w, factor, self.settings.method)
+        run.record((h, w), downsample, lambda: {"q": (n.shape[1], n.shape[1]), "k/v": (h * w, keys.shape[1])})
         return n, keys, values

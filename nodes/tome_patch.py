@@ -40,15 +40,16 @@ class ToMeSettings:
     use_rand: bool
     seed: int
     share_plans: bool = False  # one plan per grid and UNet call instead of one per block call
+    reach: int | None = None  # match within this many cells of each token's own; None: the whole grid
 
 
 class ToMePatch(SessionPatch):
     """The patch functions of one ToMe node output."""
 
-    def _plan(self, run: RunState, key: tuple, n: torch.Tensor, extra_options: dict) -> MergePlan | None:
-        """The merge plan of this block call, or None where it is left alone: a level above
-        max_downsample, a step outside the window, or tokens that are not the block's grid
-        (another patch reshaped them, or temporal attention)."""
+    def _locate(self, run: RunState, n: torch.Tensor, extra_options: dict) -> tuple[tuple[int, int], int] | None:
+        """The grid and downsample of a block call this patch reduces, or None where it is left
+        alone: a level above max_downsample, a step outside the window, or tokens that are not
+        the block's grid (another patch reshaped them, or temporal attention)."""
         level = block_level(extra_options)
         if level is None:
             return None
@@ -58,8 +59,11 @@ class ToMePatch(SessionPatch):
         if n.shape[1] != grid[0] * grid[1]:
             run.skipped_calls += 1  # reported at the end of the run
             return None
-        s = self.settings
-        if s.share_plans:
+        return level
+
+    def _plan(self, run: RunState, key: tuple, grid: tuple[int, int], n: torch.Tensor,
+              extra_options: dict) -> MergePlan:
+        if self.settings.share_plans:
             # The first block of this grid in this UNet call plans for all of them: the
             # similarity is computed once per level instead of once per block.
             shared = run.call_plans.get(grid)
@@ -78,21 +82,38 @@ class ToMePatch(SessionPatch):
             seed = derive_seed(s.seed, run.sigma(extra_options), key, h, w)
             generator = run.generator(n.device, seed)
         r = int(n.shape[1] * s.ratio)
-        return run.timed(n.device, lambda: plan_bipartite_merge(n, w, h, s.stride_x, s.stride_y, r, generator))
+        return run.timed(n.device, lambda: plan_bipartite_merge(n, w, h, s.stride_x, s.stride_y, r, generator, s.reach))
 
     def attn1(self, n, context, value, extra_options):
         run = self.session.current()
         key = site_key(extra_options)
         if run is None or key is None:
             return n, context, value
-        plan = run.plans[key] = self._plan(run, key, n, extra_options)
-        if plan is None or not self.settings.merge_attn:
+        located = self._locate(run, n, extra_options)
+        plan = run.plans[key] = None if located is None else self._plan(run, key, located[0], n, extra_options)
+        if plan is None:
+            return n, context, value
+        s = self.settings
+        # Keys/values stay full in queries-only mode, or as an earlier patch (ToDo) left them.
+        keys_merged = s.merge_attn and not s.queries_only and context is n and value is n
+        run.record(*located, lambda: self._stages(n.shape[1], plan.merged_tokens, context.shape[1], keys_merged))
+        if not s.merge_attn:
             return n, context, value
         merged = plan.merge(n)
-        if self.settings.queries_only or context is not n or value is not n:
-            # Keys/values stay full (or as an earlier patch left them).
-            return merged, context, value
-        return merged, merged, merged
+        return (merged, merged, merged) if keys_merged else (merged, context, value)
+
+    def _stages(self, tokens: int, merged: int, keys: int, keys_merged: bool) -> dict:
+        """Tokens before and after, per merged stage, for the run's report."""
+        s = self.settings
+        stages = {}
+        if s.merge_attn:
+            stages["q"] = (tokens, merged)
+            stages["k/v"] = (keys, merged if keys_merged else keys)
+        if s.merge_crossattn:
+            stages["cross q"] = (tokens, merged)
+        if s.merge_mlp:
+            stages["mlp"] = (tokens, merged)
+        return stages
 
     def _block_plan(self, extra_options: dict) -> MergePlan | None:
         """The plan the self-attention patch made for this block call, if any."""

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from comfy_helpers import apply, patched, sample
+from comfy_helpers import apply, patched, sample, session_of
 
 NODES = ["tome", "todo"]
 NODE_IDS = {"tome": "TokenReduceToMe", "todo": "TokenReduceToDo"}
@@ -47,6 +47,8 @@ def test_settings_that_do_not_fit_the_latent_are_refused_before_the_first_step(c
     with pytest.raises(ValueError, match=NODE_IDS[node]) as refused:
         sample(comfy, model, size=size, steps=1)
     assert needle in str(refused.value)
+    report = session_of(model).last_report  # the node shows the reason in the browser
+    assert report.refused and report.warnings == (str(refused.value),)
     # Nothing half-applied: the same patched model then samples a size that fits, exactly as
     # a fresh copy of it does.
     fresh = patched(comfy, node, models["SD15"], **settings)

@@ -75,6 +75,8 @@ BAD_INPUTS = [
     ("tome", "start_percent", "soon", "start_percent 'soon' is not a number"),
     ("tome", "end_percent", -0.1, "end_percent -0.1 is out of range"),
     ("tome", "end_percent", {"a": 1}, "end_percent {'a': 1} is not a number"),
+    ("tome", "matching", "everywhere", "matching 'everywhere' is not one of"),
+    ("tome", "matching", 3, "matching 3 is not one of"),
     # ToDo: every input
     ("todo", "factor", 0.5, "factor 0.5 is out of range"),
     ("todo", "factor", "double", "factor 'double' is not a number"),

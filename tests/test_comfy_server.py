@@ -144,6 +144,48 @@ def test_template_browser_serves_the_examples(server):
     assert sorted(names) == sorted(p.stem for p in EXAMPLES)
 
 
+RUN_EVENT = "tokenreduce.run"
+HEADERS = {"tome": "ToMe · SD15 · 5 of 16 blocks at downsample 1", "todo": "ToDo · SD15 · 5 of 16 blocks at downsample 1"}
+TOKENS = {"tome": "ds 1 · 32×32 · q 1024→512 · k/v 1024→512", "todo": "ds 1 · 32×32 · q 1024→1024 · k/v 1024→256"}
+
+
+@pytest.mark.parametrize("patch", ["tome", "todo"])
+def test_the_node_tells_the_browser_what_it_did(server, object_info, patch):
+    """What the front end draws on the node: the node's own output when it executes, then, when
+    sampling ends, a run message for that node with tokens and steps."""
+    prompt = example_prompt(object_info, "SD15", patch, seed=5)
+    ours = node_id(prompt, NODE_IDS[patch])
+    server.free()
+    _, messages = server.run_collecting(prompt, {"executed", RUN_EVENT})
+    (executed,) = [data for kind, data in messages if kind == "executed" and data["node"] == ours]
+    assert executed["output"]["tokenreduce"] == [{"lines": [HEADERS[patch]], "warnings": []}]
+    (run,) = [data for kind, data in messages if kind == RUN_EVENT]
+    assert run["node"] == ours and run["node_type"] == NODE_IDS[patch] and run["completed"]
+    assert run["lines"][:2] == [HEADERS[patch], TOKENS[patch]]
+    assert run["lines"][2].startswith("steps 1-2 of 2 · ") and run["warnings"] == []
+    assert run["active_steps"] == [1, 2] and run["sampling_seconds"] > 0
+
+    # Queued again with another sampler seed: our node is cached (the browser keeps what it
+    # showed), and the cached patched model still reports its new run to the same node.
+    prompt[node_id(prompt, "KSampler")]["inputs"]["seed"] += 1
+    _, messages = server.run_collecting(prompt, {"execution_cached", RUN_EVENT})
+    (cached,) = [data["nodes"] for kind, data in messages if kind == "execution_cached"]
+    assert ours in cached
+    assert [data["node"] for kind, data in messages if kind == RUN_EVENT] == [ours]
+
+
+def test_a_setting_refused_for_the_latent_is_reported_on_our_node(server, object_info):
+    """The error comes from the sampler (the latent size is known only there); the run message
+    puts its reason on our node too."""
+    prompt = example_prompt(object_info, "SD15", "tome", size=48, stride_x=8, stride_y=8, ratio=0.5)
+    _, messages = server.run_collecting(prompt, {"execution_error", RUN_EVENT}, raise_errors=False)
+    (run,) = [data for kind, data in messages if kind == RUN_EVENT]
+    (error,) = [data for kind, data in messages if kind == "execution_error"]
+    assert run["node"] == node_id(prompt, NODE_IDS["tome"]) and not run["completed"]
+    assert run["lines"] == [HEADERS["tome"]] and run["warnings"] == [error["exception_message"].strip()]
+    assert "stride_x 8 / stride_y 8 do not fit" in error["exception_message"]
+
+
 def _interrupt_after_first_step(server, prompt) -> str:
     """Queue the prompt and interrupt it at the sampler's first progress message."""
     return server.queue_and_follow(prompt, node_id(prompt, "KSampler"), lambda value: server.interrupt() or True)

@@ -39,3 +39,16 @@ def test_sigma_window():
     assert window.contains(10.0) and window.contains(1.0) and window.contains(5.0)
     assert not window.contains(10.5) and not window.contains(0.5)
     assert SigmaWindow(1.0, 2.0).is_empty
+
+
+def test_steps_of_maps_noise_levels_to_the_steps_they_ran_in():
+    from tokenreduce import steps_of
+
+    schedule = [14.6, 9.0, 4.5, 1.2, 0.0]
+    assert steps_of(schedule, [14.6, 9.0, 1.2]) == (1, 2, 4)
+    # Multi-evaluation samplers (Heun, DPM2) call the model between two schedule sigmas.
+    assert steps_of(schedule, [9.0, 6.3, 4.5]) == (2, 3)
+    # float32 round trips of a schedule sigma still land in their own step.
+    assert steps_of(schedule, [float(__import__("torch").tensor(9.0 * (1 + 1e-7)))]) == (2,)
+    assert steps_of(schedule, []) == ()
+    assert steps_of([], [3.0]) == ()

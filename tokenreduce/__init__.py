@@ -9,7 +9,7 @@ from .downsample import METHODS as DOWNSAMPLE_METHODS, downsample_tokens, downsa
 from .bipartite import MergePlan, plan_bipartite_merge, stride_ratio_cap
 from .grid import downsample_of, grid_at
 from .seeding import derive_seed
-from .window import SigmaWindow
+from .window import SigmaWindow, steps_of
 
 __all__ = [
     "DOWNSAMPLE_METHODS",
@@ -22,4 +22,5 @@ __all__ = [
     "grid_at",
     "derive_seed",
     "SigmaWindow",
+    "steps_of",
 ]

@@ -22,3 +22,17 @@ class SigmaWindow:
     @property
     def is_empty(self) -> bool:
         return self.sigma_start < self.sigma_end
+
+
+def steps_of(schedule: list[float], sigmas) -> tuple[int, ...]:
+    """The 1-based steps of a sampling schedule (sigmas, highest first, ending with the final
+    sigma) that the given noise levels were evaluated in. A step runs at its schedule sigma and,
+    in multi-evaluation samplers, at levels between it and the next one; those count for it."""
+    starts = schedule[:-1]
+    steps = set()
+    for sigma in sigmas:
+        # The last step whose sigma is at or above this one (a relative tolerance for rounding).
+        inside = [i for i, start in enumerate(starts) if start >= sigma * (1 - 1e-6) - 1e-9]
+        if inside:
+            steps.add(inside[-1] + 1)
+    return tuple(sorted(steps))
