@@ -21,11 +21,12 @@ FAMILIES = {  # checkpoint name users most likely have, size, steps, cfg
     "sd15": ("v1-5-pruned-emaonly.safetensors", 512, 20, 7.0),
     "sdxl": ("sd_xl_base_1.0.safetensors", 1024, 25, 6.0),
 }
-# Widget values in input order; the recommended defaults (README).
-PATCHES = {
-    "tome": ("TokenReduceToMe", "ToMe", [0.5, 2, 2, "auto", "q, k, v (tomesd)", True, False, False, True, 0, 0.0, 1.0, False,
-                                     "whole grid (tomesd)"]),
-    "todo": ("TokenReduceToDo", "ToDo", [2.0, 1.0, "auto", "nearest", 0.0, 1.0]),
+# Widget values in input order, as the frontend saves them (ToMe's seed is followed by its
+# "control after generate" value); the recommended defaults (README).
+PATCHES = {  # node type, method, widget values, node height (room for the report drawn below it)
+    "tome": ("TokenReduceToMe", "ToMe", [0.5, 2, 2, "auto", "q, k, v (tomesd)", True, False, False, True, 0, "fixed", 0.0, 1.0,
+                                     False, "whole grid (tomesd)"], 440),
+    "todo": ("TokenReduceToDo", "ToDo", [2.0, 1.0, "auto", "nearest", 0.0, 1.0], 220),
 }
 LOADER, PATCH, POSITIVE, NEGATIVE_ID, LATENT, SAMPLER, DECODE, SAVE = 4, 10, 6, 7, 5, 3, 8, 9
 
@@ -42,7 +43,7 @@ def _out(name, kind, links, slot=0):
 
 def workflow(family: str, patch: str) -> dict:
     checkpoint, size, steps, cfg = FAMILIES[family]
-    node_type, method, widgets = PATCHES[patch]
+    node_type, method, widgets, height = PATCHES[patch]
     links = [  # id, from node, from slot, to node, to slot, type
         [1, LOADER, 0, PATCH, 0, "MODEL"], [2, PATCH, 0, SAMPLER, 0, "MODEL"], [3, LOADER, 1, POSITIVE, 0, "CLIP"],
         [5, LOADER, 1, NEGATIVE_ID, 0, "CLIP"], [4, POSITIVE, 0, SAMPLER, 1, "CONDITIONING"],
@@ -50,27 +51,27 @@ def workflow(family: str, patch: str) -> dict:
         [9, SAMPLER, 0, DECODE, 0, "LATENT"], [8, LOADER, 2, DECODE, 1, "VAE"], [10, DECODE, 0, SAVE, 0, "IMAGE"],
     ]
     nodes = [
-        _node(LOADER, "CheckpointLoaderSimple", [40, 200], [315, 98], [],
+        _node(LOADER, "CheckpointLoaderSimple", [40, 60], [315, 98], [],
               [_out("MODEL", "MODEL", [1]), _out("CLIP", "CLIP", [3, 5], 1), _out("VAE", "VAE", [8], 2)],
               [checkpoint], 0),
-        _node(PATCH, node_type, [400, 40], [330, 400], [{"name": "model", "type": "MODEL", "link": 1}],
+        _node(PATCH, node_type, [480, 60], [340, height], [{"name": "model", "type": "MODEL", "link": 1}],
               [_out("MODEL", "MODEL", [2]), {"name": "info", "type": "STRING", "links": None}], widgets, 1,
               color="#233", bgcolor="#355"),
-        _node(POSITIVE, "CLIPTextEncode", [400, 480], [400, 160], [{"name": "clip", "type": "CLIP", "link": 3}],
+        _node(POSITIVE, "CLIPTextEncode", [40, 220], [400, 160], [{"name": "clip", "type": "CLIP", "link": 3}],
               [_out("CONDITIONING", "CONDITIONING", [4])], [PROMPT], 2, title="Positive prompt"),
-        _node(NEGATIVE_ID, "CLIPTextEncode", [400, 680], [400, 130], [{"name": "clip", "type": "CLIP", "link": 5}],
+        _node(NEGATIVE_ID, "CLIPTextEncode", [40, 420], [400, 130], [{"name": "clip", "type": "CLIP", "link": 5}],
               [_out("CONDITIONING", "CONDITIONING", [6])], [NEGATIVE], 3, title="Negative prompt"),
-        _node(LATENT, "EmptyLatentImage", [40, 400], [315, 106], [], [_out("LATENT", "LATENT", [7])],
+        _node(LATENT, "EmptyLatentImage", [40, 590], [315, 106], [], [_out("LATENT", "LATENT", [7])],
               [size, size, 1], 4),
-        _node(SAMPLER, "KSampler", [860, 200], [315, 262],
+        _node(SAMPLER, "KSampler", [880, 60], [315, 262],
               [{"name": "model", "type": "MODEL", "link": 2}, {"name": "positive", "type": "CONDITIONING", "link": 4},
                {"name": "negative", "type": "CONDITIONING", "link": 6},
                {"name": "latent_image", "type": "LATENT", "link": 7}],
               [_out("LATENT", "LATENT", [9])], [42, "fixed", steps, cfg, "euler", "normal", 1.0], 5),
-        _node(DECODE, "VAEDecode", [1220, 200], [210, 46],
+        _node(DECODE, "VAEDecode", [1240, 60], [210, 46],
               [{"name": "samples", "type": "LATENT", "link": 9}, {"name": "vae", "type": "VAE", "link": 8}],
               [_out("IMAGE", "IMAGE", [10])], [], 6),
-        _node(SAVE, "SaveImage", [1460, 200], [400, 420], [{"name": "images", "type": "IMAGE", "link": 10}], [],
+        _node(SAVE, "SaveImage", [1240, 160], [400, 420], [{"name": "images", "type": "IMAGE", "link": 10}], [],
               [f"TokenReduce_{family}_{patch}"], 7),
     ]
     return {"last_node_id": 10, "last_link_id": 10, "nodes": nodes, "links": links, "groups": [], "config": {},

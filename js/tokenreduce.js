@@ -142,6 +142,17 @@ app.registerExtension({
       if (shown) show(this, shown.lines, shown.warnings);
     };
 
+    // The frontend gives ToMe's seed a "control after generate" widget that starts on
+    // "randomize": that would change the merge pattern, and the image, on every run. New nodes
+    // start on "fixed"; a loaded workflow then sets whatever was saved.
+    const onNodeCreated = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function () {
+      const result = onNodeCreated?.apply(this, arguments);
+      const control = this.widgets?.find((w) => w.name === "control_after_generate");
+      if (control) control.value = "fixed";
+      return result;
+    };
+
     const onDrawForeground = nodeType.prototype.onDrawForeground;
     nodeType.prototype.onDrawForeground = function (ctx) {
       const result = onDrawForeground?.apply(this, arguments);

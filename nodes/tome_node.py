@@ -85,9 +85,13 @@ class ToMePatchNode(io.ComfyNode):
                 io.Boolean.Input("use_rand", default=True,
                                  tooltip="Pick the merge target in each cell at random (better quality) from a private "
                                          "generator seeded by `seed`; off: always the top-left token."),
-                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF,
+                # The frontend gives every INT input named "seed" a "control after generate" widget
+                # (saved in workflows after the seed); declared so that the API says so too. Our
+                # extension sets it to "fixed" on new nodes: a merge seed must not change per run.
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
                              tooltip="Seed of the random merge targets. The same seed gives bit-identical results on "
-                                     "every run, whatever sampler or noise node is used; the global RNG is untouched."),
+                                     "every run, whatever sampler or noise node is used; the global RNG is untouched. "
+                                     "Keep 'control after generate' on fixed for repeatable images."),
                 *window_inputs("Merging"),
                 # Added after the first release: last and optional, so saved workflows load unchanged.
                 io.Boolean.Input("share_plans", default=False, optional=True,

@@ -121,7 +121,8 @@ def test_example_workflows_use_existing_nodes_and_current_widgets(object_info, p
 def test_a_workflow_saved_before_share_plans_existed_still_runs(server, object_info):
     flow = workflow.load(REPO / "example_workflows" / "sd15_txt2img_tome.json")
     (ours,) = [n for n in flow["nodes"] if n["type"] == NODE_IDS["tome"]]
-    ours["widgets_values"] = ours["widgets_values"][:len(PUBLIC_INPUTS[NODE_IDS["tome"]]) - 1]  # as first released
+    # As first released: the optional inputs (the last widgets) did not exist.
+    ours["widgets_values"] = ours["widgets_values"][:-len(OPTIONAL_INPUTS[NODE_IDS["tome"]])]
     prompt = workflow.to_api(flow, object_info)
     assert "share_plans" not in workflow.find(prompt, NODE_IDS["tome"])
     workflow.find(prompt, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name("SD15")
