@@ -12,8 +12,13 @@ on the same spatially smooth input, and reports:
   the unpatched model measured in the same run;
 - peak memory (CUDA only), and the time spent planning merges (ToMe);
 - quality: relative L2 error of the model output (noise prediction) against unpatched;
-- the Amdahl bound: the share of the unpatched forward spent in the modules a configuration
-  reduces, and the speed-up that share allows if they cost nothing.
+- the Amdahl bound: the share of the unpatched forward spent in the parts a configuration
+  reduces (self-attention's projections and the attention itself, the MLP, per level), the
+  speed-up that share allows if those parts cost nothing, and the speed-up it allows if each
+  reduced part cost in proportion to the tokens it keeps (keys/values pooled 4x: the attention
+  and the key/value projections at a quarter, the query and output projections unchanged);
+  the measured speed-up as a fraction of that second bound is what the implementation's own
+  overhead (planning, gathers, pooling) costs.
 
 Writes ``results.md``, ``results.json`` and PNG plots to ``--out``.
 """
@@ -40,43 +45,89 @@ import host  # noqa: E402
 PACK = "tokenreduce_pack"
 
 
+ATTENTION_PARTS = ("q", "k", "v", "out", "core")  # self-attention: projections and the attention itself
+
+
 @dataclass(frozen=True)
 class Config:
     name: str
     method: str  # unpatched | builtin | tome | todo | combined (for plots)
     reduction: float  # fraction of self-attention tokens (queries or keys) removed at the first level
     apply: Callable  # (nodes, model) -> model
-    levels: Callable = lambda first: ()  # downsample levels whose self-attention it reduces
-    mlp: bool = False
+    # (level, first transformer level) -> {part: fraction of its cost left} for the parts this
+    # config reduces at that level (parts: ATTENTION_PARTS of self-attention, "ff" the MLP).
+    scales: Callable = lambda level, first: {}
+
+
+def _tome_scales(ratio: float, queries_only: bool = False, mlp: bool = False, max_level=lambda first: first):
+    """ToMe at the levels up to max_level: merged queries (and keys/values unless queries only)."""
+    kept = 1 - ratio
+    parts = ({"q": kept, "out": kept, "core": kept} if queries_only else
+             {"q": kept, "k": kept, "v": kept, "out": kept, "core": kept * kept})
+    if mlp:
+        parts["ff"] = kept
+    return lambda level, first: parts if level <= max_level(first) else {}
+
+
+def _todo_scales(factor: float, factor_next: float = 1.0):
+    """ToDo: keys/values (their projections and the attention over them) pooled by factor^2."""
+    def scales(level, first):
+        f = {first: factor, 2 * first: factor_next}.get(level, 1.0)
+        return {"k": 1 / f ** 2, "v": 1 / f ** 2, "core": 1 / f ** 2} if f > 1 else {}
+    return scales
+
+
+def _stacked(*parts_of):
+    def scales(level, first):
+        out = {}
+        for parts in parts_of:
+            for part, scale in parts(level, first).items():
+                out[part] = out.get(part, 1.0) * scale
+        return out
+    return scales
 
 
 def _configs() -> list[Config]:
     tome = lambda **kw: (lambda n, m: n.tome.ToMePatchNode.execute(m, **{**n.TOME, **kw}).result[0])
     todo = lambda **kw: (lambda n, m: n.todo.ToDoPatchNode.execute(m, **{**n.TODO, **kw}).result[0])
+    queries = lambda **kw: (lambda n, m: tome(mode=n.QUERIES, **kw)(n, m))
     builtin = lambda ratio: (lambda n, m: n.builtin.execute(m, ratio).result[0])
-    first = lambda f: (f,)
-    two = lambda f: (f, 2 * f)
-    combined = lambda m_ratio, factor: (lambda n, m: todo(factor=factor)(n, tome(ratio=m_ratio, mode=n.QUERIES)(n, m)))
+    # The built-in merges the queries of downsample-1 blocks only (none on SDXL).
+    builtin_scales = lambda ratio: _tome_scales(ratio, queries_only=True, max_level=lambda first: 1)
+    combined = lambda m_ratio, factor: (lambda n, m: todo(factor=factor)(n, queries(ratio=m_ratio)(n, m)))
+    local = "3x3 cells"
     return [
         Config("unpatched", "unpatched", 0.0, lambda n, m: m),
-        Config("built-in ToMe 0.3 (its default)", "builtin", 0.3, builtin(0.3), lambda f: (1,)),
-        Config("built-in ToMe 0.5", "builtin", 0.5, builtin(0.5), lambda f: (1,)),
-        Config("ToMe 0.3", "tome", 0.3, tome(ratio=0.3), first),
-        Config("ToMe 0.5", "tome", 0.5, tome(ratio=0.5), first),
-        Config("ToMe 0.7", "tome", 0.7, tome(ratio=0.7), first),
-        Config("ToMe 0.5 queries only", "tome-queries", 0.5, lambda n, m: tome(ratio=0.5, mode=n.QUERIES)(n, m), first),
-        Config("ToMe 0.5 shared plans", "tome-shared", 0.5, tome(ratio=0.5, share_plans=True), first),
-        Config("ToMe 0.5 queries only shared plans", "tome-queries-shared", 0.5,
-               lambda n, m: tome(ratio=0.5, mode=n.QUERIES, share_plans=True)(n, m), first),
-        Config("ToMe 0.5 + MLP", "tome-mlp", 0.5, tome(ratio=0.5, merge_mlp=True), first, mlp=True),
-        Config("ToDo 1.5", "todo", 1 - 1 / 1.5 ** 2, todo(factor=1.5), first),
-        Config("ToDo 2", "todo", 0.75, todo(factor=2.0), first),
-        Config("ToDo 3", "todo", 1 - 1 / 9, todo(factor=3.0), first),
-        Config("ToDo 4", "todo", 1 - 1 / 16, todo(factor=4.0), first),
-        Config("ToDo 2 + next 2", "todo-next", 0.75, todo(factor=2.0, factor_next=2.0), two),
-        Config("ToDo 4 + next 2", "todo-next", 1 - 1 / 16, todo(factor=4.0, factor_next=2.0), two),
-        Config("ToMe 0.5 queries + ToDo 2", "combined", 0.75, combined(0.5, 2.0), first),
-        Config("ToMe 0.5 queries + ToDo 4", "combined", 1 - 1 / 16, combined(0.5, 4.0), first),
+        Config("built-in ToMe 0.3 (its default)", "builtin", 0.3, builtin(0.3), builtin_scales(0.3)),
+        Config("built-in ToMe 0.5", "builtin", 0.5, builtin(0.5), builtin_scales(0.5)),
+        Config("ToMe 0.3", "tome", 0.3, tome(ratio=0.3), _tome_scales(0.3)),
+        Config("ToMe 0.5", "tome", 0.5, tome(ratio=0.5), _tome_scales(0.5)),
+        Config("ToMe 0.7", "tome", 0.7, tome(ratio=0.7), _tome_scales(0.7)),
+        Config("ToMe 0.5 3x3", "tome-3x3", 0.5, tome(ratio=0.5, matching=local), _tome_scales(0.5)),
+        Config("ToMe 0.5 shared plans", "tome-shared", 0.5, tome(ratio=0.5, share_plans=True), _tome_scales(0.5)),
+        Config("ToMe 0.3 queries only", "tome-queries", 0.3, queries(ratio=0.3), _tome_scales(0.3, True)),
+        Config("ToMe 0.5 queries only", "tome-queries", 0.5, queries(ratio=0.5), _tome_scales(0.5, True)),
+        Config("ToMe 0.3 queries only 3x3", "tome-queries-3x3", 0.3, queries(ratio=0.3, matching=local),
+               _tome_scales(0.3, True)),
+        Config("ToMe 0.5 queries only 3x3", "tome-queries-3x3", 0.5, queries(ratio=0.5, matching=local),
+               _tome_scales(0.5, True)),
+        Config("ToMe 0.5 queries only shared plans", "tome-queries-shared", 0.5, queries(ratio=0.5, share_plans=True),
+               _tome_scales(0.5, True)),
+        Config("ToMe 0.5 + MLP", "tome-mlp", 0.5, tome(ratio=0.5, merge_mlp=True), _tome_scales(0.5, mlp=True)),
+        Config("ToMe 0.5 queries + MLP to downsample 4 3x3", "tome-mlp", 0.5,
+               queries(ratio=0.5, merge_mlp=True, max_downsample="4", matching=local),
+               _tome_scales(0.5, True, True, max_level=lambda first: 4)),
+        Config("ToDo 1.5", "todo", 1 - 1 / 1.5 ** 2, todo(factor=1.5), _todo_scales(1.5)),
+        Config("ToDo 2", "todo", 0.75, todo(factor=2.0), _todo_scales(2.0)),
+        Config("ToDo 3", "todo", 1 - 1 / 9, todo(factor=3.0), _todo_scales(3.0)),
+        Config("ToDo 4", "todo", 1 - 1 / 16, todo(factor=4.0), _todo_scales(4.0)),
+        Config("ToDo 2 + next 2", "todo-next", 0.75, todo(factor=2.0, factor_next=2.0), _todo_scales(2.0, 2.0)),
+        Config("ToDo 3 + next 2", "todo-next", 1 - 1 / 9, todo(factor=3.0, factor_next=2.0), _todo_scales(3.0, 2.0)),
+        Config("ToDo 4 + next 2", "todo-next", 1 - 1 / 16, todo(factor=4.0, factor_next=2.0), _todo_scales(4.0, 2.0)),
+        Config("ToMe 0.5 queries + ToDo 2", "combined", 0.75, combined(0.5, 2.0),
+               _stacked(_tome_scales(0.5, True), _todo_scales(2.0))),
+        Config("ToMe 0.5 queries + ToDo 4", "combined", 1 - 1 / 16, combined(0.5, 4.0),
+               _stacked(_tome_scales(0.5, True), _todo_scales(4.0))),
     ]
 
 
@@ -95,7 +146,9 @@ class Row:
     plan_seconds: float | None
     share: float
     bound: float
+    bound_at: float
     repeats: list = field(default_factory=list)
+    breakdown: dict | None = None  # unpatched rows: share of the forward per part and level
     image_mse: float | None = None  # with --checkpoint: decoded image of a full sampling run vs unpatched
     image_psnr: float | None = None
 
@@ -197,32 +250,43 @@ class OneStep:
         return self._raw.float().cpu()
 
 
-def _attention_share(model, step: OneStep, levels_of_config: dict, warmup: int) -> dict:
-    """Per config: share of the unpatched forward spent in the modules it reduces (self-attention
-    of its levels, and the MLP where it merges it), measured with device-synchronised hooks."""
+@dataclass(frozen=True)
+class Amdahl:
+    share: float  # of the unpatched forward spent in the parts the config reduces
+    bound: float  # the speed-up if those parts cost nothing: 1 / (1 - share)
+    bound_at: float  # the speed-up if each reduced part cost in proportion to its remaining tokens
+
+
+def _part_times(model, step: OneStep, warmup: int) -> tuple[dict, float]:
+    """Seconds of the unpatched forward per (part, level): self-attention split into its
+    projections and the attention itself (what is left of the module), and the MLP; and the
+    whole forward. Measured with device-synchronised forward hooks in one pass."""
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     nodes_layout = importlib.import_module(f"{PACK}.nodes.unet_layout")
     family = type(model.model.model_config).__name__
     layout = nodes_layout.unet_layout(model.get_model_object("diffusion_model"), family)
-    spent = {}
+    spent: dict = {}
     handles = []
+
+    def timed(module, key):
+        def pre(_m, _a):
+            sync()
+            spent.setdefault(key, []).append(-time.perf_counter())
+
+        def post(_m, _a, _o):
+            sync()
+            spent[key][-1] += time.perf_counter()
+
+        handles.extend([module.register_forward_pre_hook(pre), module.register_forward_hook(post)])
+
     for site in layout.sites:
         block = model.get_model_object(site.path)
-        for part in ("attn1", "ff"):
-            module = getattr(block, part)
-            key = (part, site.downsample)
-
-            def pre(_m, _a, key=key):
-                sync()
-                spent.setdefault(key, []).append(-time.perf_counter())
-
-            def post(_m, _a, _o, key=key):
-                sync()
-                spent[key][-1] += time.perf_counter()
-
-            handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        timed(block.attn1, ("attn1", site.downsample))
+        for part, name in (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("out", "to_out")):
+            timed(getattr(block.attn1, name), (part, site.downsample))
+        timed(block.ff, ("ff", site.downsample))
     try:
         for _ in range(warmup):
             step(model)
@@ -233,29 +297,86 @@ def _attention_share(model, step: OneStep, levels_of_config: dict, warmup: int) 
     finally:
         for handle in handles:
             handle.remove()
-    first = layout.levels[0]
+    times = {key: sum(values) for key, values in spent.items()}
+    for level in layout.levels:
+        projections = sum(times.get((part, level), 0.0) for part in ("q", "k", "v", "out"))
+        times[("core", level)] = max(0.0, times.pop(("attn1", level)) - projections)
+    return {"times": times, "first": layout.levels[0]}, total
+
+
+def _amdahl(parts: dict, total: float, config: Config) -> Amdahl:
+    reduced = saved = 0.0
+    for (part, level), seconds in parts["times"].items():
+        scale = config.scales(level, parts["first"]).get(part)
+        if scale is not None and scale < 1:
+            reduced += seconds
+            saved += seconds * (1 - scale)
+    return Amdahl(reduced / total, 1 / max(1e-9, 1 - reduced / total), total / max(1e-9, total - saved))
+
+
+def _breakdown(parts: dict, total: float) -> dict:
+    """Share of the forward per level: self-attention (split into the attention itself and
+    its projections) and the MLP, finest level first."""
+    names = {"core": "self-attention", "proj": "its projections", "ff": "MLP"}
     shares = {}
-    for name, (levels, mlp) in levels_of_config.items():
-        reduced = sum(sum(v) for (part, level), v in spent.items()
-                      if level in levels(first) and (part == "attn1" or (mlp and part == "ff")))
-        shares[name] = reduced / total
+    for level in sorted({level for _, level in parts["times"]}):
+        t = {part: parts["times"].get((part, level), 0.0) for part in ("q", "k", "v", "out", "core", "ff")}
+        t["proj"] = t["q"] + t["k"] + t["v"] + t["out"]
+        for part in ("core", "proj", "ff"):
+            shares[f"{names[part]} at downsample {level}"] = t[part] / total
     return shares
 
 
-def _measure(step: OneStep, model, repeats: int, warmup: int) -> tuple[list[float], object, float | None, float | None]:
-    import torch
+class PeakMemory:
+    """Peak memory of a measured pass: the CUDA allocator's peak on a GPU; on a CPU the peak
+    resident set of this process above what it held before (Linux: VmHWM, reset through
+    /proc/self/clear_refs), so the model's weights are not counted."""
 
-    cuda = torch.cuda.is_available()
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.cuda = torch.cuda.is_available()
+        self.baseline = 0
+
+    @staticmethod
+    def _status_kib(field: str) -> int | None:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+        except OSError:
+            return None
+        return None
+
+    def reset(self) -> None:
+        if self.cuda:
+            self.torch.cuda.reset_peak_memory_stats()
+            return
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+        self.baseline = self._status_kib("VmRSS") or 0
+
+    def peak_mib(self) -> float | None:
+        if self.cuda:
+            return self.torch.cuda.max_memory_allocated() / 2**20
+        peak = self._status_kib("VmHWM")
+        return None if peak is None else max(0, peak - self.baseline) / 1024
+
+
+def _measure(step: OneStep, model, repeats: int, warmup: int) -> tuple[list[float], object, float | None, float | None]:
     for _ in range(warmup):
         step(model)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    memory = PeakMemory()
+    memory.reset()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = step(model)
         times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
+    peak = memory.peak_mib()
     sessions = [s for s in importlib.import_module(f"{PACK}.nodes.session").sessions_of(model)
                 if s.label == "TokenReduceToMe"]
     plan = None
@@ -359,7 +480,7 @@ def run(args) -> list[Row]:
                                          f"{family.lower()}_{size}")
                 for attention, backend in backends.items():
                     base = _with_attention(model, backend)
-                    shares = _attention_share(base, step, {c.name: (c.levels, c.mlp) for c in configs}, args.warmup)
+                    parts, hooked_total = _part_times(base, step, args.warmup)
                     reference = None
                     base_seconds = None
                     for config in configs:
@@ -370,11 +491,12 @@ def run(args) -> list[Row]:
                         if config.name == "unpatched":
                             reference, base_seconds = out, seconds
                         error = float((out - reference).norm() / reference.norm())
-                        share = shares[config.name]
+                        amdahl = _amdahl(parts, hooked_total, config)
                         mse, psnr = scores.get(config.name, (None, None))
                         rows.append(Row(family, size, attention, config.name, config.method, config.reduction,
-                                        seconds, base_seconds / seconds, error, peak, plan, share,
-                                        1 / max(1e-9, 1 - share), times, mse, psnr))
+                                        seconds, base_seconds / seconds, error, peak, plan, amdahl.share,
+                                        amdahl.bound, amdahl.bound_at, times, _breakdown(parts, hooked_total)
+                                        if config.name == "unpatched" else None, mse, psnr))
                         bar.update()
             del model
             import comfy.model_management as mm
@@ -393,17 +515,18 @@ def to_markdown(rows: list[Row], machine: str) -> str:
         base = group[0]
         images = base.image_mse is not None
         lines += [f"### {family}, {size}x{size} px, batch 2 (CFG), {attention} attention",
-                  "", f"Unpatched: {base.seconds * 1000:.0f} ms per UNet forward.", "",
-                  "| config | s/forward | speed-up | rel. error | plan time | peak MiB | reduced share | Amdahl bound |"
-                  + (" image MSE | PSNR dB |" if images else ""),
-                  "|---|---|---|---|---|---|---|---|" + ("---|---|" if images else "")]
+                  "", f"Unpatched: {base.seconds * 1000:.0f} ms per UNet forward. Where it goes (hooks): "
+                      + ", ".join(f"{name} {share:.0%}" for name, share in (base.breakdown or {}).items()) + ".", "",
+                  "| config | s/forward | speed-up | rel. error | plan time | peak MiB | reduced share | bound if free "
+                  "| bound at its reduction | of that bound |" + (" image MSE | PSNR dB |" if images else ""),
+                  "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if images else "")]
         for r in group:
             plan = f"{r.plan_seconds * 1000:.0f} ms" if r.plan_seconds is not None else "-"
             peak = f"{r.peak_mib:.0f}" if r.peak_mib is not None else "-"
-            share = f"{r.share:.0%}" if r.method != "unpatched" else "-"
-            bound = f"{r.bound:.2f}x" if r.method != "unpatched" else "-"
+            amdahl = (f"{r.share:.0%} | {r.bound:.2f}x | {r.bound_at:.2f}x | {r.speedup / r.bound_at:.0%}"
+                      if r.method != "unpatched" else "- | - | - | -")
             lines.append(f"| {r.config} | {r.seconds:.3f} | {r.speedup:.2f}x | {r.rel_error:.4f} | {plan} | {peak} | "
-                         f"{share} | {bound} |" + (f" {r.image_mse:.2e} | {r.image_psnr:.1f} |" if images else ""))
+                         f"{amdahl} |" + (f" {r.image_mse:.2e} | {r.image_psnr:.1f} |" if images else ""))
         lines.append("")
     return "\n".join(lines)
 
