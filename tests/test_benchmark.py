@@ -31,9 +31,9 @@ def test_the_benchmark_writes_side_by_side_figures(tmp_path):
             # Reducing costs at least its kept share: the bound at the reduction is below the
             # bound if the reduced parts were free.
             assert 0 < row["share"] < 1 and 1 < row["bound_at"] <= row["bound"]
+            assert abs(row["bound"] - 1 / (1 - row["share"])) < 1e-9
         assert rows[(attention, "ToMe 0.5 queries only 3x3")]["plan_seconds"] > 0
         assert rows[(attention, "ToDo 2 + next 2")]["plan_seconds"] is None
-            assert abs(row["bound"] - 1 / (1 - row["share"])) < 1e-9
     table = (out / "results.md").read_text()
     assert "| built-in ToMe 0.5 |" in table and "bound at its reduction" in table
     assert (out / "sd15_64_sdpa.png").stat().st_size > 10_000 and (out / "sd15_64_sub-quad.png").exists()
