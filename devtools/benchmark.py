@@ -8,8 +8,9 @@ For each model family, size and attention backend it runs one denoising step (on
 per CFG half, batch 2 as with CFG) of every configuration through ComfyUI's own sampler path,
 on the same spatially smooth input, and reports:
 
-- seconds per UNet forward (median of repeats after warm-up runs) and the speed-up against
-  the unpatched model measured in the same run;
+- seconds per UNet forward (median of repeats after warm-up runs; the repeats of all
+  configurations interleaved round by round, so drift of the machine's speed hits all alike)
+  and the speed-up against the unpatched model measured in the same run;
 - peak memory (CUDA only), and the time spent planning merges (ToMe);
 - quality: relative L2 error of the model output (noise prediction) against unpatched;
 - the Amdahl bound: the share of the unpatched forward spent in the parts a configuration
@@ -366,28 +367,49 @@ class PeakMemory:
         return None if peak is None else max(0, peak - self.baseline) / 1024
 
 
-def _measure(step: OneStep, model, repeats: int, warmup: int) -> tuple[list[float], object, float | None, float | None]:
-    for _ in range(warmup):
-        step(model)
+@dataclass
+class Measured:
+    times: list = field(default_factory=list)  # seconds per timed pass
+    out: object = None  # the model output of the last pass
+    peak_mib: float | None = None  # the highest peak of its passes
+    plan_seconds: float | None = None  # ToMe: merge planning in one profiled pass
+
+
+def _measure(step: OneStep, models: dict, repeats: int, warmup: int, progress) -> dict[str, Measured]:
+    """Time every configuration's passes interleaved: warm-ups first, then round by round one
+    pass of each (the order rotated every round). A machine whose speed drifts during a run
+    (turbo, neighbours on a shared host) then shifts every configuration alike, not the ones
+    measured last. ``progress(name)`` is called after each pass."""
+    names = list(models)
+    for name in names:
+        for _ in range(warmup):
+            step(models[name])
+            progress(name)
+    measured = {name: Measured() for name in names}
     memory = PeakMemory()
-    memory.reset()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = step(model)
-        times.append(time.perf_counter() - start)
-    peak = memory.peak_mib()
-    sessions = [s for s in importlib.import_module(f"{PACK}.nodes.session").sessions_of(model)
-                if s.label == "TokenReduceToMe"]
-    plan = None
-    if sessions:  # one more pass, timing the merge planning (device-synchronised)
-        for s in sessions:
-            s.profile = True
-        step(model)
-        plan = sum(s.last_report.plan_seconds for s in sessions)
-        for s in sessions:
-            s.profile = False
-    return times, out, peak, plan
+    for round_ in range(repeats):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            memory.reset()
+            start = time.perf_counter()
+            out = step(models[name])
+            entry = measured[name]
+            entry.times.append(time.perf_counter() - start)
+            entry.out = out
+            peak = memory.peak_mib()
+            if peak is not None:
+                entry.peak_mib = max(entry.peak_mib or 0.0, peak)
+            progress(name)
+    sessions_of = importlib.import_module(f"{PACK}.nodes.session").sessions_of
+    for name, model in models.items():
+        sessions = [s for s in sessions_of(model) if s.label == "TokenReduceToMe"]
+        if sessions:  # one more pass, timing the merge planning (device-synchronised)
+            for s in sessions:
+                s.profile = True
+            step(model)
+            measured[name].plan_seconds = sum(s.last_report.plan_seconds for s in sessions)
+            for s in sessions:
+                s.profile = False
+    return measured
 
 
 STUDY_PROMPT = "a lighthouse on a rocky cliff at sunset, dramatic sky, highly detailed photograph"
@@ -458,9 +480,10 @@ def run(args) -> list[Row]:
     backends = _attention_backends(args.attention)
     cuda = torch.cuda.is_available()
     dtype = torch.float16 if cuda else torch.float32
-    total = (1 if args.checkpoint else len(args.families)) * len(args.sizes) * len(backends) * len(configs)
+    total = ((1 if args.checkpoint else len(args.families)) * len(args.sizes) * len(backends) * len(configs)
+             * (args.warmup + args.repeats))
     rows: list[Row] = []
-    with tqdm(total=total, desc="benchmark", unit="config") as bar:
+    with tqdm(total=total, desc="benchmark", unit="pass") as bar:
         for family in (["checkpoint"] if args.checkpoint else args.families):
             conditioning = vae = None
             if args.checkpoint:
@@ -481,23 +504,21 @@ def run(args) -> list[Row]:
                 for attention, backend in backends.items():
                     base = _with_attention(model, backend)
                     parts, hooked_total = _part_times(base, step, args.warmup)
-                    reference = None
-                    base_seconds = None
+                    patched = {config.name: config.apply(nodes, base) for config in configs}
+                    measured = _measure(step, patched, args.repeats, args.warmup, lambda name: (
+                        bar.set_postfix_str(f"{family} {size}px {attention}: {name}"), bar.update()))
+                    reference, base_seconds = measured["unpatched"].out, statistics.median(measured["unpatched"].times)
                     for config in configs:
-                        bar.set_postfix_str(f"{family} {size}px {attention}: {config.name}")
-                        patched = config.apply(nodes, base)
-                        times, out, peak, plan = _measure(step, patched, args.repeats, args.warmup)
-                        seconds = statistics.median(times)
-                        if config.name == "unpatched":
-                            reference, base_seconds = out, seconds
-                        error = float((out - reference).norm() / reference.norm())
+                        result = measured[config.name]
+                        seconds = statistics.median(result.times)
+                        error = float((result.out - reference).norm() / reference.norm())
                         amdahl = _amdahl(parts, hooked_total, config)
                         mse, psnr = scores.get(config.name, (None, None))
                         rows.append(Row(family, size, attention, config.name, config.method, config.reduction,
-                                        seconds, base_seconds / seconds, error, peak, plan, amdahl.share,
-                                        amdahl.bound, amdahl.bound_at, times, _breakdown(parts, hooked_total)
-                                        if config.name == "unpatched" else None, mse, psnr))
-                        bar.update()
+                                        seconds, base_seconds / seconds, error, result.peak_mib, result.plan_seconds,
+                                        amdahl.share, amdahl.bound, amdahl.bound_at, result.times,
+                                        _breakdown(parts, hooked_total) if config.name == "unpatched" else None,
+                                        mse, psnr))
             del model
             import comfy.model_management as mm
 
