@@ -124,8 +124,8 @@ class Frontend:
         }""", [node_id, name, value])
 
     def widget_values(self, node_id: int) -> list:
-        return self.evaluate("(id) => app.graph.getNodeById(id).widgets_values ?? "
-                             "app.graph.getNodeById(id).widgets.map(w => w.value)", node_id)
+        """What the node's widgets hold now (``widgets_values`` is only what was loaded)."""
+        return self.evaluate("(id) => app.graph.getNodeById(id).widgets.map(w => w.value)", node_id)
 
     def exported(self) -> dict:
         """The workflow as Save / Export write it."""
