@@ -95,7 +95,7 @@ def test_info_reports_what_was_patched(comfy, models):
 
 
 VALIDATED = ("ratio", "stride_x", "stride_y", "max_downsample", "mode", "merge_attn", "merge_crossattn", "merge_mlp",
-             "start_percent", "end_percent")
+             "start_percent", "end_percent", "matching")
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -108,6 +108,7 @@ VALIDATED = ("ratio", "stride_x", "stride_y", "max_downsample", "mode", "merge_a
     (dict(stride_x=0), "stride_x 0 is out of range"),
     (dict(max_downsample="16"), "max_downsample '16' is not one of"),
     (dict(mode="keys"), "mode 'keys' is not one of"),
+    (dict(matching="everywhere"), "matching 'everywhere' is not one of"),
 ])
 def test_bad_settings_are_rejected(comfy, models, overrides, message):
     settings = {k: v for k, v in {**TOME_DEFAULTS, **overrides}.items() if k in VALIDATED}
@@ -152,3 +153,31 @@ def test_shared_plans_do_not_cross_model_calls(comfy, models):
         lambda args: [calc_cond_batch(args["model"], [c], args["input"], args["sigma"], args["model_options"])[0]
                       for c in args["conds"]])
     assert rel_error(sample(comfy, split), batched) < 1e-3
+
+
+@pytest.mark.parametrize("matching,reach", [("whole grid (tomesd)", None), ("3x3 cells", 1), ("5x5 cells", 2)])
+def test_matching_sets_how_far_each_token_looks(comfy, models, monkeypatch, matching, reach):
+    import sys
+
+    module = sys.modules["tokenreduce_pack.nodes.tome_patch"]
+    reaches = []
+    original = module.plan_bipartite_merge
+    monkeypatch.setattr(module, "plan_bipartite_merge",
+                        lambda *args: reaches.append(args[-1]) or original(*args))
+    base = models["SD15"]
+    output = apply(comfy, "tome", base, matching=matching)
+    assert f"matching in the {'whole grid' if reach is None else matching}" in output.result[1]
+    out = sample(comfy, output.result[0], size=(32, 32))
+    assert reaches and set(reaches) == {reach}
+    assert torch.equal(out, sample(comfy, output.result[0], size=(32, 32)))  # deterministic
+    # Nearby matching changes which pairs merge, not how far the output moves from unpatched.
+    unpatched = sample(comfy, base, size=(32, 32))
+    whole_grid = sample(comfy, patched(comfy, "tome", base), size=(32, 32))
+    assert rel_error(out, unpatched) < 1.5 * rel_error(whole_grid, unpatched)
+
+
+def test_a_workflow_without_matching_gets_tomesds_whole_grid(comfy, models):
+    settings = dict(TOME_DEFAULTS)
+    explicit = sample(comfy, patched(comfy, "tome", models["SD15"], matching="whole grid (tomesd)"))
+    assert torch.equal(sample(comfy, patched(comfy, "tome", models["SD15"], **settings)), explicit)
+    assert torch.equal(sample(comfy, patched(comfy, "tome", models["SD15"], matching=None)), explicit)
