@@ -153,6 +153,26 @@ def test_a_ratio_above_the_stride_cap_is_shown_on_the_node(ui):
     assert any(text.startswith("⚠ ") and "ratio 0.9 cannot be" in text for text in drawn), drawn
 
 
+def test_our_node_applied_twice_shows_the_error_on_the_node(ui):
+    """A second ToMe node between the loader and the example's ToMe: the example's node is
+    refused when it runs (it would see tokens the first one merged), and says so on itself."""
+    ui.load_template("sd15_txt2img_tome")
+    _small_run(ui, "SD15", steps=1)
+    ui.evaluate(f"""() => {{
+        const first = LiteGraph.createNode('TokenReduceToMe');
+        first.pos = [480, 620];
+        app.graph.add(first);
+        app.graph.getNodeById({LOADER}).connect(0, first, 0);
+        first.connect(0, app.graph.getNodeById({PATCH}), 0);
+    }}""")
+    ui.run()
+    state = ui.wait_for_overlay(PATCH, "state.warnings.length > 0")
+    assert "TokenReduceToMe is already applied to this model" in state["warnings"][0]
+    ui.page.keyboard.press("Escape")  # the host's own error dialog
+    ui.fit_view()
+    assert any(text.startswith("⚠ TokenReduceToMe is already applied") for text in ui.drawn_texts())
+
+
 def test_a_new_tome_node_keeps_its_seed_fixed(ui):
     """The frontend gives every INT input named seed a 'control after generate' widget that
     starts on randomize; on our node that would change the image on every run."""
