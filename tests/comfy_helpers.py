@@ -60,6 +60,26 @@ def rel_error(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def split_cond_uncond(model):
+    """A clone of ``model`` that sends cond and uncond to the UNet in separate calls, as
+    ComfyUI does when memory is short."""
+    from comfy.samplers import calc_cond_batch
+
+    split = model.clone()
+    split.set_model_sampler_calc_cond_batch_function(
+        lambda args: [calc_cond_batch(args["model"], [c], args["input"], args["sigma"], args["model_options"])[0]
+                      for c in args["conds"]])
+    return split
+
+
+def batching_tolerance(unpatched_one_way, unpatched_other_way) -> float:
+    """How far two batchings of the same work may differ: 1e-3, or four times what the
+    unpatched model itself differs by between them. On a CPU that is BLAS rounding far below
+    1e-3; on a GPU the host's kernels (TF32 matmuls, algorithms chosen by batch size) already
+    differ by about that much, with no token reduction involved."""
+    return max(1e-3, 4 * rel_error(unpatched_one_way, unpatched_other_way))
+
+
 def session_of(model):
     import sys
 

@@ -160,3 +160,19 @@ def test_nearby_matching_picks_the_most_similar_nearby_dst():
 def test_a_reach_below_one_cell_is_an_error():
     with pytest.raises(ValueError, match="reach"):
         plan_bipartite_merge(_metric(1, 8, 8), 8, 8, 2, 2, 10, reach=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fixed_order_mean_used_on_cuda_equals_scatter_reduce(dtype):
+    # On CUDA merge() averages through index_put_ (a fixed order) instead of scatter_reduce
+    # (atomics); both must mean the same thing. Checked here on the CPU, on CUDA in test_core_cuda.
+    from tokenreduce.bipartite import _deterministic_mean_into
+
+    g = torch.Generator().manual_seed(5)
+    dst = torch.randn(3, 20, 7, generator=g, dtype=dtype)
+    moved = torch.randn(3, 50, 7, generator=g, dtype=dtype)
+    into = torch.randint(0, 12, (3, 50), generator=g)  # several src per dst, some dst none
+    expected = dst.scatter_reduce(-2, into[..., None].expand(3, 50, 7), moved, reduce="mean")
+    got = _deterministic_mean_into(dst.clone(), into, moved)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)

@@ -104,7 +104,10 @@ class MergePlan:
         b, n_src, c = src.shape
         kept = _gather(src, -2, self.unmerged.expand(b, n_src - self.r, c))
         moved = _gather(src, -2, self.merged.expand(b, self.r, c))
-        dst = dst.scatter_reduce(-2, self.merged_into.expand(b, self.r, c), moved, reduce=mode)
+        if mode == "mean" and x.is_cuda:
+            dst = _deterministic_mean_into(dst, self.merged_into[..., 0], moved)
+        else:
+            dst = dst.scatter_reduce(-2, self.merged_into.expand(b, self.r, c), moved, reduce=mode)
         return torch.cat([kept, dst], dim=1)
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
@@ -179,6 +182,20 @@ def _best_nearby_dst(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, src
     src_tokens = src_of.view(-1)
     best_cos = best_tok.view(batch, tokens)[:, src_tokens] / norms[:, src_tokens]
     return best_cos, dst_tok.view(batch, tokens)[:, src_tokens]
+
+
+def _deterministic_mean_into(dst: torch.Tensor, into: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
+    """``dst.scatter_reduce(-2, into, moved, "mean")`` (each dst averaged with the src merged
+    into it), in a fixed order on CUDA. There scatter_reduce adds with atomics, so the sum, and
+    with it the image, changes from run to run; index_put_ with accumulate sorts the indices
+    and adds each dst's tokens in one order. Sums in float32: a dst in a flat region can take
+    in hundreds of tokens, which can overflow float16."""
+    b, r, c = moved.shape
+    rows = torch.arange(b, device=dst.device)[:, None].expand(b, r)
+    total = dst.to(torch.float32, copy=True).index_put_((rows, into), moved.float(), accumulate=True)
+    count = torch.ones(dst.shape[:2], device=dst.device, dtype=torch.float32)
+    count.index_put_((rows, into), torch.ones(b, r, device=dst.device), accumulate=True)
+    return (total / count[..., None]).to(dst.dtype)
 
 
 def plan_bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
