@@ -207,10 +207,15 @@ def _with_attention(model, backend):
 class OneStep:
     """Runs one CFG denoising step through ComfyUI's sampler (so wrappers and per-run state work
     as in real sampling) and returns the model's raw noise predictions for the cond and uncond
-    halves of the batch (before CFG, which would amplify differences by the cfg scale)."""
+    halves of the batch (before CFG, which would amplify differences by the cfg scale).
+
+    With ``evals`` > 1 the step evaluates the model that many times at the same sigma inside one
+    sampling run: on a GPU a forward takes tens of milliseconds, and the sampler's per-run setup
+    (model loading checks, conditioning) would otherwise be timed as if it were part of every
+    step. Each evaluation plans its merges afresh (plans never outlive a UNet call)."""
 
     def __init__(self, family: str, size: int, batch_images: int, sigma_percent: float, tiny: bool,
-                 conditioning: tuple | None = None):
+                 conditioning: tuple | None = None, evals: int = 1):
         import comfy.samplers
         import random_models
         import torch
@@ -223,12 +228,15 @@ class OneStep:
             conditioning = (random_models.conditioning(family, tiny, seed=1), random_models.conditioning(family, tiny, seed=2))
         self.positive, self.negative = conditioning
         self.sigma_percent = sigma_percent
-        self.sampler = comfy.samplers.KSAMPLER(self._one_eval)
+        self.evals = evals
+        self.sampler = comfy.samplers.KSAMPLER(self._evaluate)
         self._raw = None
 
-    @staticmethod
-    def _one_eval(model, x, sigmas, extra_args=None, callback=None, disable=None):
-        return model(x, sigmas[0] * x.new_ones([x.shape[0]]), **(extra_args or {}))
+    def _evaluate(self, model, x, sigmas, extra_args=None, callback=None, disable=None):
+        sigma = sigmas[0] * x.new_ones([x.shape[0]])
+        for _ in range(self.evals):
+            denoised = model(x, sigma, **(extra_args or {}))
+        return denoised
 
     def _record(self, args):
         sigma = args["sigma"].reshape(-1, 1, 1, 1)
@@ -294,11 +302,11 @@ def _part_times(model, step: OneStep, warmup: int) -> tuple[dict, float]:
         spent.clear()
         start = time.perf_counter()
         step(model)
-        total = time.perf_counter() - start
+        total = (time.perf_counter() - start) / step.evals
     finally:
         for handle in handles:
             handle.remove()
-    times = {key: sum(values) for key, values in spent.items()}
+    times = {key: sum(values) / step.evals for key, values in spent.items()}
     for level in layout.levels:
         projections = sum(times.get((part, level), 0.0) for part in ("q", "k", "v", "out"))
         times[("core", level)] = max(0.0, times.pop(("attn1", level)) - projections)
@@ -393,7 +401,7 @@ def _measure(step: OneStep, models: dict, repeats: int, warmup: int, progress) -
             start = time.perf_counter()
             out = step(models[name])
             entry = measured[name]
-            entry.times.append(time.perf_counter() - start)
+            entry.times.append((time.perf_counter() - start) / step.evals)
             entry.out = out
             peak = memory.peak_mib()
             if peak is not None:
@@ -406,7 +414,7 @@ def _measure(step: OneStep, models: dict, repeats: int, warmup: int, progress) -
             for s in sessions:
                 s.profile = True
             step(model)
-            measured[name].plan_seconds = sum(s.last_report.plan_seconds for s in sessions)
+            measured[name].plan_seconds = sum(s.last_report.plan_seconds for s in sessions) / step.evals
             for s in sessions:
                 s.profile = False
     return measured
@@ -478,8 +486,7 @@ def run(args) -> list[Row]:
         raise SystemExit(f"unknown configs {sorted(unknown)}; known: {sorted(known)}")
     configs = [c for c in _configs() if not args.configs or c.name == "unpatched" or c.name in args.configs]
     backends = _attention_backends(args.attention)
-    cuda = torch.cuda.is_available()
-    dtype = torch.float16 if cuda else torch.float32
+    dtype = getattr(torch, args.dtype)
     total = ((1 if args.checkpoint else len(args.families)) * len(args.sizes) * len(backends) * len(configs)
              * (args.warmup + args.repeats))
     rows: list[Row] = []
@@ -495,7 +502,7 @@ def run(args) -> list[Row]:
             else:
                 model = random_models.make_model(family, tiny=args.tiny, seed=0, dtype=dtype)
             for size in args.sizes:
-                step = OneStep(family, size, 1, 0.5, args.tiny, conditioning)
+                step = OneStep(family, size, 1, 0.5, args.tiny, conditioning, args.evals)
                 scores = {}
                 if vae is not None:
                     bar.set_postfix_str(f"{family} {size}px: image study ({args.sample_steps} steps per config)")
@@ -527,8 +534,8 @@ def run(args) -> list[Row]:
     return rows
 
 
-def to_markdown(rows: list[Row], machine: str) -> str:
-    lines = [f"Machine: {machine}", ""]
+def to_markdown(rows: list[Row], machine: str, settings: str = "") -> str:
+    lines = [f"Machine: {machine}", ""] + ([settings, ""] if settings else [])
     groups = {}
     for row in rows:
         groups.setdefault((row.family, row.size, row.attention), []).append(row)
@@ -596,6 +603,11 @@ def main() -> int:
     parser.add_argument("--configs", nargs="*", help="only these configs (exact names; unpatched always runs)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs before each measurement")
+    parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
+                        help="random-weight UNet precision (default float16 on a GPU, float32 on a CPU)")
+    parser.add_argument("--evals", type=int, help="UNet forwards per timed pass, at one sigma in one sampling run "
+                                                  "(default 1 on a CPU, 4 on a GPU: keeps the sampler's per-run "
+                                                  "setup out of the per-forward time)")
     parser.add_argument("--sample-steps", type=int, default=20,
                         help="with --checkpoint: steps of the full sampling run per config for the image study")
     parser.add_argument("--tiny", action="store_true", help="tiny models (a smoke test of the benchmark itself)")
@@ -613,11 +625,20 @@ def main() -> int:
         args.families, args.sizes, args.repeats = ["SD15"], [512], 2
     if not args.sizes:
         args.sizes = [512, 768, 1024] + ([2048] if torch.cuda.is_available() else [])
+    if args.dtype is None:
+        args.dtype = "float16" if torch.cuda.is_available() else "float32"
+    if args.evals is None:
+        args.evals = 4 if torch.cuda.is_available() else 1
+    if args.evals < 1:
+        parser.error("--evals must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = run(args)
     machine = _machine()
-    (args.out / "results.json").write_text(json.dumps({"machine": machine, "rows": [asdict(r) for r in rows]}, indent=1))
-    markdown = to_markdown(rows, machine)
+    settings = (f"Median of {args.repeats} timed passes after {args.warmup} warm-up pass(es), "
+                f"{args.evals} UNet forward(s) per pass; random-weight UNet in {args.dtype}.")
+    (args.out / "results.json").write_text(json.dumps(
+        {"machine": machine, "settings": settings, "rows": [asdict(r) for r in rows]}, indent=1))
+    markdown = to_markdown(rows, machine, settings)
     (args.out / "results.md").write_text(markdown + "\n")
     plots = plot(rows, args.out)
     print(markdown)
