@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import torch
 from conftest import REPO
 
 CONFIGS = ["built-in ToMe 0.5", "ToMe 0.5 queries only 3x3", "ToDo 2 + next 2"]
@@ -15,10 +16,10 @@ CONFIGS = ["built-in ToMe 0.5", "ToMe 0.5 queries only 3x3", "ToDo 2 + next 2"]
 def test_the_benchmark_writes_side_by_side_figures(tmp_path):
     out = tmp_path / "bench"
     subprocess.run([sys.executable, str(REPO / "devtools" / "benchmark.py"), "--tiny", "--families", "SD15",
-                    "--sizes", "64", "--repeats", "2", "--warmup", "1", "--attention", "sdpa", "sub-quad",
-                    "--configs", *CONFIGS, "--out", str(out)], check=True, timeout=900)
+                    "--sizes", "64", "--repeats", "2", "--warmup", "1", "--evals", "2", "--attention", "sdpa",
+                    "sub-quad", "--configs", *CONFIGS, "--out", str(out)], check=True, timeout=900)
     results = json.loads((out / "results.json").read_text())
-    assert results["machine"]
+    assert results["machine"] and "2 UNet forward(s) per pass" in results["settings"]
     rows = {(r["attention"], r["config"]): r for r in results["rows"]}
     assert len(rows) == 2 * (1 + len(CONFIGS))
     for attention in ("sdpa", "sub-quad"):
@@ -37,3 +38,21 @@ def test_the_benchmark_writes_side_by_side_figures(tmp_path):
     table = (out / "results.md").read_text()
     assert "| built-in ToMe 0.5 |" in table and "bound at its reduction" in table
     assert (out / "sd15_64_sdpa.png").stat().st_size > 10_000 and (out / "sd15_64_sub-quad.png").exists()
+
+
+def test_a_timed_pass_evaluates_the_unet_evals_times_at_one_sigma(comfy, models):
+    """--evals: each pass runs that many UNet forwards inside one sampling run, at the same
+    sigma, and returns the output of one forward (what a single evaluation gives)."""
+    import benchmark
+
+    timesteps = []
+
+    def count(apply_model, args):
+        timesteps.append(float(args["timestep"][0]))
+        return apply_model(args["input"], args["timestep"], **args["c"])
+
+    probe = models["SD15"].clone()
+    probe.set_model_unet_function_wrapper(count)
+    out = benchmark.OneStep("SD15", 64, 1, 0.5, True, evals=3)(probe)
+    assert len(timesteps) == 3 and len(set(timesteps)) == 1
+    assert torch.equal(out, benchmark.OneStep("SD15", 64, 1, 0.5, True)(models["SD15"]))
