@@ -8,8 +8,10 @@ repo). Used by the end-to-end tests and the demo.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -18,6 +20,8 @@ import uuid
 from pathlib import Path
 
 import requests
+
+from host import cache_base
 
 REPO = Path(__file__).resolve().parent.parent
 PACK_FOLDER = "ComfyUI-TokenReduce"
@@ -216,14 +220,29 @@ class ComfyServer:
         return (stamps["execution_success"] - stamps["execution_start"]) / 1000.0
 
 
-def checkpoint_path(host_root: Path, family: str = "SD15", seed: int = 0) -> Path:
-    """Where the random-weight checkpoint of a family is cached beside the host."""
-    return Path(host_root) / "checkpoints" / f"tokenreduce-random-{family.lower()}-seed{seed}-v2.safetensors"
+def comfyui_version(comfyui: Path) -> str:
+    """The version a ComfyUI tree says it is (``comfyui_version.py``), or "unknown"."""
+    found = re.search(r'__version__\s*=\s*"([^"]+)"', (Path(comfyui) / "comfyui_version.py").read_text()) \
+        if (Path(comfyui) / "comfyui_version.py").exists() else None
+    return found.group(1) if found else "unknown"
 
 
-def ensure_checkpoint(host_root: Path, python: str | Path = sys.executable, family: str = "SD15", seed: int = 0) -> Path:
-    """Write (once) a full-size random-weight checkpoint with ComfyUI's classes, in the host."""
-    return _ensure(checkpoint_path(host_root, family, seed), host_root, python,
+def model_cache(comfyui: Path) -> Path:
+    """Where the random-weight model files written with a ComfyUI tree's classes are cached:
+    outside the clone and outside the tree (which may be the user's own), keyed by the tree's
+    version and location."""
+    tree = Path(comfyui).resolve()
+    digest = hashlib.sha256(str(tree).encode()).hexdigest()[:8]
+    return cache_base() / "models" / f"comfyui-{comfyui_version(tree)}-{digest}"
+
+
+def checkpoint_path(comfyui: Path, family: str = "SD15", seed: int = 0) -> Path:
+    return model_cache(comfyui) / f"tokenreduce-random-{family.lower()}-seed{seed}-v2.safetensors"
+
+
+def ensure_checkpoint(comfyui: Path, python: str | Path = sys.executable, family: str = "SD15", seed: int = 0) -> Path:
+    """Write (once) a full-size random-weight checkpoint with that ComfyUI tree's classes."""
+    return _ensure(checkpoint_path(comfyui, family, seed), comfyui, python,
                    f"random_models.write_checkpoint(path, {family!r}, {seed})")
 
 
@@ -234,15 +253,15 @@ EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer in random_models)
 }
 
 
-def ensure_extra_model(host_root: Path, kind: str, python: str | Path = sys.executable) -> tuple[str, Path]:
-    """Write (once) a random-weight model file of ``kind`` (see EXTRA_MODELS) beside the host;
-    returns its ComfyUI model folder and path."""
+def ensure_extra_model(comfyui: Path, kind: str, python: str | Path = sys.executable) -> tuple[str, Path]:
+    """Write (once) a random-weight model file of ``kind`` (see EXTRA_MODELS) with that tree's
+    classes; returns its ComfyUI model folder and path."""
     folder, writer = EXTRA_MODELS[kind]
-    path = Path(host_root) / "checkpoints" / f"tokenreduce-random-{kind}-seed0-v1.safetensors"
-    return folder, _ensure(path, host_root, python, f"random_models.{writer}(path)")
+    path = model_cache(comfyui) / f"tokenreduce-random-{kind}-seed0-v1.safetensors"
+    return folder, _ensure(path, comfyui, python, f"random_models.{writer}(path)")
 
 
-def _ensure(path: Path, host_root: Path, python: str | Path, call: str) -> Path:
+def _ensure(path: Path, comfyui: Path, python: str | Path, call: str) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,7 +269,7 @@ def _ensure(path: Path, host_root: Path, python: str | Path, call: str) -> Path:
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; path = sys.argv[3]\n"
             "import torch\nfrom comfy.cli_args import args\nargs.cpu = not torch.cuda.is_available()\n"
             f"import random_models\n{call}\n")
-    subprocess.run([str(python), "-c", code, str(Path(host_root) / "ComfyUI"), str(REPO / "devtools"), str(partial)],
-                   check=True)
+    subprocess.run([str(python), "-c", code, str(comfyui), str(REPO / "devtools"), str(partial)], check=True,
+                   cwd=comfyui)
     partial.rename(path)
     return path

@@ -71,7 +71,7 @@ def main() -> int:
 
     from comfy_server import ComfyServer, ensure_checkpoint
 
-    checkpoint = args.checkpoint.expanduser().resolve() if args.checkpoint else ensure_checkpoint(built.root)
+    checkpoint = args.checkpoint.expanduser().resolve() if args.checkpoint else ensure_checkpoint(built.comfyui)
     base = args.out / "comfyui-base"
     shutil.rmtree(base, ignore_errors=True)
     server = ComfyServer(built.comfyui, sys.executable, base, {checkpoint.name: checkpoint})

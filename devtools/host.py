@@ -78,9 +78,13 @@ def _our_requirements_stamp() -> str:
     return digest.hexdigest()
 
 
+def cache_base() -> Path:
+    """Everything this project caches on a machine (hosts, frontends, random models)."""
+    return Path(os.environ.get("TOKENREDUCE_HOST_CACHE") or Path.home() / ".cache" / "comfyui-tokenreduce")
+
+
 def host_location() -> Host:
-    base = os.environ.get("TOKENREDUCE_HOST_CACHE") or Path.home() / ".cache" / "comfyui-tokenreduce"
-    return Host(Path(base) / _cache_key())
+    return Host(cache_base() / _cache_key())
 
 
 def _run(cmd: list[str], **kwargs) -> None:

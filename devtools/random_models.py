@@ -128,8 +128,11 @@ def write_checkpoint(path: str, family: str = "SD15", seed: int = 0) -> None:
     clip_model = clip.cond_stage_model
     randomize_(clip_model, seed + 1)
     vae_sd = _random_vae_state_dict(seed + 2)
-    clip_sd = clip.get_sd()
-    sd = patcher.model.state_dict_for_saving(clip_sd, vae_sd, None)
+    # The model config's per-part key mappings exist unchanged from 0.3.75 to today;
+    # BaseModel.state_dict_for_saving, which wraps them, changed its signature in 0.33.
+    sd = model_config.process_unet_state_dict_for_saving(dict(patcher.model.diffusion_model.state_dict()))
+    sd.update(model_config.process_clip_state_dict_for_saving(clip.get_sd()))
+    sd.update(model_config.process_vae_state_dict_for_saving(vae_sd))
     sd = {k: v.contiguous().to(torch.float16) for k, v in sd.items()}
     comfy.utils.save_torch_file(sd, path)
 

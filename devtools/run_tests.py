@@ -1,11 +1,17 @@
-"""Run the whole test suite on the pinned ComfyUI host: ``python3 devtools/run_tests.py``.
+"""Run the whole test suite: ``python3 devtools/run_tests.py``.
 
-Builds the host on first use (cached outside the clone, see devtools/host.py), then runs
-pytest with the host's Python. Extra arguments go to pytest (e.g. ``-k tome -x``).
+By default on the pinned ComfyUI host, built on first use (cached outside the clone, see
+devtools/host.py). ``--comfyui PATH`` runs the same suite against any other ComfyUI tree (your
+own checkout after an update, say) with that tree's Python environment: ``--python`` names it,
+otherwise the first of ``PATH/venv``, ``PATH/.venv`` and the Python running this script that
+imports torch is taken. The suite's own test tools (pytest, playwright, tomesd, matplotlib) are
+installed into that environment when missing; torch and everything else in it is left as it is
+(``--no-install`` refuses even that). Extra arguments go to pytest (e.g. ``-k tome -x``).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -16,12 +22,62 @@ sys.path.insert(0, str(REPO / "devtools"))
 
 import host  # noqa: E402
 
+TEST_TOOLS = {"pytest": "pytest", "playwright": "playwright", "tomesd": "tomesd", "matplotlib": "matplotlib",
+              "requests": "requests"}  # import name -> what pip installs
+
+
+def _imports(python: str, module: str) -> bool:
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+def _python_of(comfyui: Path, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    candidates = [comfyui / "venv" / "bin" / "python", comfyui / ".venv" / "bin" / "python",
+                  comfyui / "venv" / "Scripts" / "python.exe", comfyui / ".venv" / "Scripts" / "python.exe"]
+    for candidate in [*map(str, filter(Path.exists, candidates)), sys.executable]:
+        if _imports(candidate, "torch"):
+            return candidate
+    raise SystemExit(f"no Python with torch found for {comfyui}: name it with --python")
+
+
+def _prepare_other_tree(comfyui: Path, python: str, install: bool) -> None:
+    if not (comfyui / "comfy").is_dir() or not (comfyui / "main.py").exists():
+        raise SystemExit(f"{comfyui} is not a ComfyUI tree (no comfy/ or main.py)")
+    missing = [pip_name for module, pip_name in TEST_TOOLS.items() if not _imports(python, module)]
+    if not missing:
+        return
+    if not install:
+        raise SystemExit(f"{python} lacks the test tools {', '.join(missing)}; install them "
+                         f"(pip install {' '.join(missing)}) or run without --no-install")
+    # Pin the torch that is there, so that nothing we install can swap it.
+    torch_version = subprocess.run([python, "-c", "import torch; print(torch.__version__.split('+')[0])"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    cmd = [python, "-m", "pip", "install", "-q", "--no-input", *missing, f"torch=={torch_version}"]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
 
 def main() -> int:
-    built = host.ensure_host()
-    env = {**os.environ, "TOKENREDUCE_COMFYUI": str(built.comfyui), "PYTHONUNBUFFERED": "1"}
-    cmd = [str(built.python), "-m", "pytest", "-c", str(REPO / "tests" / "pytest.ini"), str(REPO / "tests"),
-           *sys.argv[1:]]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--comfyui", type=Path, help="a ComfyUI tree to test against (default: the pinned host)")
+    parser.add_argument("--python", help="that tree's Python (default: its venv, else this Python)")
+    parser.add_argument("--no-install", action="store_true", help="do not install missing test tools into --python")
+    args, pytest_args = parser.parse_known_args()
+    if args.comfyui is None:
+        if args.python:
+            parser.error("--python goes with --comfyui")
+        built = host.ensure_host()
+        comfyui, python = built.comfyui, str(built.python)
+    else:
+        comfyui = args.comfyui.expanduser().resolve()
+        python = _python_of(comfyui, args.python)
+        _prepare_other_tree(comfyui, python, install=not args.no_install)
+    env = {**os.environ, "TOKENREDUCE_COMFYUI": str(comfyui), "PYTHONUNBUFFERED": "1"}
+    # The whole suite unless test files or ids were named.
+    named = any(Path(arg.split("::")[0]).exists() for arg in pytest_args if not arg.startswith("-"))
+    cmd = [python, "-m", "pytest", "-c", str(REPO / "tests" / "pytest.ini"), *([] if named else [str(REPO / "tests")]),
+           *pytest_args]
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=REPO, env=env)
 

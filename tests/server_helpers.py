@@ -33,7 +33,7 @@ def checkpoint_name(family: str) -> str:
 
 def start_server(base: Path, families: list[str]) -> ComfyServer:
     root = comfyui_dir()
-    checkpoints = {checkpoint_name(f): ensure_checkpoint(root.parent, sys.executable, f) for f in families}
+    checkpoints = {checkpoint_name(f): ensure_checkpoint(root, sys.executable, f) for f in families}
     return ComfyServer(root, sys.executable, base, checkpoints).start()
 
 
@@ -74,7 +74,7 @@ def link_extra_models(base: Path, kinds: list[str]) -> dict[str, str]:
 
     names = {}
     for kind in kinds:
-        folder, path = ensure_extra_model(comfyui_dir().parent, kind)
+        folder, path = ensure_extra_model(comfyui_dir(), kind)
         target = base / "models" / folder / f"tokenreduce-random-{kind}.safetensors"
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists():
