@@ -2,8 +2,8 @@
 
 Core tests (test_core_*.py) need only torch and tomesd. Host tests (test_comfy_*.py) run on
 the real pinned ComfyUI built by devtools/host.py: in-process through the ``comfy`` fixture,
-or as a server through the fixtures in server_harness.py. Run everything with
-``python3 devtools/run_tests.py``, which builds the host first.
+or as a server (server_helpers.py). Run everything with ``python3 devtools/run_tests.py``, which
+builds the host first, or against another ComfyUI tree with ``--comfyui PATH``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,19 @@ def comfyui_dir() -> Path:
     import host  # noqa: E402  (devtools/host.py: stdlib only)
 
     return host.host_location().comfyui
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--write-pins", action="store_true",
+                     help="test_pins.py: write tests/data/pins.json from the current code instead of comparing")
+
+
+def pytest_report_header(config) -> list[str]:
+    root = comfyui_dir()
+    sys.path.insert(0, str(REPO / "devtools"))
+    from comfy_server import comfyui_version
+
+    return [f"ComfyUI {comfyui_version(root)} at {root}; torch {torch.__version__}; Python {sys.version.split()[0]}"]
 
 
 @pytest.fixture(scope="session")
