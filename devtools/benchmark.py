@@ -181,10 +181,10 @@ def _setup_comfy(comfyui: Path):
 
     nodes = Nodes()
     nodes.tome, nodes.todo, nodes.session, nodes.builtin = tome, todo, session, TomePatchModel
-    nodes.QUERIES = tome.MODE_QUERIES
-    nodes.TOME = dict(ratio=0.5, stride_x=2, stride_y=2, max_downsample="auto", mode=tome.MODE_FULL, merge_attn=True,
-                      merge_crossattn=False, merge_mlp=False, use_rand=True, seed=0, start_percent=0.0, end_percent=1.0)
-    nodes.TODO = dict(factor=2.0, factor_next=1.0, level="auto", method="nearest", start_percent=0.0, end_percent=1.0)
+    methods = il.import_module(f"{PACK}.tokenreduce.methods")
+    nodes.QUERIES = methods.MODE_QUERIES
+    nodes.TOME = {k: v for k, v in methods.TOME.defaults().items() if k not in ("share_plans", "matching")}
+    nodes.TODO = methods.TODO.defaults()
     return nodes
 
 
@@ -273,9 +273,7 @@ def _part_times(model, step: OneStep, warmup: int) -> tuple[dict, float]:
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    nodes_layout = importlib.import_module(f"{PACK}.nodes.unet_layout")
-    family = type(model.model.model_config).__name__
-    layout = nodes_layout.unet_layout(model.get_model_object("diffusion_model"), family)
+    layout = importlib.import_module(f"{PACK}.tokenreduce.layout").unet_layout(model.get_model_object("diffusion_model"))
     spent: dict = {}
     handles = []
 
@@ -292,10 +290,10 @@ def _part_times(model, step: OneStep, warmup: int) -> tuple[dict, float]:
 
     for site in layout.sites:
         block = model.get_model_object(site.path)
-        timed(block.attn1, ("attn1", site.downsample))
+        timed(block.attn1, ("attn1", site.level))
         for part, name in (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("out", "to_out")):
-            timed(getattr(block.attn1, name), (part, site.downsample))
-        timed(block.ff, ("ff", site.downsample))
+            timed(getattr(block.attn1, name), (part, site.level))
+        timed(block.ff, ("ff", site.level))
     try:
         for _ in range(warmup):
             step(model)

@@ -1,4 +1,5 @@
-"""Schema pieces and the patch lifecycle that every TokenReduce node shares."""
+"""What every TokenReduce node shares: its schema built from the method's declared inputs, and
+the steps of its story (check, refuse, find the target, patch a clone, say what was done)."""
 
 from __future__ import annotations
 
@@ -6,34 +7,54 @@ import logging
 
 from comfy_api.latest import io
 
+from ..tokenreduce.inputs import Method
+from ..tokenreduce.layout import model_layout
+from ..tokenreduce.target import Target, resolve_target
 from .report import publish_run, ui_output
+from .schema import v3_inputs
 from .session import PatchSession, sessions_of
 
 LOG = logging.getLogger("tokenreduce")
-WINDOW_RANGES = {"start_percent": (0.0, 1.0), "end_percent": (0.0, 1.0)}
 
 
-def model_input() -> io.Model.Input:
-    return io.Model.Input("model", tooltip="The diffusion model (UNet) to patch. The input model is never changed.")
+class PatchNode(io.ComfyNode):
+    """A node MODEL -> (MODEL, info) whose widget inputs are its method's declared inputs."""
 
+    NODE_ID: str  # public and permanent: saved workflows refer to it
+    DISPLAY_NAME: str
+    DESCRIPTION: str
+    METHOD: Method
 
-def window_inputs(what: str) -> list:
-    return [
-        io.Float.Input("start_percent", default=0.0, min=WINDOW_RANGES["start_percent"][0],
-                       max=WINDOW_RANGES["start_percent"][1], step=0.001,
-                       tooltip=f"{what} starts at this point of sampling (0 = first step, highest noise), measured "
-                               f"in noise level like Kohya Deep Shrink, not in steps."),
-        io.Float.Input("end_percent", default=1.0, min=WINDOW_RANGES["end_percent"][0],
-                       max=WINDOW_RANGES["end_percent"][1], step=0.001,
-                       tooltip=f"{what} stops after this point of sampling (1 = last step)."),
-    ]
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id=cls.NODE_ID,
+            display_name=cls.DISPLAY_NAME,
+            category="model_patches/unet",
+            description=cls.DESCRIPTION,
+            inputs=[io.Model.Input("model", tooltip="The diffusion model (UNet) to patch. The input model is never "
+                                                    "changed.")]
+                   + v3_inputs(cls.METHOD),
+            outputs=[
+                io.Model.Output(tooltip="The patched model (a clone)."),
+                io.String.Output("info", display_name="info",
+                                 tooltip="What was patched, and any warning about settings that do nothing."),
+            ],
+            hidden=[io.Hidden.unique_id],  # the graph node its run reports go to
+        )
 
+    @classmethod
+    def settings(cls, values: dict):
+        """The run's settings, checked again at execution (an API client may send anything)."""
+        try:
+            return cls.METHOD.settings(values)
+        except ValueError as problem:
+            raise ValueError(f"{cls.NODE_ID}: {problem}") from None
 
-def outputs() -> list:
-    return [
-        io.Model.Output(tooltip="The patched model (a clone)."),
-        io.String.Output("info", display_name="info", tooltip="What was patched, and any warning about settings that do nothing."),
-    ]
+    @classmethod
+    def graph_node(cls) -> str | None:
+        """The graph node being executed (its id in the browser), or None outside a prompt."""
+        return getattr(cls.hidden, "unique_id", None)
 
 
 def refuse_stacking(model, node_id: str) -> None:
@@ -54,35 +75,34 @@ def builtin_tome_applied(model) -> bool:
                for f in patches.get("attn1_patch", []))
 
 
-def refuse_or_unchanged(model, node_id: str, target) -> io.NodeOutput:
+def model_family(model) -> str:
+    """The host's name for the model type (SD15, SDXL, Flux, ...)."""
+    config = getattr(model.model, "model_config", None)
+    return type(config).__name__ if config is not None else type(model.model).__name__
+
+
+def find_target(model, method: str, setting: str, choice: str, select) -> Target:
+    """The sites of this model that a level setting selects (see ``resolve_target``)."""
+    layout = model_layout(model.get_model_object("diffusion_model"))
+    return resolve_target(layout, model_family(model), method, setting, choice, select)
+
+
+def refuse_or_unchanged(model, node_id: str, target: Target) -> io.NodeOutput:
     """For a target with nothing to patch: an error where no setting could work, else the
-    input model unchanged with a warning."""
+    input model unchanged with a warning (in the log, in info and on the node)."""
     if target.refused:
         raise ValueError(f"{node_id}: {target.message}")
-    return unchanged(model, target.message)
+    LOG.warning("%s", target.message)
+    return io.NodeOutput(model, target.message, ui=ui_output(target.message, None, [target.message]))
 
 
-def unchanged(model, message: str) -> io.NodeOutput:
-    """Return the input model as it is, saying why (a WARNING in the log, in info and on the node)."""
-    LOG.warning("%s", message)
-    return io.NodeOutput(model, message, ui=ui_output(message, None, [message]))
-
-
-def node_id_of(node_class) -> str | None:
-    """The graph node being executed (its id in the browser), or None outside a prompt."""
-    return getattr(node_class.hidden, "unique_id", None)
-
-
-def patched_clone(model, label: str, start_percent: float, end_percent: float, header: str, node_id: str | None,
-                  preflight=None, per_call_state: bool = False):
-    """A clone of the model and the session that gives its patches per-run state and reports
-    each run to the graph node ``node_id`` under ``header`` (what was patched).
-    ``preflight(latent_hw)`` checks the settings against the latent when sampling starts;
-    ``per_call_state``: see ``PatchSession.attach``."""
+def patched_clone(model, node_id: str, settings, header: str, graph_node: str | None, preflight=None):
+    """A clone of the model and the session that gives its patch per-run state and reports
+    each run to the graph node under ``header`` (what was patched). ``preflight(latent_hw)``
+    checks the settings against the latent when sampling starts."""
     clone = model.clone()
-    session = PatchSession(label, start_percent, end_percent, preflight)
-    session.header, session.node_id, session.on_report = header, node_id, publish_run
-    session.attach(clone, per_call_state)
+    session = PatchSession(node_id, settings.start_percent, settings.end_percent, preflight)
+    session.header, session.node_id, session.on_report = header, graph_node, publish_run
     return clone, session
 
 

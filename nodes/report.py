@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from .session import PatchSession, RunReport
+from ..tokenreduce.describe import run_lines
+from ..tokenreduce.run import RunReport
+from .session import PatchSession
 
 LOG = logging.getLogger("tokenreduce")
 RUN_EVENT = "tokenreduce.run"
@@ -23,32 +25,6 @@ UI_KEY = "tokenreduce"  # key of the node's UI output the front end reads
 def ui_output(info: str, header: str | None, warnings: list[str]) -> dict:
     """The node's UI output: its info text, and the lines the front end draws."""
     return {"text": [info], UI_KEY: [{"lines": [header] if header else [], "warnings": warnings}]}
-
-
-def _ranges(steps: tuple[int, ...]) -> str:
-    """(1, 2, 3, 7, 8) -> '1-3, 7-8'."""
-    spans = []
-    for step in steps:
-        if spans and step == spans[-1][1] + 1:
-            spans[-1][1] = step
-        else:
-            spans.append([step, step])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-
-
-def run_lines(header: str, report: RunReport) -> list[str]:
-    """The node's lines after a run: what it patched, tokens per level, steps and time."""
-    lines = [header]
-    if report.refused:
-        return lines  # the warnings say why
-    for level in report.levels:
-        stages = " · ".join(f"{stage} {before}→{after}" for stage, (before, after) in level.tokens.items())
-        lines.append(f"ds {level.downsample} · {level.grid[1]}×{level.grid[0]} · {stages}")
-    active = f"steps {_ranges(report.active_steps)} of {report.steps}" if report.active_steps else \
-        f"no step of {report.steps}"
-    lines.append(f"{active} · {report.sampling_seconds:.1f} s sampling"
-                 + ("" if report.completed else " · interrupted"))
-    return lines
 
 
 def run_message(session: PatchSession, report: RunReport) -> dict:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-TOME_DEFAULTS = dict(ratio=0.5, stride_x=2, stride_y=2, max_downsample="auto", mode="q, k, v (tomesd)",
-                     merge_attn=True, merge_crossattn=False, merge_mlp=False, use_rand=True, seed=0,
-                     start_percent=0.0, end_percent=1.0)
-TODO_DEFAULTS = dict(factor=2.0, factor_next=1.0, level="auto", method="nearest", start_percent=0.0, end_percent=1.0)
+from tokenreduce.methods import TODO, TOME
+
+# What a workflow saved before the optional inputs existed sends: every required input at its default.
+TOME_DEFAULTS = {spec.name: spec.default for spec in TOME.inputs if not spec.optional}
+TODO_DEFAULTS = {spec.name: spec.default for spec in TODO.inputs if not spec.optional}
 
 
 def node_class(comfy, node: str):

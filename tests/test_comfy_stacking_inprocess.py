@@ -78,10 +78,9 @@ def _with_image_prompt_attention(model):
         return optimized_attention(q, k, v, heads) + 0.5 * optimized_attention(q, image, image, heads)
 
     model = model.clone()
-    layout = sys.modules["tokenreduce_pack.nodes.unet_layout"].unet_layout(
-        model.get_model_object("diffusion_model"), "SD15")
+    layout = sys.modules["tokenreduce_pack.tokenreduce.layout"].unet_layout(model.get_model_object("diffusion_model"))
     for site in layout.sites:
-        model.set_model_attn2_replace(attend, site.block[0], site.block[1], site.block_index)
+        model.set_model_attn2_replace(attend, *site.key)
     return model
 
 

@@ -129,10 +129,10 @@ def test_a_ratio_at_the_cap_is_accepted(comfy):
 def test_shared_plans_plan_once_per_level_and_model_call(comfy, models, monkeypatch):
     import sys
 
-    module = sys.modules["tokenreduce_pack.nodes.tome_patch"]
+    module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
     calls = []
-    original = module.plan_bipartite_merge
-    monkeypatch.setattr(module, "plan_bipartite_merge", lambda n, w, h, *a: calls.append((h, w)) or original(n, w, h, *a))
+    original = module.plan_merge
+    monkeypatch.setattr(module, "plan_merge", lambda n, w, h, *a: calls.append((h, w)) or original(n, w, h, *a))
     base = models["SD15"]
     per_block = sample(comfy, patched(comfy, "tome", base, max_downsample="2"), steps=1)
     blocks_calls, calls[:] = list(calls), []
@@ -157,10 +157,10 @@ def test_shared_plans_do_not_cross_model_calls(comfy, models):
 def test_matching_sets_how_far_each_token_looks(comfy, models, monkeypatch, matching, reach):
     import sys
 
-    module = sys.modules["tokenreduce_pack.nodes.tome_patch"]
+    module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
     reaches = []
-    original = module.plan_bipartite_merge
-    monkeypatch.setattr(module, "plan_bipartite_merge",
+    original = module.plan_merge
+    monkeypatch.setattr(module, "plan_merge",
                         lambda *args: reaches.append(args[-1]) or original(*args))
     base = models["SD15"]
     output = apply(comfy, "tome", base, matching=matching)

@@ -1,12 +1,14 @@
-"""Host-free core of the TokenReduce node pack: token merging (ToMe) and token downsampling
-(ToDo) for Stable Diffusion UNets.
+"""Host-free core of the TokenReduce pack: token merging (ToMe) and token downsampling (ToDo)
+for diffusion models.
 
-Imports nothing but torch. Host adapters (the ComfyUI nodes in ``nodes/``) read the host's
-data structures and call into this package.
+Imports nothing but torch. The algorithms (bipartite matching, grid pooling, grids, seeds,
+step windows), the methods' inputs, where a model's attention sites are, and the attention
+patches that ComfyUI and the WebUI call the same way; host adapters (``nodes/`` for ComfyUI,
+``scripts/`` for the WebUI) only wire these into their host.
 """
 
+from .bipartite import MergePlan, Partition, partition_grid, plan_bipartite_merge, plan_merge, stride_ratio_cap
 from .downsample import METHODS as DOWNSAMPLE_METHODS, downsample_tokens, downsampled_grid
-from .bipartite import MergePlan, plan_bipartite_merge, stride_ratio_cap
 from .grid import downsample_of, grid_at
 from .seeding import derive_seed
 from .window import SigmaWindow, steps_of
@@ -16,7 +18,10 @@ __all__ = [
     "downsample_tokens",
     "downsampled_grid",
     "MergePlan",
+    "Partition",
+    "partition_grid",
     "plan_bipartite_merge",
+    "plan_merge",
     "stride_ratio_cap",
     "downsample_of",
     "grid_at",

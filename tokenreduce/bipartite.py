@@ -17,11 +17,15 @@ between the merge and the unmerge, reuse it, and report on it.
 the square of the tokens like the attention it saves), and merges stay local: a src only ever
 takes the output of a nearby token. The partition and the choice of the ``r`` best pairs are
 unchanged; with a reach that covers the grid the plan is tomesd's.
+
+Planning is split in two: the *partition* (which token of each cell is the dst) depends only on
+the grid, the strides and the generator, so a host can draw it before a model call, outside a
+compiled region; the *plan* then depends on the tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -38,9 +42,23 @@ def _gather(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, dim, index)
 
 
-def _partition(h: int, w: int, sx: int, sy: int, generator: torch.Generator | None,
-               device: torch.device) -> tuple[torch.Tensor, int]:
-    """Token indices ordered dst first, then src, each in raster order; and the dst count."""
+class Partition(NamedTuple):
+    """Which tokens are dst and which src, for one grid."""
+
+    src_of: torch.Tensor  # [1, N - num_dst, 1]: token index of each src, raster order
+    dst_of: torch.Tensor  # [1, num_dst, 1]: token index of each dst, raster order
+
+    @property
+    def num_dst(self) -> int:
+        return self.dst_of.shape[1]
+
+
+def partition_grid(h: int, w: int, sx: int, sy: int, generator: torch.Generator | None,
+                   device: torch.device) -> Partition | None:
+    """One dst per whole ``sy x sx`` cell: drawn with ``generator``, or the top-left token with
+    None. None where the grid is smaller than one cell (nothing can merge)."""
+    if h < sy or w < sx:
+        return None
     hsy, wsx = h // sy, w // sx
     if generator is None:
         choice = torch.zeros(hsy, wsx, 1, device=device, dtype=torch.int64)
@@ -59,20 +77,18 @@ def _partition(h: int, w: int, sx: int, sy: int, generator: torch.Generator | No
     # dst are marked -1 and src 0, so sorting lists dst first, then src. The same (default,
     # not necessarily stable) sort as tomesd keeps the token order identical to the oracle's.
     order = marks.reshape(1, -1, 1).argsort(dim=1)
-    return order, hsy * wsx
+    num_dst = hsy * wsx
+    return Partition(src_of=order[:, num_dst:, :], dst_of=order[:, :num_dst, :])
 
 
-@dataclass(eq=False)
-class MergePlan:
-    """Which tokens merge into which, for one block call. Applies to any [B, N, C] tensor of
-    the batch and token count it was planned on."""
+class MergePlan(NamedTuple):
+    """Which tokens merge into which, for one block call; complete when built. Applies to any
+    [B, N, C] tensor of the batch and token count it was planned on."""
 
     batch: int
     tokens: int
     r: int
-    num_dst: int
-    src_of: torch.Tensor | None = None  # [1, N - num_dst, 1]: token index of each src
-    dst_of: torch.Tensor | None = None  # [1, num_dst, 1]: token index of each dst
+    partition: Partition | None = None
     unmerged: torch.Tensor | None = None  # [B, N - num_dst - r, 1]: positions in src kept
     merged: torch.Tensor | None = None  # [B, r, 1]: positions in src merged away
     merged_into: torch.Tensor | None = None  # [B, r, 1]: the dst each of those joins
@@ -86,100 +102,134 @@ class MergePlan:
         """Token count after merging."""
         return self.tokens - max(self.r, 0)
 
+    @property
+    def src_of(self) -> torch.Tensor:
+        return self.partition.src_of
+
+    @property
+    def dst_of(self) -> torch.Tensor:
+        return self.partition.dst_of
+
     @classmethod
     def identity(cls, batch: int, tokens: int) -> "MergePlan":
-        return cls(batch=batch, tokens=tokens, r=0, num_dst=0)
+        return cls(batch=batch, tokens=tokens, r=0)
 
-    def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        b, n, c = x.shape
-        src = _gather(x, 1, self.src_of.expand(b, n - self.num_dst, c))
-        dst = _gather(x, 1, self.dst_of.expand(b, self.num_dst, c))
-        return src, dst
-
-    def merge(self, x: torch.Tensor, mode: str = "mean") -> torch.Tensor:
-        """[B, N, C] -> [B, N - r, C]: unmerged src tokens, then dst tokens."""
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, N, C] -> [B, N - r, C]: unmerged src tokens, then dst tokens (each the mean of
+        itself and the src merged into it)."""
         if self.is_identity:
             return x
-        src, dst = self._split(x)
+        src, dst = _split(x, self.partition)
         b, n_src, c = src.shape
         kept = _gather(src, -2, self.unmerged.expand(b, n_src - self.r, c))
         moved = _gather(src, -2, self.merged.expand(b, self.r, c))
-        if mode == "mean" and x.is_cuda:
+        if x.is_cuda:
             dst = _deterministic_mean_into(dst, self.merged_into[..., 0], moved)
         else:
-            dst = dst.scatter_reduce(-2, self.merged_into.expand(b, self.r, c), moved, reduce=mode)
+            dst = dst.scatter_reduce(-2, self.merged_into.expand(b, self.r, c), moved, reduce="mean")
         return torch.cat([kept, dst], dim=1)
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         """[B, N - r, C] -> [B, N, C]: every merged src receives its dst's value."""
         if self.is_identity:
             return x
+        src_of, dst_of = self.partition
         n_kept = self.unmerged.shape[1]
         kept, dst = x[..., :n_kept, :], x[..., n_kept:, :]
         b, c = x.shape[0], x.shape[-1]
         moved = _gather(dst, -2, self.merged_into.expand(b, self.r, c))
-        src_of = self.src_of.expand(b, self.src_of.shape[1], 1)
+        src_of = src_of.expand(b, src_of.shape[1], 1)
         out = torch.zeros(b, self.tokens, c, device=x.device, dtype=x.dtype)
-        out.scatter_(-2, self.dst_of.expand(b, self.num_dst, c), dst)
+        out.scatter_(-2, dst_of.expand(b, dst_of.shape[1], c), dst)
         out.scatter_(-2, _gather(src_of, 1, self.unmerged).expand(b, n_kept, c), kept)
         out.scatter_(-2, _gather(src_of, 1, self.merged).expand(b, self.r, c), moved)
         return out
 
 
-def _best_nearby_dst(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, src_of: torch.Tensor,
-                     dst_of: torch.Tensor, reach: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each src's highest cosine similarity to the dst of the cells within ``reach`` cells of its
-    own, and that dst's position in the dst list (both [B, n_src], in src-list order).
+def _split(x: torch.Tensor, partition: Partition) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, N, C] -> its src tokens and its dst tokens."""
+    b, n, c = x.shape
+    num_dst = partition.num_dst
+    src = _gather(x, 1, partition.src_of.expand(b, n - num_dst, c))
+    dst = _gather(x, 1, partition.dst_of.expand(b, num_dst, c))
+    return src, dst
 
-    Computed cell by cell: the ``sy*sx`` tokens of a cell against its neighbourhood's
-    ``(2 reach + 1)^2`` dst vectors, one small matrix product per cell. Neighbours past the
-    grid's edge repeat the edge cell (harmless for a maximum). Rows/columns beyond the last
-    whole cell hold only src, which belong to the last cell. Only the dst are normalised before
-    the products (a src's norm does not change which dst is its best): the src are divided by
-    their norm once their best products are known, which saves a pass over all tokens."""
-    batch, tokens, channels = metric.shape
+
+def _nearby_dst(h: int, w: int, sx: int, sy: int, dst_of: torch.Tensor, reach: int) -> torch.Tensor:
+    """[cells, (2 reach + 1)^2]: for each whole cell, the positions in the dst list of the dst
+    of the cells within ``reach`` cells of it. Neighbours past the grid's edge repeat the edge
+    cell (harmless for a maximum)."""
     hsy, wsx = h // sy, w // sx
-    cells, side = hsy * wsx, 2 * reach + 1
-    device = metric.device
-    # The dst of each cell, and each cell's neighbourhood as positions in the dst list.
+    device = dst_of.device
     dst_tokens = dst_of.view(-1)
     dst_cell = (dst_tokens // w // sy) * wsx + (dst_tokens % w) // sx
-    cell_dst = torch.empty(cells, dtype=torch.int64, device=device)
+    cell_dst = torch.empty(hsy * wsx, dtype=torch.int64, device=device)
     cell_dst[dst_cell] = torch.arange(dst_tokens.numel(), device=device)
     offsets = torch.arange(-reach, reach + 1, device=device)
     ny = (torch.arange(hsy, device=device)[:, None, None, None] + offsets[None, None, :, None]).clamp(0, hsy - 1)
     nx = (torch.arange(wsx, device=device)[None, :, None, None] + offsets[None, None, None, :]).clamp(0, wsx - 1)
-    candidates = cell_dst[(ny * wsx + nx).view(cells, side * side)]  # [cells, K]
-    norms = metric.norm(dim=-1)
-    dst_unit = metric.index_select(1, dst_tokens) / norms.index_select(1, dst_tokens)[..., None]
-    # [B * cells, K, C]: every cell's neighbourhood of dst vectors, channels innermost.
-    nearby = dst_unit.index_select(1, candidates.view(-1)).view(batch * cells, -1, channels)
+    return cell_dst[(ny * wsx + nx).view(hsy * wsx, (2 * reach + 1) ** 2)]
 
-    grid = metric.view(batch, h, w, channels)
-    whole = grid[:, : hsy * sy, : wsx * sx].reshape(batch, hsy, sy, wsx, sx, channels)
+
+def _best_in_whole_cells(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, nearby: torch.Tensor,
+                         candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every token of a whole cell: its best product with the nearby dst vectors and that
+    dst's position in the dst list, both [B, h, w] in token order (zero outside whole cells).
+    One small matrix product per cell: its ``sy*sx`` tokens against its neighbourhood."""
+    batch, _, channels = metric.shape
+    hsy, wsx = h // sy, w // sx
+    cells = hsy * wsx
+    whole = metric.view(batch, h, w, channels)[:, : hsy * sy, : wsx * sx].reshape(batch, hsy, sy, wsx, sx, channels)
     whole = whole.permute(0, 1, 3, 2, 4, 5).reshape(batch * cells, sy * sx, channels)
     best, which = torch.bmm(whole, nearby.transpose(1, 2)).max(dim=-1)  # [B*cells, sy*sx]
     best_dst = candidates.repeat(batch, 1).gather(-1, which)
 
-    # Back to token order on the full grid, then the remainder rows/columns.
     def to_grid(values: torch.Tensor, fill) -> torch.Tensor:
-        out = torch.full((batch, h, w), fill, dtype=values.dtype, device=device)
+        out = torch.full((batch, h, w), fill, dtype=values.dtype, device=metric.device)
         out[:, : hsy * sy, : wsx * sx] = values.view(batch, hsy, wsx, sy, sx).permute(0, 1, 3, 2, 4).reshape(
             batch, hsy * sy, wsx * sx)
         return out
 
-    best_tok, dst_tok = to_grid(best, 0.0), to_grid(best_dst, 0)
-    if hsy * sy < h or wsx * sx < w:
-        rows, cols = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
-        outside = (rows >= hsy * sy) | (cols >= wsx * sx)
-        ry, rx = rows[outside], cols[outside]
-        cell = (ry // sy).clamp(max=hsy - 1) * wsx + (rx // sx).clamp(max=wsx - 1)
-        per_cell = nearby.view(batch, cells, -1, channels)[:, cell]  # [B, nR, K, C]
-        scores = torch.einsum("brc,brkc->brk", grid[:, ry, rx], per_cell)
-        r_best, r_which = scores.max(dim=-1)
-        best_tok[:, ry, rx] = r_best
-        dst_tok[:, ry, rx] = candidates[cell].expand(batch, -1, -1).gather(-1, r_which[..., None]).squeeze(-1)
-    src_tokens = src_of.view(-1)
+    return to_grid(best, 0.0), to_grid(best_dst, 0)
+
+
+def _best_in_remainder(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, nearby: torch.Tensor,
+                       candidates: torch.Tensor, best_tok: torch.Tensor, dst_tok: torch.Tensor) -> None:
+    """The same for the rows/columns beyond the last whole cell (all src, belonging to the last
+    cell), written into ``best_tok`` and ``dst_tok``."""
+    batch, _, channels = metric.shape
+    hsy, wsx = h // sy, w // sx
+    device = metric.device
+    rows, cols = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+    outside = (rows >= hsy * sy) | (cols >= wsx * sx)
+    ry, rx = rows[outside], cols[outside]
+    cell = (ry // sy).clamp(max=hsy - 1) * wsx + (rx // sx).clamp(max=wsx - 1)
+    per_cell = nearby.view(batch, hsy * wsx, -1, channels)[:, cell]  # [B, nR, K, C]
+    scores = torch.einsum("brc,brkc->brk", metric.view(batch, h, w, channels)[:, ry, rx], per_cell)
+    r_best, r_which = scores.max(dim=-1)
+    best_tok[:, ry, rx] = r_best
+    dst_tok[:, ry, rx] = candidates[cell].expand(batch, -1, -1).gather(-1, r_which[..., None]).squeeze(-1)
+
+
+def _best_nearby_dst(metric: torch.Tensor, h: int, w: int, sx: int, sy: int, partition: Partition,
+                     reach: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each src's highest cosine similarity to the dst of the cells within ``reach`` cells of its
+    own, and that dst's position in the dst list (both [B, n_src], in src-list order).
+
+    Only the dst are normalised before the products (a src's norm does not change which dst is
+    its best): the src are divided by their norm once their best products are known, which
+    saves a pass over all tokens."""
+    batch, tokens, channels = metric.shape
+    candidates = _nearby_dst(h, w, sx, sy, partition.dst_of, reach)  # [cells, K]
+    norms = metric.norm(dim=-1)
+    dst_tokens = partition.dst_of.view(-1)
+    dst_unit = metric.index_select(1, dst_tokens) / norms.index_select(1, dst_tokens)[..., None]
+    # [B * cells, K, C]: every cell's neighbourhood of dst vectors, channels innermost.
+    nearby = dst_unit.index_select(1, candidates.view(-1)).view(batch * candidates.shape[0], -1, channels)
+    best_tok, dst_tok = _best_in_whole_cells(metric, h, w, sx, sy, nearby, candidates)
+    if (h // sy) * sy < h or (w // sx) * sx < w:
+        _best_in_remainder(metric, h, w, sx, sy, nearby, candidates, best_tok, dst_tok)
+    src_tokens = partition.src_of.view(-1)
     best_cos = best_tok.view(batch, tokens)[:, src_tokens] / norms[:, src_tokens]
     return best_cos, dst_tok.view(batch, tokens)[:, src_tokens]
 
@@ -198,35 +248,43 @@ def _deterministic_mean_into(dst: torch.Tensor, into: torch.Tensor, moved: torch
     return (total / count[..., None]).to(dst.dtype)
 
 
-def plan_bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
-                         generator: torch.Generator | None = None, reach: int | None = None) -> MergePlan:
-    """Plan merging ``r`` tokens of ``metric`` ([B, N, C], N = h * w in raster order).
-
-    ``generator`` draws the dst position in each cell; ``None`` takes the top-left token of
-    every cell. ``reach``: match each src only with the dst of cells at most this many cells
-    away (``None``: every dst, as tomesd). ``r`` is capped at the number of src tokens. Grids
-    smaller than one cell (``h < sy`` or ``w < sx``) have no dst and give the identity plan.
-    """
+def plan_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, partition: Partition | None, r: int,
+               reach: int | None = None) -> MergePlan:
+    """Plan merging ``r`` tokens of ``metric`` ([B, N, C], N = h * w in raster order) with a
+    partition of its grid (None: the grid holds no whole cell, nothing merges). ``reach``:
+    match each src only with the dst of cells at most this many cells away (None: every dst,
+    as tomesd). ``r`` is capped at the number of src tokens."""
     if reach is not None and reach < 1:
         raise ValueError(f"reach must be at least 1 cell, got {reach}")
     batch, tokens, _ = metric.shape
     if tokens != h * w:
         raise ValueError(f"metric has {tokens} tokens, the grid {h}x{w} has {h * w}")
-    if r <= 0 or h < sy or w < sx:
+    if r <= 0 or partition is None:
         return MergePlan.identity(batch, tokens)
     with torch.no_grad():
-        order, num_dst = _partition(h, w, sx, sy, generator, metric.device)
-        src_of, dst_of = order[:, num_dst:, :], order[:, :num_dst, :]
-        plan = MergePlan(batch=batch, tokens=tokens, r=min(r, tokens - num_dst),
-                         num_dst=num_dst, src_of=src_of, dst_of=dst_of)
+        r = min(r, tokens - partition.num_dst)
         if reach is None:
-            unit = metric / metric.norm(dim=-1, keepdim=True)
-            a, b = plan._split(unit)
+            a, b = _split(metric / metric.norm(dim=-1, keepdim=True), partition)
             best, best_dst = (a @ b.transpose(-1, -2)).max(dim=-1)
         else:
-            best, best_dst = _best_nearby_dst(metric, h, w, sx, sy, src_of, dst_of, reach)
+            best, best_dst = _best_nearby_dst(metric, h, w, sx, sy, partition, reach)
         by_similarity = best.argsort(dim=-1, descending=True)[..., None]
-        plan.unmerged = by_similarity[..., plan.r:, :]
-        plan.merged = by_similarity[..., : plan.r, :]
-        plan.merged_into = _gather(best_dst[..., None], -2, plan.merged)
-    return plan
+        merged = by_similarity[..., :r, :]
+        return MergePlan(batch=batch, tokens=tokens, r=r, partition=partition, unmerged=by_similarity[..., r:, :],
+                         merged=merged, merged_into=_gather(best_dst[..., None], -2, merged))
+
+
+def plan_bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,
+                         generator: torch.Generator | None = None, reach: int | None = None) -> MergePlan:
+    """Partition the grid and plan the merge in one step (tomesd's
+    ``bipartite_soft_matching_random2d``): ``generator`` draws the dst position in each cell,
+    ``None`` takes the top-left token of every cell. Grids smaller than one cell (``h < sy``
+    or ``w < sx``) give the identity plan."""
+    if reach is not None and reach < 1:
+        raise ValueError(f"reach must be at least 1 cell, got {reach}")
+    batch, tokens, _ = metric.shape
+    if tokens != h * w:
+        raise ValueError(f"metric has {tokens} tokens, the grid {h}x{w} has {h * w}")
+    if r <= 0:
+        return MergePlan.identity(batch, tokens)
+    return plan_merge(metric, w, h, sx, sy, partition_grid(h, w, sx, sy, generator, metric.device), r, reach)

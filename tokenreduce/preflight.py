@@ -8,7 +8,7 @@ report."""
 
 from __future__ import annotations
 
-from ..tokenreduce import grid_at
+from .grid import grid_at
 
 
 def _px(latent_hw: tuple[int, int]) -> str:

@@ -1,0 +1,115 @@
+"""Our patches under torch.compile, on the real ComfyUI, in-process: ComfyUI's own
+``set_torch_compile_wrapper`` (what its TorchCompileModel node does) around the tiny models.
+Dynamo's counters show that our nodes add no graph break and no compiled graph of their own,
+whatever the step count, the batch layout or the run: everything decided per run or per step
+reaches the compiled model as values of the same kind every time.
+
+Each case is compared with the same runs of the compiled unpatched model, whose own graphs
+(recompiles when the schedule's length or the batch changes) are the host's business."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from comfy_helpers import apply, rel_error, sample, split_cond_uncond
+
+RUNS = [dict(steps=2), dict(steps=5), dict(steps=3, seed=4), dict(steps=2, batch=2)]
+
+
+@pytest.fixture
+def sdpa_attention(comfy, monkeypatch):
+    """PyTorch SDPA, the GPU default. ComfyUI's CPU default, sub-quadratic attention, asks psutil
+    for the free memory inside the model: a graph break of the host's own."""
+    import comfy.ldm.modules.attention as attention
+
+    monkeypatch.setattr(attention, "optimized_attention", attention.attention_pytorch)
+
+
+def compiled_runs(comfy, model, family, runs=RUNS, backend="eager", split=False) -> dict:
+    """Sample ``runs`` with a compiled clone of ``model``; dynamo's counters and the outputs."""
+    import torch._dynamo
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = model.clone()
+    set_torch_compile_wrapper(compiled, backend=backend)
+    if split:
+        compiled = split_cond_uncond(compiled)
+    outputs = [sample(comfy, compiled, family, **run) for run in runs]
+    result = {"graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values()),
+              "outputs": outputs}
+    torch._dynamo.reset()
+    return result
+
+
+@pytest.fixture(scope="module")
+def unpatched_counts():
+    """The compiled unpatched runs, by (family, split): computed once per module."""
+    return {}
+
+
+def _unpatched(comfy, models, cache, family, split=False):
+    key = (family, split)
+    if key not in cache:
+        cache[key] = compiled_runs(comfy, models[family], family, split=split)
+    return cache[key]
+
+
+CASES = [
+    ("SD15", [("todo", {})]),
+    ("SD15", [("tome", {})]),
+    ("SD15", [("tome", dict(mode="queries only (ComfyUI built-in)", matching="3x3 cells", share_plans=True))]),
+    ("SD15", [("tome", dict(merge_crossattn=True, merge_mlp=True, use_rand=False, max_downsample="2"))]),
+    ("SD15", [("todo", dict(factor=3.0, factor_next=2.0, method="average")), ("tome", dict(mode="queries only (ComfyUI built-in)"))]),
+    ("SDXL", [("todo", dict(factor_next=2.0))]),
+    ("SDXL", [("tome", {})]),
+]
+
+
+@pytest.mark.parametrize("family,chain", CASES, ids=lambda v: str(v)[:60])
+def test_no_graph_break_and_no_graph_of_our_own(comfy, models, sdpa_attention, unpatched_counts, family, chain):
+    model = models[family]
+    for node, settings in chain:
+        model = apply(comfy, node, model, **settings).result[0]
+    unpatched = _unpatched(comfy, models, unpatched_counts, family)
+    ours = compiled_runs(comfy, model, family)
+    assert unpatched["breaks"] == 0
+    assert ours["breaks"] == 0
+    assert ours["graphs"] <= unpatched["graphs"]
+    # Compiled, the patch computes what it computes eagerly.
+    eager = [sample(comfy, model, family, **run) for run in RUNS]
+    for compiled_out, eager_out in zip(ours["outputs"], eager):
+        assert rel_error(compiled_out, eager_out) < 1e-4
+
+
+def test_a_step_window_adds_one_graph_whatever_the_steps(comfy, models, sdpa_attention, unpatched_counts):
+    """Steps outside the window run the model untouched: one more graph, compiled once, not one
+    per step or per run."""
+    model = apply(comfy, "todo", models["SD15"], start_percent=0.3, end_percent=0.8).result[0]
+    unpatched = _unpatched(comfy, models, unpatched_counts, "SD15")
+    ours = compiled_runs(comfy, model, "SD15", runs=RUNS + [dict(steps=7)])
+    assert ours["breaks"] == 0
+    assert ours["graphs"] <= unpatched["graphs"] + 1
+
+
+def test_split_cond_uncond_calls_compile_once(comfy, models, sdpa_attention, unpatched_counts):
+    model = apply(comfy, "tome", models["SD15"]).result[0]
+    unpatched = _unpatched(comfy, models, unpatched_counts, "SD15", split=True)
+    ours = compiled_runs(comfy, model, "SD15", split=True)
+    assert ours["breaks"] == 0 and ours["graphs"] <= unpatched["graphs"]
+
+
+def test_inductor_compiles_both_nodes_stacked(comfy, models, sdpa_attention):
+    """The backend ComfyUI's TorchCompileModel uses: generated kernels, same result."""
+    model = apply(comfy, "todo", models["SD15"]).result[0]
+    model = apply(comfy, "tome", model, mode="queries only (ComfyUI built-in)", matching="3x3 cells").result[0]
+    runs = [dict(steps=2), dict(steps=3)]
+    ours = compiled_runs(comfy, model, "SD15", runs=runs, backend="inductor")
+    assert ours["breaks"] == 0
+    eager = [sample(comfy, model, "SD15", **run) for run in runs]
+    for compiled_out, eager_out in zip(ours["outputs"], eager):
+        assert rel_error(compiled_out, eager_out) < 1e-3
+    assert torch.isfinite(ours["outputs"][0]).all()

@@ -1,0 +1,124 @@
+"""ToMe and ToDo as the hosts show them: every input declared once (name, kind, default,
+range or options, tooltip, whether it came later), and the rules across inputs. The ComfyUI
+nodes and the WebUI extension build their controls, validation and settings from these."""
+
+from __future__ import annotations
+
+from .bipartite import stride_ratio_cap
+from .downsample import METHODS as DOWNSAMPLE_METHODS
+from .inputs import BOOL, CHOICE, FLOAT, INT, SEED, SEED_MAX, Input, Method, is_number
+
+LEVEL_CHOICES = ("auto", "1", "2", "4", "8")  # downsample of a UNet level; auto: the model's finest
+
+MODE_FULL = "q, k, v (tomesd)"
+MODE_QUERIES = "queries only (ComfyUI built-in)"
+MATCH_WHOLE_GRID = "whole grid (tomesd)"
+MATCHING_REACH = {MATCH_WHOLE_GRID: None, "3x3 cells": 1, "5x5 cells": 2}  # option -> reach in cells
+
+
+def window_inputs(what: str) -> tuple[Input, Input]:
+    return (
+        Input("start_percent", FLOAT, 0.0, low=0.0, high=1.0, step=0.001,
+              tooltip=f"{what} starts at this point of sampling (0 = first step, highest noise), measured "
+                      f"in noise level like Kohya Deep Shrink, not in steps."),
+        Input("end_percent", FLOAT, 1.0, low=0.0, high=1.0, step=0.001,
+              tooltip=f"{what} stops after this point of sampling (1 = last step)."),
+    )
+
+
+def _window_order(values: dict) -> str | None:
+    start, end = values.get("start_percent"), values.get("end_percent")
+    if is_number(start) and is_number(end) and start > end:
+        return f"start_percent {start:g} is after end_percent {end:g}: the patch would never be active."
+    return None
+
+
+def _ratio_within_cap(values: dict) -> str | None:
+    ratio, stride_x, stride_y = values.get("ratio"), values.get("stride_x"), values.get("stride_y")
+    if not all(map(is_number, (ratio, stride_x, stride_y))) or min(stride_x, stride_y) < 1:
+        return None  # missing, not a number or out of range: said by the input's own check
+    cap = stride_ratio_cap(stride_x, stride_y)
+    if ratio <= cap + 1e-9:
+        return None
+    return (f"ratio {ratio:g} cannot be reached with strides {stride_x}x{stride_y}: one token in every "
+            f"{stride_x}x{stride_y} cell stays a merge target, so at most 1 - 1/({stride_x}*{stride_y}) = {cap:.4g} "
+            f"of the tokens can merge. Lower the ratio to {cap:.4g} or less, or raise the strides.")
+
+
+def _something_to_merge(values: dict) -> str | None:
+    if (values.get("merge_attn"), values.get("merge_crossattn"), values.get("merge_mlp")) == (False, False, False):
+        return "nothing to merge: turn on at least one of merge_attn, merge_crossattn, merge_mlp."
+    return None
+
+
+def _something_to_downsample(values: dict) -> str | None:
+    if values.get("factor") == 1 and values.get("factor_next") == 1:
+        return "nothing to downsample: factor and factor_next are both 1. Set factor to 2 or more."
+    return None
+
+
+TOME = Method("ToMe", (
+    Input("ratio", FLOAT, 0.5, low=0.0, high=1.0, step=0.01,
+          tooltip="Fraction of tokens merged in each patched block. At most 1 - 1/(stride_x*stride_y) (0.75 for "
+                  "2x2); higher values are rejected, not silently capped. 0 merges nothing."),
+    Input("stride_x", INT, 2, low=1, high=8,
+          tooltip="Width of the cells that each keep one token as merge target. Larger strides allow higher "
+                  "ratios but merge tokens that are further apart."),
+    Input("stride_y", INT, 2, low=1, high=8, tooltip="Height of the cells that each keep one token as merge target."),
+    Input("max_downsample", CHOICE, "auto", options=LEVEL_CHOICES,
+          tooltip="Patch transformer blocks whose feature map is downsampled at most this much from the latent. "
+                  "auto: the finest level that has transformer blocks in this model (1 for SD1.x/2.x, 2 for "
+                  "SDXL). A value that patches no block is reported."),
+    Input("mode", CHOICE, MODE_FULL, options=(MODE_FULL, MODE_QUERIES),
+          tooltip="What self-attention computes from merged tokens: queries, keys and values (tomesd, fastest) "
+                  "or only the queries with full keys and values (ComfyUI's built-in TomePatchModel, closer to "
+                  "the unpatched model)."),
+    Input("merge_attn", BOOL, True, tooltip="Merge tokens for self-attention (the main speed-up)."),
+    Input("merge_crossattn", BOOL, False,
+          tooltip="Also merge the queries of cross-attention (text). Small gain, costs quality."),
+    Input("merge_mlp", BOOL, False, tooltip="Also merge the feed-forward input. Some gain at large sizes, costs quality."),
+    Input("use_rand", BOOL, True,
+          tooltip="Pick the merge target in each cell at random (better quality) from a private generator "
+                  "seeded by `seed`; off: always the top-left token."),
+    Input("seed", SEED, 0, low=0, high=SEED_MAX, host_checked=True,
+          tooltip="Seed of the random merge targets. The same seed gives bit-identical results on every run, "
+                  "whatever sampler or noise node is used; the global RNG is untouched. Keep 'control after "
+                  "generate' on fixed for repeatable images."),
+    *window_inputs("Merging"),
+    Input("share_plans", BOOL, False, optional=True,
+          tooltip="Plan the merge once per level and model call (in the level's first block) and reuse it in "
+                  "its other blocks, instead of once per block as tomesd does. Saves most of the planning time, "
+                  "which matters at small sizes on fast attention; off is exact tomesd."),
+    Input("matching", CHOICE, MATCH_WHOLE_GRID, options=tuple(MATCHING_REACH), optional=True,
+          tooltip="Where each token looks for its merge target: in the whole grid (tomesd: its cost grows with "
+                  "the square of the tokens, like the attention it saves) or only in the nearby cells (cost "
+                  "grows with the tokens; same quality in our benchmarks, much faster planning at large sizes)."),
+), checks=(_ratio_within_cap, _something_to_merge, _window_order))
+
+TODO = Method("ToDo", (
+    Input("factor", FLOAT, 2.0, low=1.0, high=8.0, step=0.1,
+          tooltip="Pooling factor per side for keys/values at the first patched level: 2 gives 4x fewer keys. "
+                  "Non-integer factors work (the grid is rounded up). 1 = off."),
+    Input("factor_next", FLOAT, 1.0, low=1.0, high=8.0, step=0.1,
+          tooltip="Pooling factor per side at the next coarser level (twice the downsample of the first). 1 = off."),
+    Input("level", CHOICE, "auto", options=LEVEL_CHOICES,
+          tooltip="The first patched level, as downsample of its feature map relative to the latent. auto: the "
+                  "finest level with transformer blocks in this model (1 for SD1.x/2.x, 2 for SDXL), so the same "
+                  "settings mean the same on both."),
+    Input("method", CHOICE, "nearest", options=DOWNSAMPLE_METHODS,
+          tooltip="How keys/values are pooled on the grid: nearest (strided subsampling, fastest), average (mean "
+                  "of each cell), bilinear or bicubic (antialiased interpolation)."),
+    *window_inputs("Downsampling"),
+), checks=(_something_to_downsample, _window_order))
+
+
+def tome_reach(settings) -> int | None:
+    """How many cells around its own a token looks for its merge target (None: everywhere)."""
+    return MATCHING_REACH[settings.matching]
+
+
+def todo_level_factors(level: int, settings) -> list[tuple[str, int, float]]:
+    """(input name, downsample level, factor) of each ToDo factor that pools (> 1), from the
+    first patched level."""
+    return [(name, lv, f) for name, lv, f in (("factor", level, settings.factor),
+                                               ("factor_next", level * 2, settings.factor_next)) if f > 1]

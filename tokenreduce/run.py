@@ -1,0 +1,180 @@
+"""What one sampling run with a patched model accumulates, and what it reports.
+
+A host opens a ``RunState`` when sampling starts and drops it when the run ends (also when it
+is interrupted). For every model call it asks the run for a *call context*: a plain dict that
+travels with the call in the host's options, so the attention patches find there everything
+that is decided per run or per call (whether the call is inside the step window, merge
+partitions drawn beforehand) and note there what they did. The patches read no tensor values
+and keep no Python state of their own: a compiled model sees the same code and the same kinds
+of values at every step, and nothing of a run outlives it.
+
+Call context keys (every patch may add its own):
+- ``active``: reduce in this call (the step is inside the window);
+- ``notes``: written by the patches during the call: ``notes[grid] = (level, stages)`` the first
+  time a grid is reduced, ``notes["skipped"]`` the number of block calls left alone because their
+  tokens were not the block's grid; read back by ``close_call``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .window import SigmaWindow, steps_of
+
+LOG = logging.getLogger("tokenreduce")
+SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class LevelTokens:
+    """What a patch did to the tokens of one grid (first block call that reduced there)."""
+
+    downsample: int
+    grid: tuple[int, int]
+    tokens: dict  # stage ("q", "k/v", "cross q", "mlp") -> (tokens before, tokens after)
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """Numbers (no tensors) kept from the last run, for the node's report and benchmarks."""
+
+    sampling_seconds: float
+    plan_seconds: float  # time spent planning merges; measured only when the session profiles
+    skipped_calls: int  # block calls left alone because their tokens were not the block's grid
+    completed: bool = True  # False: the run was interrupted or failed
+    steps: int = 0  # steps of the run's schedule
+    active_steps: tuple[int, ...] = ()  # 1-based steps in which the patch reduced tokens
+    levels: tuple[LevelTokens, ...] = ()
+    warnings: tuple[str, ...] = ()
+    refused: bool = False  # the settings do not fit this latent: the run stopped before its first step
+
+
+@dataclass
+class RunState:
+    """Everything one sampling run accumulates; discarded when the run ends."""
+
+    window: SigmaWindow
+    always_active: bool = False  # the window spans the whole run: no noise level needs reading
+    profile: bool = False
+    warnings: list = field(default_factory=list)
+    plan_seconds: float = 0.0
+    skipped_calls: int = 0
+    levels: dict = field(default_factory=dict)  # grid -> LevelTokens
+    # The noise-level tensor of every call that reduced tokens; read once, at the end.
+    reduced_sigmas: list = field(default_factory=list)
+    cache: dict = field(default_factory=dict)  # per-run values patches compute once (partitions, ...)
+    _sigmas: torch.Tensor | None = None
+    _sigma: float = 0.0
+    _generators: dict = field(default_factory=dict)
+
+    def sigma(self, sigmas: torch.Tensor) -> float:
+        """The noise level of a model call, read from the device once per call."""
+        if sigmas is not self._sigmas:
+            self._sigmas, self._sigma = sigmas, float(sigmas.max())
+        return self._sigma
+
+    def open_call(self, sigmas: torch.Tensor) -> dict:
+        """The context of one model call at noise level ``sigmas``."""
+        active = self.always_active or self.window.contains(self.sigma(sigmas))
+        return {"active": active, "notes": {}, "timer": self if self.profile else None}
+
+    def close_call(self, context: dict, sigmas: torch.Tensor) -> None:
+        """Fold what the patches noted during the call into the run."""
+        notes = context["notes"]
+        self.skipped_calls += notes.get(SKIPPED, 0)
+        reduced = False
+        for grid, noted in notes.items():
+            if grid == SKIPPED:
+                continue
+            reduced = True
+            if grid not in self.levels:
+                self.levels[grid] = LevelTokens(noted[0], grid, noted[1])
+        if reduced:
+            self.reduced_sigmas.append(sigmas)
+
+    def timed(self, device: torch.device, work):
+        """Run work() and add its duration (device-synchronised) to plan_seconds: benchmarks only."""
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        sync()
+        start = time.perf_counter()
+        result = work()
+        sync()
+        self.plan_seconds += time.perf_counter() - start
+        return result
+
+    def generator(self, device: torch.device, seed: int) -> torch.Generator:
+        """A private generator seeded with ``seed``; never the global torch RNG."""
+        # On CUDA draw on the device (no host round trip); elsewhere on the CPU.
+        where = device if device.type == "cuda" else torch.device("cpu")
+        generator = self._generators.get(where)
+        if generator is None:
+            generator = self._generators[where] = torch.Generator(device=where)
+        return generator.manual_seed(seed)
+
+    def report(self, label: str, start_percent: float, end_percent: float, seconds: float, completed: bool,
+               schedule) -> RunReport:
+        sigmas = [float(s) for s in schedule] if schedule is not None else []
+        steps = max(0, len(sigmas) - 1)
+        active = steps_of(sigmas, {float(s.max()) for s in self.reduced_sigmas})
+        warnings = list(self.warnings)
+        if completed and steps and not active:
+            warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
+                            f"between start_percent {start_percent:g} and end_percent {end_percent:g}, "
+                            f"or no block could be reduced.")
+        if self.skipped_calls:
+            # Never a silent no-op: another attention patch that runs before ours reshaped the
+            # tokens (HyperTile tiles the queries, for example).
+            warnings.append(f"{label} was skipped in {self.skipped_calls} block calls of this run: the tokens "
+                            f"it received were not the block's grid: an attention patch applied before it reshaped "
+                            f"them (HyperTile tiles the queries; ToMe in its q, k, v mode merges keys and values). "
+                            f"Apply {label} before that patch (closer to the checkpoint loader).")
+        levels = tuple(sorted(self.levels.values(), key=lambda lv: (lv.downsample, -lv.grid[0] * lv.grid[1])))
+        return RunReport(seconds, self.plan_seconds, self.skipped_calls, completed, steps, active, levels,
+                         tuple(warnings))
+
+
+def note_reduced(context: dict, grid: tuple[int, int], level: int, stages) -> None:
+    """Called by a patch that reduced a block of this grid; ``stages()`` gives the stage ->
+    (before, after) counts, asked once per grid and call."""
+    notes = context["notes"]
+    if grid not in notes:
+        notes[grid] = (level, stages())
+
+
+def note_skipped(context: dict) -> None:
+    """Called by a patch that had to leave a block alone (its tokens were not the grid)."""
+    notes = context["notes"]
+    notes[SKIPPED] = notes.get(SKIPPED, 0) + 1
+
+
+class CallPatch:
+    """Base of a node's patch object: one per node output, shared by every clone of the
+    patched model (ComfyUI's clone() deep-copies model options), finding its call context
+    under ``context_key`` in the options the host passes to each patch call."""
+
+    def __init__(self, context_key: str, label: str):
+        self.context_key = context_key
+        self.label = label
+        self._warned_outside_sampler = False
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def prepare_call(self, context: dict, run: RunState, latent_hw: tuple[int, int], device: torch.device,
+                     sigmas: torch.Tensor) -> None:
+        """Called by the host before each model call, outside any compiled region, with what
+        is known then (the latent's grid, the device, the noise level as a tensor)."""
+
+    def call_context(self, options: dict) -> dict | None:
+        """This call's context, or None when the model is called outside a sampling run (then
+        the patch passes everything through, and says so once)."""
+        context = options.get(self.context_key)
+        if context is None and not self._warned_outside_sampler:
+            self._warned_outside_sampler = True
+            LOG.warning("%s: the model was called outside a sampling run; this patch does nothing there "
+                        "(it is active only inside sampling runs).", self.label)
+        return context

@@ -1,0 +1,172 @@
+"""ToMe for SD inside the transformer blocks of a UNet, through the attention patches that
+ComfyUI and the WebUI (Forge) call the same way.
+
+A block gives patches the normed input ``n = norm1(x)`` of self-attention (``attn1_patch``,
+with keys and values still ``n``), the attention output before the residual add
+(``attn1_output_patch``) and the same pair for cross-attention; all four get the same
+``extra_options`` dict within one block call, so the plan made on entry travels there to the
+unmerge. There is no hook around the feed-forward, so MLP merging replaces that block's
+``ff.forward`` (an object patch the host restores when the model is unpatched).
+
+Per block call the self-attention patch plans the merge once on ``n`` (ComfyUI's built-in
+does the same; tomesd plans on the block input ``x``) and every stage of that block reuses
+the plan, as tomesd does. With ``share_plans`` the first block of each grid in a model call
+plans and the other blocks of that grid reuse its plan.
+
+Compile-friendly: the random partitions are drawn before each model call (``prepare_call``,
+outside a compiled region, from seeds that hash the noise level); in the call the patches only
+do tensor work on what the call context holds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .bipartite import MergePlan, partition_grid, plan_merge
+from .grid import grid_at
+from .layout import unet_call_grid, unet_call_key
+from .methods import MODE_QUERIES, tome_reach
+from .run import CallPatch, RunState, note_reduced, note_skipped
+from .seeding import derive_seed
+
+PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
+SHARED = ("shared",)  # the key shared plans are drawn under
+
+
+class ToMePatch(CallPatch):
+    """The patch functions of one ToMe node output, for the sites of ``target``."""
+
+    def __init__(self, settings, target, context_key: str, label: str):
+        super().__init__(context_key, label)
+        self.settings = settings
+        self.max_level = target.level
+        self.sites = target.sites
+        self.queries_only = settings.mode == MODE_QUERIES
+        self.reach = tome_reach(settings)
+        self.mlp_plans: dict = {}  # site key -> this call's plan, for the MLP object patches
+
+    # --- before each model call (outside any compiled region) ------------------------------
+    def prepare_call(self, context: dict, run: RunState, latent_hw: tuple[int, int], device: torch.device,
+                     sigmas: torch.Tensor) -> None:
+        """Draw this call's partitions of every selected block's grid."""
+        self.mlp_plans.clear()
+        if not context["active"]:
+            return
+        s = self.settings
+        keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
+                if site.level <= self.max_level}
+        sigma = run.sigma(sigmas) if s.use_rand else None
+        context["partitions"] = {key: self._partition(run, key[0], key[1], device, sigma) for key in keys}
+        # A grid the latent does not predict (a model that rescales inside, Kohya Deep Shrink)
+        # is drawn when met: correct everywhere, a graph break under torch.compile.
+        context["draw_partition"] = lambda key, grid: self._partition(run, key, grid, device, sigma)
+        context["shared"] = {}  # share_plans: grid -> the plan of this call
+
+    def _partition(self, run: RunState, key: tuple, grid: tuple[int, int], device: torch.device, sigma):
+        s = self.settings
+        h, w = grid
+        if not s.use_rand:  # the top-left token of every cell: the same for the whole run
+            cached = run.cache.get(("tome top-left", grid, device))
+            if cached is None:
+                cached = run.cache[("tome top-left", grid, device)] = partition_grid(
+                    h, w, s.stride_x, s.stride_y, None, device)
+            return cached
+        # Keyed by when and where, not by call order: split or batched cond/uncond and area
+        # conditioning draw the same partition for the same block and step.
+        generator = run.generator(device, derive_seed(s.seed, sigma, key, h, w))
+        return partition_grid(h, w, s.stride_x, s.stride_y, generator, device)
+
+    # --- in the model call ----------------------------------------------------------------
+    def _locate(self, context: dict, n: torch.Tensor, extra_options: dict) -> tuple[tuple[int, int], int] | None:
+        """The grid and level of a block call this patch reduces, or None where it is left
+        alone: a level above max_downsample, a step outside the window, or tokens that are not
+        the block's grid (another patch reshaped them, or temporal attention)."""
+        located = unet_call_grid(extra_options)
+        if located is None or not context["active"] or located[1] > self.max_level:
+            return None
+        grid = located[0]
+        if n.shape[1] != grid[0] * grid[1]:
+            note_skipped(context)  # reported at the end of the run
+            return None
+        return located
+
+    def _plan(self, context: dict, key: tuple, grid: tuple[int, int], n: torch.Tensor) -> MergePlan:
+        if self.settings.share_plans:
+            # The first block of this grid in this model call plans for all of them: the
+            # similarity is computed once per level instead of once per block.
+            shared = context["shared"].get(grid)
+            if shared is None:
+                shared = context["shared"][grid] = self._new_plan(context, SHARED, grid, n)
+            return shared
+        return self._new_plan(context, key, grid, n)
+
+    def _new_plan(self, context: dict, key: tuple, grid: tuple[int, int], n: torch.Tensor) -> MergePlan:
+        s = self.settings
+        h, w = grid
+        partitions = context["partitions"]
+        partition = partitions[(key, grid)] if (key, grid) in partitions else context["draw_partition"](key, grid)
+        r = int(n.shape[1] * s.ratio)
+        timer = context["timer"]
+        if timer is None:
+            return plan_merge(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach)
+        return timer.timed(n.device, lambda: plan_merge(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach))
+
+    def attn1(self, n, context, value, extra_options):
+        call = self.call_context(extra_options)
+        key = unet_call_key(extra_options)
+        if call is None or key is None:
+            return n, context, value
+        located = self._locate(call, n, extra_options)
+        plan = None if located is None else self._plan(call, key, located[0], n)
+        extra_options[PLAN] = plan
+        if self.settings.merge_mlp:
+            self.mlp_plans[key] = plan
+        if plan is None:
+            return n, context, value
+        s = self.settings
+        # Keys/values stay full in queries-only mode, or as an earlier patch (ToDo) left them.
+        keys_merged = s.merge_attn and not self.queries_only and context is n and value is n
+        note_reduced(call, *located, lambda: self._stages(n.shape[1], plan.merged_tokens, context.shape[1], keys_merged))
+        if not s.merge_attn:
+            return n, context, value
+        merged = plan.merge(n)
+        return (merged, merged, merged) if keys_merged else (merged, context, value)
+
+    def _stages(self, tokens: int, merged: int, keys: int, keys_merged: bool) -> dict:
+        """Tokens before and after, per merged stage, for the run's report."""
+        s = self.settings
+        stages = {}
+        if s.merge_attn:
+            stages["q"] = (tokens, merged)
+            stages["k/v"] = (keys, merged if keys_merged else keys)
+        if s.merge_crossattn:
+            stages["cross q"] = (tokens, merged)
+        if s.merge_mlp:
+            stages["mlp"] = (tokens, merged)
+        return stages
+
+    def unmerge_output(self, n, extra_options):
+        """attn1/attn2 output patch: restore the full sequence where the input was merged."""
+        plan = extra_options.get(PLAN)
+        if plan is None or n.shape[1] != plan.merged_tokens:
+            return n
+        return plan.unmerge(n)
+
+    def attn2(self, n, context, value, extra_options):
+        plan = extra_options.get(PLAN)
+        if plan is None or plan.tokens != n.shape[1]:
+            return n, context, value
+        return plan.merge(n), context, value
+
+    def mlp_forward(self, site_key: tuple, feed_forward: torch.nn.Module):
+        """A replacement ``forward`` for the feed-forward module of the block ``site_key``."""
+        original = type(feed_forward).forward
+        plans = self.mlp_plans
+
+        def forward(x):
+            plan = plans.get(site_key)
+            if plan is None or plan.tokens != x.shape[1]:
+                return original(feed_forward, x)
+            return plan.unmerge(original(feed_forward, plan.merge(x)))
+
+        return forward
