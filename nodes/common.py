@@ -8,7 +8,7 @@ import logging
 from comfy_api.latest import io
 
 from ..tokenreduce.inputs import Method
-from ..tokenreduce.layout import model_layout
+from ..tokenreduce.layout import UNET, model_layout
 from ..tokenreduce.target import Target, resolve_target
 from .report import publish_run, ui_output
 from .schema import v3_inputs
@@ -24,6 +24,7 @@ class PatchNode(io.ComfyNode):
     DISPLAY_NAME: str
     DESCRIPTION: str
     METHOD: Method
+    MODEL_TOOLTIP = "The diffusion model (UNet) to patch. The input model is never changed."
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -32,8 +33,7 @@ class PatchNode(io.ComfyNode):
             display_name=cls.DISPLAY_NAME,
             category="model_patches/unet",
             description=cls.DESCRIPTION,
-            inputs=[io.Model.Input("model", tooltip="The diffusion model (UNet) to patch. The input model is never "
-                                                    "changed.")]
+            inputs=[io.Model.Input("model", tooltip=cls.MODEL_TOOLTIP)]
                    + v3_inputs(cls.METHOD),
             outputs=[
                 io.Model.Output(tooltip="The patched model (a clone)."),
@@ -81,10 +81,11 @@ def model_family(model) -> str:
     return type(config).__name__ if config is not None else type(model.model).__name__
 
 
-def find_target(model, method: str, setting: str, choice: str, select) -> Target:
+def find_target(model, method: str, setting: str, choice: str, select, kinds=(UNET,)) -> Target:
     """The sites of this model that a level setting selects (see ``resolve_target``)."""
-    layout = model_layout(model.get_model_object("diffusion_model"))
-    return resolve_target(layout, model_family(model), method, setting, choice, select)
+    family = model_family(model)
+    layout = model_layout(model.get_model_object("diffusion_model"), family)
+    return resolve_target(layout, family, method, setting, choice, select, kinds)
 
 
 def refuse_or_unchanged(model, node_id: str, target: Target) -> io.NodeOutput:

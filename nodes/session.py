@@ -17,7 +17,7 @@ import time
 
 from comfy.patcher_extension import WrappersMP
 
-from ..tokenreduce.run import RunReport, RunState
+from ..tokenreduce.run import ModelCall, RunReport, RunState
 from ..tokenreduce.window import SigmaWindow
 
 LOG = logging.getLogger("tokenreduce")
@@ -63,9 +63,9 @@ class PatchSession:
         noise = _arg(args, kwargs, 0, "noise")
         schedule = _arg(args, kwargs, 3, "sigmas")
         warnings = []
-        if self.preflight is not None and getattr(noise, "ndim", 0) == 4:
+        if self.preflight is not None and getattr(noise, "ndim", 0) >= 4:
             try:
-                warnings = self.preflight(tuple(noise.shape[-2:]))  # before any step: nothing half-applied
+                warnings = self.preflight(tuple(noise.shape))  # before any step: nothing half-applied
             except ValueError as refused:
                 self._finish(RunReport(0.0, 0.0, 0, completed=False, warnings=(str(refused),), refused=True))
                 raise
@@ -84,6 +84,8 @@ class PatchSession:
         finally:
             run = self.run
             self.run = previous
+            if self.patch is not None:
+                self.patch.end_run(run)
             self._finish(run.report(self.label, self.start_percent, self.end_percent, time.perf_counter() - start,
                                     completed, schedule))
 
@@ -93,10 +95,12 @@ class PatchSession:
         options = _arg(args, kwargs, 5, "transformer_options")
         if run is None or options is None or self.patch is None:
             return executor(*args, **kwargs)
-        x = _arg(args, kwargs, 0, "x")
         sigmas = options["sigmas"]
         context = run.open_call(sigmas)
-        self.patch.prepare_call(context, run, tuple(x.shape[-2:]), x.device, sigmas)
+        inputs = {k: v for k, v in kwargs.items() if k not in ("x", "t", "c_concat", "c_crossattn", "control",
+                                                                "transformer_options")}
+        self.patch.prepare_call(context, run, ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"),
+                                                       inputs, options, sigmas))
         options[self.context_key] = context  # a fresh dict per model call (ComfyUI copies it)
         try:
             return executor(*args, **kwargs)

@@ -1,34 +1,49 @@
-"""The ToDo patch node: MODEL -> MODEL with key/value downsampling on a clone."""
+"""The ToDo patch node: MODEL -> MODEL with key/value downsampling on a clone, on UNets and DiTs."""
 
 from __future__ import annotations
 
 from comfy_api.latest import io
 
 from ..tokenreduce.describe import header, todo_info
-from ..tokenreduce.methods import TODO, todo_level_factors
-from ..tokenreduce.preflight import todo_factors
+from ..tokenreduce.layout import DIT, UNET
+from ..tokenreduce.methods import DIT_METHODS, DIT_METHODS_WITH_ROPE, TODO, dit_blocks, todo_level_factors
+from ..tokenreduce.preflight import dit_factor, todo_factors
+from ..tokenreduce.todo_dit import ToDoDiTPatch
 from ..tokenreduce.todo_patch import ToDoPatch
 from .common import PatchNode, done, find_target, patched_clone, refuse_or_unchanged, refuse_stacking
+from .host import install_attention_override
 from .schema import validate_inputs_for
+
+
+def _select(settings):
+    """The sites a ToDo setting reduces: the levels its factors pool (UNets); the blocks the
+    skip settings leave (DiTs, one level)."""
+    def select(layout, level):
+        sites = layout.at({lv for _, lv, _ in todo_level_factors(level, settings)})
+        return dit_blocks(sites, settings) if layout.kind == DIT else sites
+    return select
 
 
 class ToDoPatchNode(PatchNode):
     NODE_ID = "TokenReduceToDo"
     DISPLAY_NAME = "Token Downsampling (ToDo, TokenReduce)"
-    DESCRIPTION = ("Speeds up sampling by letting self-attention read keys and values pooled on the token grid "
+    DESCRIPTION = ("Speeds up sampling by letting self-attention read keys and values downsampled on the token grid "
                    "(ToDo); every query stays. No matching, nothing to unmerge, deterministic. Works on SD1.x, "
-                   "SD2.x and SDXL; reports what it patched.")
+                   "SD2.x and SDXL UNets and on DiTs (Flux, Wan, Qwen-Image, Lumina 2 / Z-Image, SD3, "
+                   "HunyuanVideo); reports what it patched.")
     METHOD = TODO
+    MODEL_TOOLTIP = "The diffusion model (UNet or DiT) to patch. The input model is never changed."
     validate_inputs = validate_inputs_for(TODO)
 
     @classmethod
     def execute(cls, model, **values) -> io.NodeOutput:
         settings = cls.settings(values)
         refuse_stacking(model, cls.NODE_ID)
-        target = find_target(model, "ToDo", "level", settings.level, lambda layout, level: layout.at(
-            {lv for _, lv, _ in todo_level_factors(level, settings)}))
+        target = find_target(model, "ToDo", "level", settings.level, _select(settings), kinds=(UNET, DIT))
         if target.sites is None:
             return refuse_or_unchanged(model, cls.NODE_ID, target)
+        if target.layout.kind == DIT:
+            return cls._patch_dit(model, settings, target)
 
         named = todo_level_factors(target.level, settings)
         title = header("ToDo", target)
@@ -39,5 +54,28 @@ class ToDoPatchNode(PatchNode):
                           cls.NODE_ID)
         session.attach(patched, patch)
         patched.set_model_attn1_patch(patch.attn1)
+        info, warnings = todo_info(settings, target)
+        return done(patched, info, title, warnings)
+
+    @classmethod
+    def _patch_dit(cls, model, settings, target) -> io.NodeOutput:
+        family = target.layout.family
+        allowed = DIT_METHODS_WITH_ROPE if family.rope else DIT_METHODS
+        if settings.method not in allowed:
+            raise ValueError(
+                f"{cls.NODE_ID}: method {settings.method!r} does not work on {family.name}: "
+                + ("its keys carry rotary positions when they reach attention, and averaging them would mix "
+                   "positions; use nearest, which keeps each key's own position."
+                   if family.rope else f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))
+        title = header("ToDo", target)
+        diffusion_model = model.get_model_object("diffusion_model")
+        patch_size = family.patch(diffusion_model)
+        patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node(),
+                                         preflight=dit_factor(cls.NODE_ID, patch_size, settings.factor))
+        patch = ToDoDiTPatch(target.layout, frozenset(site.key[1] for site in target.sites), settings.factor,
+                             settings.temporal_factor, settings.method, diffusion_model, session.context_key,
+                             cls.NODE_ID)
+        session.attach(patched, patch)
+        install_attention_override(patched, patch)
         info, warnings = todo_info(settings, target)
         return done(patched, info, title, warnings)

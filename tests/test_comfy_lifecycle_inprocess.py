@@ -167,11 +167,11 @@ def test_odd_non_square_size(comfy, models, node, family, reduced_grid):
     assert reduced(records, "keys") == {reduced_grid}
 
 
-@pytest.mark.parametrize("node", NODES)
-def test_model_without_unet_transformers_is_refused(comfy, node):
+def test_tome_refuses_a_dit_and_points_to_todo(comfy):
     dit = comfy.models.make_dit()
-    with pytest.raises(ValueError, match="cannot patch this SD3 model: it has no UNet transformer blocks"):
-        apply(comfy, node, dit)
+    with pytest.raises(ValueError, match="cannot patch this SD3 model: it has no UNet transformer blocks") as refused:
+        apply(comfy, "tome", dit)
+    assert "use Token Downsampling (ToDo, TokenReduce), which supports SD3 / SD3.5" in str(refused.value)
 
 
 @pytest.mark.parametrize("node,setting", [("tome", "max_downsample"), ("todo", "level")])

@@ -4,6 +4,7 @@ host says the same thing."""
 
 from __future__ import annotations
 
+from .layout import DIT
 from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, todo_level_factors
 from .run import RunReport
 from .target import Target
@@ -11,8 +12,10 @@ from .target import Target
 
 def header(method: str, target: Target) -> str:
     """One line for the node: what is patched in this model."""
-    levels = ", ".join(str(level) for level in target.levels)
-    return f"{method} · {target.family} · {len(target.sites)} of {len(target.layout.sites)} blocks at downsample {levels}"
+    blocks = f"{method} · {target.family} · {len(target.sites)} of {len(target.layout.sites)} blocks"
+    if target.layout.kind == DIT:
+        return blocks
+    return f"{blocks} at downsample {', '.join(str(level) for level in target.levels)}"
 
 
 def tome_info(settings, target: Target) -> str:
@@ -33,6 +36,8 @@ def tome_info(settings, target: Target) -> str:
 
 def todo_info(settings, target: Target) -> tuple[str, list[str]]:
     """The info text and the warnings (a factor at a level without blocks does nothing)."""
+    if target.layout.kind == DIT:
+        return _todo_dit_info(settings, target)
     described, warnings = [], []
     for name, level, factor in todo_level_factors(target.level, settings):
         count = target.count_at(level)
@@ -43,8 +48,36 @@ def todo_info(settings, target: Target) -> tuple[str, list[str]]:
             described.append(f"downsample {level}: no transformer blocks in this model (factor {factor:g} does nothing)")
             warnings.append(f"WARNING: {name} {factor:g} does nothing: this {target.family} model has no transformer "
                             f"blocks at downsample {level}.")
+    if settings.temporal_factor > 1:
+        warnings.append(f"WARNING: temporal_factor {settings.temporal_factor:g} does nothing: {target.family} is not a "
+                        f"video model.")
     info = (f"ToDo on {target.family}: {'; '.join(described)}; {settings.method} pooling; "
             f"active from {settings.start_percent:g} to {settings.end_percent:g} of sampling.")
+    return info, warnings
+
+
+def _block_ranges(target: Target) -> str:
+    blocks = [site.key[1] + 1 for site in target.sites]  # 1-based, as a user counts
+    return _ranges(tuple(blocks))
+
+
+def _todo_dit_info(settings, target: Target) -> tuple[str, list[str]]:
+    family = target.layout.family
+    s = settings
+    warnings = []
+    time = ""
+    if family.video and s.temporal_factor > 1:
+        time = f" and {s.temporal_factor:g}x along time"
+    elif s.temporal_factor > 1:
+        warnings.append(f"WARNING: temporal_factor {s.temporal_factor:g} does nothing: {family.name} is an image model.")
+    if s.factor_next > 1:
+        warnings.append(f"WARNING: factor_next {s.factor_next:g} does nothing on a DiT: {family.name} attends over one "
+                        f"token grid; factor sets its pooling.")
+    reduction = (s.factor ** 2) * (s.temporal_factor if family.video else 1)
+    info = (f"ToDo on {target.family} ({family.name}, DiT): keys/values of the {'video' if family.video else 'image'} "
+            f"tokens of self-attention downsampled {s.factor:g}x per side{time} (about {reduction:.3g}x fewer), "
+            f"{s.method}, in blocks {_block_ranges(target)} of {len(target.layout.sites)}; queries, text and "
+            f"reference tokens untouched; active from {s.start_percent:g} to {s.end_percent:g} of sampling.")
     return info, warnings
 
 
@@ -59,6 +92,13 @@ def _ranges(steps: tuple[int, ...]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
+def _grid_text(grid: tuple[int, ...]) -> str:
+    """(h, w) -> 'w×h'; a video grid (t, h, w) -> 't frames × w×h'."""
+    if len(grid) == 3:
+        return f"{grid[0]} frames × {grid[2]}×{grid[1]}"
+    return f"{grid[1]}×{grid[0]}"
+
+
 def run_lines(header_line: str, report: RunReport) -> list[str]:
     """The node's lines after a run: what it patched, tokens per level, steps and time."""
     lines = [header_line]
@@ -66,7 +106,7 @@ def run_lines(header_line: str, report: RunReport) -> list[str]:
         return lines  # the warnings say why
     for level in report.levels:
         stages = " · ".join(f"{stage} {before}→{after}" for stage, (before, after) in level.tokens.items())
-        lines.append(f"ds {level.downsample} · {level.grid[1]}×{level.grid[0]} · {stages}")
+        lines.append(f"ds {level.downsample} · {_grid_text(level.grid)} · {stages}")
     active = f"steps {_ranges(report.active_steps)} of {report.steps}" if report.active_steps else \
         f"no step of {report.steps}"
     lines.append(f"{active} · {report.sampling_seconds:.1f} s sampling"

@@ -42,3 +42,29 @@ def downsample_tokens(x: torch.Tensor, h: int, w: int, factor: float, method: st
     else:
         out = F.interpolate(grid, size=(th, tw), mode=method, align_corners=False, antialias=True)
     return out.flatten(2).transpose(1, 2)
+
+
+def kept_positions(size: int, target: int, device=None) -> torch.Tensor:
+    """Which of ``size`` positions nearest-neighbour downsampling to ``target`` keeps:
+    ``floor(i * size / target)``, as ``F.interpolate(mode="nearest")`` picks them; with a
+    factor that divides the size, every factor-th position from the first."""
+    return (torch.arange(target, dtype=torch.float64, device=device) * (size / target)).floor().long()
+
+
+def grid_keep_index(grid: tuple[int, int, int], target: tuple[int, int, int], device=None) -> torch.Tensor:
+    """Token indices (frame-major raster order of ``grid`` = (t, h, w)) that nearest-neighbour
+    downsampling of the grid to ``target`` keeps, in order."""
+    (t, h, w), (tt, th, tw) = grid, target
+    frames, rows, cols = (kept_positions(n, m, device) for n, m in ((t, tt), (h, th), (w, tw)))
+    return ((frames[:, None, None] * h + rows[None, :, None]) * w + cols[None, None, :]).reshape(-1)
+
+
+def pool_grid_tokens(x: torch.Tensor, dim: int, grid: tuple[int, int, int], target: tuple[int, int, int]) -> torch.Tensor:
+    """Average pooling of ``x``'s tokens along ``dim`` (``t*h*w`` of them, frame-major raster
+    order) from ``grid`` to ``target`` (each side rounded up)."""
+    x = x.movedim(dim, 1)
+    batch, tokens, rest = x.shape[0], x.shape[1], x.shape[2:]
+    cube = x.reshape(batch, *grid, -1).permute(0, 4, 1, 2, 3)  # [B, C, t, h, w]
+    pooled = F.adaptive_avg_pool3d(cube, target) if any(n % m for n, m in zip(grid, target)) else \
+        F.avg_pool3d(cube, tuple(n // m for n, m in zip(grid, target)))
+    return pooled.permute(0, 2, 3, 4, 1).reshape(batch, -1, *rest).movedim(1, dim)

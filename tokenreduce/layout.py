@@ -15,9 +15,11 @@ from typing import NamedTuple
 
 import torch
 
+from .dit import OTHER, Family, dit_family
 from .grid import downsample_of
 
 UNET = "unet"  # attention patches per transformer block (attn1_patch, ...) with the block's grid
+DIT = "dit"  # the host's attention override, which sees every attention call of a model call
 
 
 class Site(NamedTuple):
@@ -32,6 +34,8 @@ class Site(NamedTuple):
 class Layout:
     kind: str
     sites: tuple[Site, ...]
+    family: Family | None = None  # DiT: its family
+    plan: tuple = ()  # DiT: the attention calls of one model call, in order (dit.Slot)
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -48,9 +52,23 @@ class Layout:
         return sum(1 for site in self.sites if site.level == level)
 
 
-def model_layout(diffusion_model: torch.nn.Module) -> Layout | None:
-    """The layout of a diffusion model the pack can patch, or None."""
-    return unet_layout(diffusion_model)
+def model_layout(diffusion_model: torch.nn.Module, config_name: str) -> Layout | None:
+    """The layout of a diffusion model the pack can patch (``config_name``: the host's name for
+    the model type), or None."""
+    layout = unet_layout(diffusion_model)
+    if layout is not None:
+        return layout
+    family = dit_family(config_name, diffusion_model)
+    return None if family is None else dit_layout(diffusion_model, family)
+
+
+def dit_layout(diffusion_model: torch.nn.Module, family: Family) -> Layout:
+    """A DiT's blocks that run attention over its grid (a site each, in call order)."""
+    plan = family.plan(diffusion_model)
+    paths = family.blocks(diffusion_model)
+    blocks = sorted({slot.block for slot in plan if slot.kind != OTHER})
+    sites = tuple(Site(("block", b), 1, f"diffusion_model.{paths[b]}") for b in blocks)
+    return Layout(DIT, sites, family, plan)
 
 
 # --- UNets ---------------------------------------------------------------------------------

@@ -109,7 +109,19 @@ TODO = Method("ToDo", (
           tooltip="How keys/values are pooled on the grid: nearest (strided subsampling, fastest), average (mean "
                   "of each cell), bilinear or bicubic (antialiased interpolation)."),
     *window_inputs("Downsampling"),
+    Input("temporal_factor", FLOAT, 1.0, low=1.0, high=8.0, step=0.5, optional=True,
+          tooltip="Video DiTs (Wan, HunyuanVideo): also keep the keys/values of one frame in every this many "
+                  "(the first frame is always kept). 1 = off. Image models ignore it (a value above 1 is reported)."),
+    Input("skip_first_blocks", INT, 1, low=0, high=64, optional=True,
+          tooltip="DiTs: leave this many of the model's first blocks unreduced (they lay out the image). UNets "
+                  "ignore it."),
+    Input("skip_last_blocks", INT, 1, low=0, high=64, optional=True,
+          tooltip="DiTs: leave this many of the model's last blocks unreduced (they settle the details). UNets "
+                  "ignore it."),
 ), checks=(_something_to_downsample, _window_order))
+
+DIT_METHODS_WITH_ROPE = ("nearest",)  # keys that carry rotated positions are selected, never averaged
+DIT_METHODS = ("nearest", "average")
 
 
 def tome_reach(settings) -> int | None:
@@ -122,3 +134,9 @@ def todo_level_factors(level: int, settings) -> list[tuple[str, int, float]]:
     first patched level."""
     return [(name, lv, f) for name, lv, f in (("factor", level, settings.factor),
                                                ("factor_next", level * 2, settings.factor_next)) if f > 1]
+
+
+def dit_blocks(sites, settings) -> tuple:
+    """The DiT blocks ToDo reduces: all but the first and last ones the settings leave alone."""
+    return tuple(sites[settings.skip_first_blocks: max(settings.skip_first_blocks,
+                                                        len(sites) - settings.skip_last_blocks)])

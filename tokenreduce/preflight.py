@@ -27,7 +27,8 @@ def tome_strides(node_id: str, levels: tuple[int, ...], stride_x: int, stride_y:
     """ToMe keeps one merge target per stride_x x stride_y cell: a grid smaller than one cell
     has nothing to merge."""
 
-    def check(latent_hw: tuple[int, int]) -> list[str]:
+    def check(latent_shape: tuple[int, ...]) -> list[str]:
+        latent_hw = tuple(latent_shape[-2:])
         fits = [lv for lv in levels if _holds_a_cell(grid_at(latent_hw, lv), stride_x, stride_y)]
         if not fits:
             raise ValueError(
@@ -47,7 +48,8 @@ def todo_factors(node_id: str, factors: list[tuple[str, int, float]]):
     """ToDo pools keys/values by a factor per side (``(input name, level, factor)``): a factor
     larger than the grid would pool the whole level into one token."""
 
-    def check(latent_hw: tuple[int, int]) -> list[str]:
+    def check(latent_shape: tuple[int, ...]) -> list[str]:
+        latent_hw = tuple(latent_shape[-2:])
         for name, level, factor in factors:
             h, w = grid_at(latent_hw, level)
             if factor > min(h, w):
@@ -55,6 +57,19 @@ def todo_factors(node_id: str, factors: list[tuple[str, int, float]]):
                     f"{node_id}: {name} {factor:g} does not fit the {h}x{w} token grid at downsample {level} of "
                     f"this {_px(latent_hw)} latent: it must be at most {min(h, w)} there. Lower {name} or use a "
                     f"larger image.")
+        return []
+
+    return check
+
+
+def dit_factor(node_id: str, patch: tuple[int, int, int], factor: float):
+    """ToDo on a DiT pools each frame's grid by ``factor`` per side: it must fit that grid."""
+
+    def check(latent_shape: tuple[int, ...]) -> list[str]:
+        h, w = -(-latent_shape[-2] // patch[1]), -(-latent_shape[-1] // patch[2])
+        if factor > min(h, w):
+            raise ValueError(f"{node_id}: factor {factor:g} does not fit the {w}x{h} token grid of this latent: it "
+                             f"must be at most {min(h, w)} there. Lower factor or use a larger image.")
         return []
 
     return check

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -27,6 +28,16 @@ from .window import SigmaWindow, steps_of
 
 LOG = logging.getLogger("tokenreduce")
 SKIPPED = "skipped"
+
+
+class ModelCall(NamedTuple):
+    """What the host knows of a model call before it runs it."""
+
+    x: torch.Tensor  # the latent the model is called on ([B, C, H, W], or [B, C, T, H, W] for video)
+    context: torch.Tensor | None  # the text tokens (cross-attention / joint context)
+    kwargs: dict  # the model's other inputs (reference latents, pooled text, ...)
+    options: dict  # the host's per-call options (ComfyUI: transformer_options)
+    sigmas: torch.Tensor  # the noise level, as a tensor (not read unless needed)
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,11 @@ class RunState:
         if reduced:
             self.reduced_sigmas.append(sigmas)
 
+    def warn_once(self, message: str) -> None:
+        """A warning for the run's report, said once however many calls meet it."""
+        if message not in self.warnings:
+            self.warnings.append(message)
+
     def timed(self, device: torch.device, work):
         """Run work() and add its duration (device-synchronised) to plan_seconds: benchmarks only."""
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -164,10 +180,13 @@ class CallPatch:
     def __deepcopy__(self, memo):
         return self
 
-    def prepare_call(self, context: dict, run: RunState, latent_hw: tuple[int, int], device: torch.device,
-                     sigmas: torch.Tensor) -> None:
+    def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
         """Called by the host before each model call, outside any compiled region, with what
-        is known then (the latent's grid, the device, the noise level as a tensor)."""
+        is known then; puts into ``context`` what the patch decides per call."""
+
+    def end_run(self, run: RunState) -> None:
+        """Called by the host when a sampling run ends, before its report: nothing of the run
+        may outlive it."""
 
     def call_context(self, options: dict) -> dict | None:
         """This call's context, or None when the model is called outside a sampling run (then

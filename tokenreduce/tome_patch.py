@@ -26,7 +26,7 @@ from .bipartite import MergePlan, partition_grid, plan_merge
 from .grid import grid_at
 from .layout import unet_call_grid, unet_call_key
 from .methods import MODE_QUERIES, tome_reach
-from .run import CallPatch, RunState, note_reduced, note_skipped
+from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
 from .seeding import derive_seed
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
@@ -46,12 +46,12 @@ class ToMePatch(CallPatch):
         self.mlp_plans: dict = {}  # site key -> this call's plan, for the MLP object patches
 
     # --- before each model call (outside any compiled region) ------------------------------
-    def prepare_call(self, context: dict, run: RunState, latent_hw: tuple[int, int], device: torch.device,
-                     sigmas: torch.Tensor) -> None:
+    def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
         """Draw this call's partitions of every selected block's grid."""
         self.mlp_plans.clear()
         if not context["active"]:
             return
+        latent_hw, device, sigmas = tuple(call.x.shape[-2:]), call.x.device, call.sigmas
         s = self.settings
         keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
                 if site.level <= self.max_level}
@@ -75,6 +75,9 @@ class ToMePatch(CallPatch):
         # conditioning draw the same partition for the same block and step.
         generator = run.generator(device, derive_seed(s.seed, sigma, key, h, w))
         return partition_grid(h, w, s.stride_x, s.stride_y, generator, device)
+
+    def end_run(self, run: RunState) -> None:
+        self.mlp_plans.clear()  # a host that keeps object patches after the run must find no plan
 
     # --- in the model call ----------------------------------------------------------------
     def _locate(self, context: dict, n: torch.Tensor, extra_options: dict) -> tuple[tuple[int, int], int] | None:

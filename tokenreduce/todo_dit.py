@@ -1,0 +1,149 @@
+"""ToDo on DiTs: every query stays; in the blocks it reduces, the image or video keys and values
+of self-attention are downsampled on their grid (per frame spatially, optionally along time).
+Text, reference-image and padding tokens are kept as they are and never mixed with the grid.
+
+It runs as the host's attention override (ComfyUI's ``optimized_attention_override``), which sees
+every attention call of the model in order; a family's call plan (``dit.py``) says which calls
+are joint or image-only attention over the grid and which block each belongs to. Before each
+model call the layout of that call's tokens is computed from its inputs and turned into the key
+positions to keep; in the call, a grid call of a selected block whose key length is the predicted
+one reads its keys and values through that index (nearest: strided, each kept key keeps its
+own rotary position) or pooled (average, only where keys carry no rotated positions). Everything
+else passes through. An override that was installed before ours is called with our keys
+instead of the backend, so the two stack.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from .dit import OTHER, TokenLayout
+from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
+from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
+
+OVERRIDE = "optimized_attention_override"
+
+
+class KeepPlan(NamedTuple):
+    """How one kind of grid call's keys are reduced in a model call."""
+
+    index: torch.Tensor  # the key positions kept (text and others, the kept grid tokens, the rest)
+    start: int  # where the grid's tokens start in the key sequence
+    grid: tuple[int, int, int]
+    target: tuple[int, int, int]  # the grid after downsampling
+
+    @property
+    def tokens(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def kept(self) -> int:
+        return math.prod(self.target)
+
+
+def _keep_plan(length: int, start: int, grid: tuple[int, int, int], target: tuple[int, int, int],
+               device) -> KeepPlan:
+    kept = grid_keep_index(grid, target, device) + start
+    end = start + math.prod(grid)
+    index = torch.cat([torch.arange(start, device=device), kept, torch.arange(end, length, device=device)])
+    return KeepPlan(index, start, grid, target)
+
+
+class ToDoDiTPatch(CallPatch):
+    """The attention override of one ToDo node output on a DiT."""
+
+    def __init__(self, layout, blocks: frozenset, factor: float, temporal_factor: float, method: str,
+                 diffusion_model, context_key: str, label: str, previous=None):
+        super().__init__(context_key, label)
+        self.family = layout.family
+        self.plan = layout.plan
+        self.blocks = blocks  # indices of the blocks it reduces
+        self.factor = factor
+        self.temporal_factor = temporal_factor if self.family.video else 1.0
+        self.method = method
+        self.model = diffusion_model  # read for its structure only (reference inputs, token order)
+        self.patch = self.family.patch(diffusion_model)
+        self.previous = previous  # the override installed before ours, called with our keys
+
+    # --- before each model call (outside any compiled region) ------------------------------
+    def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
+        if call.options.get(OVERRIDE) != self.override:
+            run.cache["todo override replaced"] = True  # said at the end if nothing was reduced
+        if not context["active"]:
+            return
+        tokens = self.family.tokens(self.model, self.patch, call.x, call.context, call.kwargs)
+        if tokens is None:
+            context["active"] = False
+            run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token layout ToDo "
+                          f"does not know (reference streams it cannot place); those calls were left alone.")
+            return
+        context["keep"] = self._keep_plans(run, tokens, call.x.device)
+        context["calls"] = 0
+
+    def end_run(self, run: RunState) -> None:
+        if run.cache.get("todo override replaced") and not run.reduced_sigmas:
+            run.warn_once(f"{self.label}: another node replaced the attention override after this one and did not "
+                          f"call it: {self.label} did nothing. Apply {self.label} after that node (closer to the "
+                          f"sampler).")
+
+    def _keep_plans(self, run: RunState, tokens: TokenLayout, device) -> dict:
+        """(call kind, key length) -> KeepPlan, the same for every call with this layout."""
+        cache_key = ("todo dit", tokens, device)
+        plans = run.cache.get(cache_key)
+        if plans is None:
+            t, h, w = tokens.grid
+            th, tw = downsampled_grid(h, w, self.factor)
+            target = (max(1, math.ceil(t / self.temporal_factor - 1e-9)), th, tw)
+            plans = run.cache[cache_key] = {
+                (kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, device)
+                for kind, spec in (("joint", tokens.joint), ("image", tokens.image)) if spec is not None}
+        return plans
+
+    # --- in the model call ----------------------------------------------------------------
+    def override(self, func, *args, **kwargs):
+        options = kwargs.get("transformer_options")
+        call = self.call_context(options) if isinstance(options, dict) else None
+        if call is not None and call["active"]:
+            args, kwargs = self._reduce(call, args, kwargs)
+        if self.previous is not None:
+            return self.previous(func, *args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _reduce(self, call: dict, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        index = call["calls"]
+        call["calls"] = index + 1
+        slot = self.plan[index] if index < len(self.plan) else None
+        if slot is None or slot.kind == OTHER or slot.block not in self.blocks:
+            return args, kwargs
+        dim = 2 if kwargs.get("skip_reshape") else 1  # [B, H, N, D], else [B, N, H*D] (SD3's v: [B, N, H, D])
+        q, k, v = args[:3]
+        length = k.shape[dim]
+        keep = call["keep"].get((slot.kind, length))
+        if keep is None or q.shape[dim] != length or v.shape[dim] != length:
+            note_skipped(call)  # a grid call whose tokens are not the predicted layout: left alone
+            return args, kwargs
+        mask = args[4] if len(args) > 4 else kwargs.get("mask")
+        if mask is not None and mask.shape[-1] not in (1, length):
+            note_skipped(call)
+            return args, kwargs
+        args = (q, self._keys(k, dim, keep), self._keys(v, dim, keep), *args[3:])
+        if mask is not None and mask.shape[-1] == length:
+            mask = mask.index_select(-1, keep.index)
+            if len(args) > 4:
+                args = (*args[:4], mask, *args[5:])
+            else:
+                kwargs = {**kwargs, "mask": mask}
+        note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
+                     lambda: {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, keep.kept)})
+        return args, kwargs
+
+    def _keys(self, x: torch.Tensor, dim: int, keep: KeepPlan) -> torch.Tensor:
+        if self.method == "nearest":
+            return x.index_select(dim, keep.index)
+        grid_part = x.narrow(dim, keep.start, keep.tokens)
+        pooled = pool_grid_tokens(grid_part, dim, keep.grid, keep.target)
+        end = keep.start + keep.tokens
+        return torch.cat([x.narrow(dim, 0, keep.start), pooled, x.narrow(dim, end, x.shape[dim] - end)], dim=dim)
