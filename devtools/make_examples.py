@@ -25,8 +25,8 @@ FAMILIES = {  # checkpoint name users most likely have, size, steps, cfg
 # "control after generate" value); the recommended defaults (README).
 PATCHES = {  # node type, method, widget values, node height (room for the report drawn below it)
     "tome": ("TokenReduceToMe", "ToMe", [0.5, 2, 2, "auto", "q, k, v (tomesd)", True, False, False, True, 0, "fixed", 0.0, 1.0,
-                                     False, "whole grid (tomesd)"], 440),
-    "todo": ("TokenReduceToDo", "ToDo", [2.0, 1.0, "auto", "nearest", 0.0, 1.0], 220),
+                                     False, "whole grid (tomesd)", "auto"], 460),
+    "todo": ("TokenReduceToDo", "ToDo", [2.0, 1.0, "auto", "nearest", 0.0, 1.0, 1.0, 1, 1, "auto"], 310),
 }
 LOADER, PATCH, POSITIVE, NEGATIVE_ID, LATENT, SAMPLER, DECODE, SAVE = 4, 10, 6, 7, 5, 3, 8, 9
 

@@ -51,7 +51,7 @@ class ToDoPatchNode(PatchNode):
                                          preflight=todo_factors(cls.NODE_ID, [nf for nf in named
                                                                               if nf[1] in target.levels]))
         patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, session.context_key,
-                          cls.NODE_ID)
+                          cls.NODE_ID, auto=settings.reduce_when == "auto")
         session.attach(patched, patch)
         patched.set_model_attn1_patch(patch.attn1)
         info, warnings = todo_info(settings, target)
@@ -74,7 +74,7 @@ class ToDoPatchNode(PatchNode):
                                          preflight=dit_factor(cls.NODE_ID, patch_size, settings.factor))
         patch = ToDoDiTPatch(target.layout, frozenset(site.key[1] for site in target.sites), settings.factor,
                              settings.temporal_factor, settings.method, diffusion_model, session.context_key,
-                             cls.NODE_ID)
+                             cls.NODE_ID, auto=settings.reduce_when == "auto")
         session.attach(patched, patch)
         install_attention_override(patched, patch)
         info, warnings = todo_info(settings, target)

@@ -176,3 +176,16 @@ def test_the_fixed_order_mean_used_on_cuda_equals_scatter_reduce(dtype):
     got = _deterministic_mean_into(dst.clone(), into, moved)
     assert got.dtype == dtype
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_large_similarity_is_computed_in_blocks_with_the_same_plan(monkeypatch):
+    """Past SIMILARITY_BLOCK numbers the src x dst matrix is never held whole: same plan."""
+    import tokenreduce.bipartite as bipartite
+
+    x = _metric(2, 24, 20)
+    whole = plan_bipartite_merge(x, 20, 24, 2, 2, 200, torch.Generator().manual_seed(5))
+    monkeypatch.setattr(bipartite, "SIMILARITY_BLOCK", 1000)  # a few src rows per block
+    blocked = plan_bipartite_merge(x, 20, 24, 2, 2, 200, torch.Generator().manual_seed(5))
+    for a, b in zip((whole.unmerged, whole.merged, whole.merged_into), (blocked.unmerged, blocked.merged,
+                                                                       blocked.merged_into)):
+        assert torch.equal(a, b)

@@ -83,7 +83,12 @@ def partition_grid(h: int, w: int, sx: int, sy: int, generator: torch.Generator 
 
 class MergePlan(NamedTuple):
     """Which tokens merge into which, for one block call; complete when built. Applies to any
-    [B, N, C] tensor of the batch and token count it was planned on."""
+    [B, N, C] tensor of the batch and token count it was planned on.
+
+    Besides the matching itself (positions in the src and dst lists, as tomesd keeps them) the
+    plan holds token indices for its two operations, so that merging is two gathers and one
+    scatter, and unmerging one gather, however often the plan is used (every stage of a block,
+    every block of a level with shared plans)."""
 
     batch: int
     tokens: int
@@ -92,6 +97,9 @@ class MergePlan(NamedTuple):
     unmerged: torch.Tensor | None = None  # [B, N - num_dst - r, 1]: positions in src kept
     merged: torch.Tensor | None = None  # [B, r, 1]: positions in src merged away
     merged_into: torch.Tensor | None = None  # [B, r, 1]: the dst each of those joins
+    order: torch.Tensor | None = None  # [B, N - r, 1]: the token each merged position starts from
+    moved: torch.Tensor | None = None  # [B, r, 1]: the tokens merged away
+    inverse: torch.Tensor | None = None  # [B, N, 1]: the merged position each token reads back
 
     @property
     def is_identity(self) -> bool:
@@ -119,31 +127,22 @@ class MergePlan(NamedTuple):
         itself and the src merged into it)."""
         if self.is_identity:
             return x
-        src, dst = _split(x, self.partition)
-        b, n_src, c = src.shape
-        kept = _gather(src, -2, self.unmerged.expand(b, n_src - self.r, c))
-        moved = _gather(src, -2, self.merged.expand(b, self.r, c))
+        b, _, c = x.shape
+        out = _gather(x, 1, self.order.expand(b, self.tokens - self.r, c))
+        moved = _gather(x, 1, self.moved.expand(b, self.r, c))
+        n_kept = self.unmerged.shape[1]
         if x.is_cuda:
-            dst = _deterministic_mean_into(dst, self.merged_into[..., 0], moved)
+            out[:, n_kept:] = _deterministic_mean_into(out[:, n_kept:], self.merged_into[..., 0], moved)
         else:
-            dst = dst.scatter_reduce(-2, self.merged_into.expand(b, self.r, c), moved, reduce="mean")
-        return torch.cat([kept, dst], dim=1)
+            out[:, n_kept:].scatter_reduce_(-2, self.merged_into.expand(b, self.r, c), moved, reduce="mean")
+        return out
 
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         """[B, N - r, C] -> [B, N, C]: every merged src receives its dst's value."""
         if self.is_identity:
             return x
-        src_of, dst_of = self.partition
-        n_kept = self.unmerged.shape[1]
-        kept, dst = x[..., :n_kept, :], x[..., n_kept:, :]
-        b, c = x.shape[0], x.shape[-1]
-        moved = _gather(dst, -2, self.merged_into.expand(b, self.r, c))
-        src_of = src_of.expand(b, src_of.shape[1], 1)
-        out = torch.zeros(b, self.tokens, c, device=x.device, dtype=x.dtype)
-        out.scatter_(-2, dst_of.expand(b, dst_of.shape[1], c), dst)
-        out.scatter_(-2, _gather(src_of, 1, self.unmerged).expand(b, n_kept, c), kept)
-        out.scatter_(-2, _gather(src_of, 1, self.merged).expand(b, self.r, c), moved)
-        return out
+        b, _, c = x.shape
+        return _gather(x, 1, self.inverse.expand(b, self.tokens, c))
 
 
 def _split(x: torch.Tensor, partition: Partition) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,6 +152,22 @@ def _split(x: torch.Tensor, partition: Partition) -> tuple[torch.Tensor, torch.T
     src = _gather(x, 1, partition.src_of.expand(b, n - num_dst, c))
     dst = _gather(x, 1, partition.dst_of.expand(b, num_dst, c))
     return src, dst
+
+
+# The whole-grid similarity is a src x dst matrix per image: 3N^2/16 numbers, 1.6 GB in float16
+# for one 2048 px SD1.5 image at its first level, more than the attention it saves. Past this
+# many numbers it is computed in blocks of src rows and only each row's best is kept.
+SIMILARITY_BLOCK = 1 << 24
+
+
+def _best_dst(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each src's (rows of ``a``) highest similarity to a dst (rows of ``b``) and which dst."""
+    batch, n_src, _ = a.shape
+    rows = max(1, SIMILARITY_BLOCK // (batch * b.shape[1]))
+    if rows >= n_src:
+        return (a @ b.transpose(-1, -2)).max(dim=-1)
+    parts = [(a[:, i:i + rows] @ b.transpose(-1, -2)).max(dim=-1) for i in range(0, n_src, rows)]
+    return torch.cat([p.values for p in parts], dim=1), torch.cat([p.indices for p in parts], dim=1)
 
 
 def _nearby_dst(h: int, w: int, sx: int, sy: int, dst_of: torch.Tensor, reach: int) -> torch.Tensor:
@@ -265,13 +280,27 @@ def plan_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, partition
         r = min(r, tokens - partition.num_dst)
         if reach is None:
             a, b = _split(metric / metric.norm(dim=-1, keepdim=True), partition)
-            best, best_dst = (a @ b.transpose(-1, -2)).max(dim=-1)
+            best, best_dst = _best_dst(a, b)
         else:
             best, best_dst = _best_nearby_dst(metric, h, w, sx, sy, partition, reach)
         by_similarity = best.argsort(dim=-1, descending=True)[..., None]
-        merged = by_similarity[..., :r, :]
-        return MergePlan(batch=batch, tokens=tokens, r=r, partition=partition, unmerged=by_similarity[..., r:, :],
-                         merged=merged, merged_into=_gather(best_dst[..., None], -2, merged))
+        return _complete_plan(batch, tokens, r, partition, unmerged=by_similarity[..., r:, :],
+                              merged=by_similarity[..., :r, :],
+                              merged_into=_gather(best_dst[..., None], -2, by_similarity[..., :r, :]))
+
+
+def _complete_plan(batch: int, tokens: int, r: int, partition: Partition, unmerged: torch.Tensor,
+                   merged: torch.Tensor, merged_into: torch.Tensor) -> MergePlan:
+    """The plan with the token indices of its merge and unmerge."""
+    src_of = partition.src_of.expand(batch, -1, 1)
+    kept = _gather(src_of, 1, unmerged)
+    moved = _gather(src_of, 1, merged)
+    order = torch.cat([kept, partition.dst_of.expand(batch, -1, 1)], dim=1)
+    inverse = torch.empty(batch, tokens, 1, dtype=torch.int64, device=order.device)
+    inverse.scatter_(1, order, torch.arange(tokens - r, device=order.device).view(1, -1, 1).expand(batch, -1, 1))
+    inverse.scatter_(1, moved, merged_into + kept.shape[1])
+    return MergePlan(batch=batch, tokens=tokens, r=r, partition=partition, unmerged=unmerged, merged=merged,
+                     merged_into=merged_into, order=order, moved=moved, inverse=inverse)
 
 
 def plan_bipartite_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, r: int,

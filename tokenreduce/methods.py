@@ -16,6 +16,14 @@ MATCH_WHOLE_GRID = "whole grid (tomesd)"
 MATCHING_REACH = {MATCH_WHOLE_GRID: None, "3x3 cells": 1, "5x5 cells": 2}  # option -> reach in cells
 
 
+def reduce_when_input() -> Input:
+    return Input("reduce_when", CHOICE, "auto", options=("auto", "always"), optional=True,
+                 tooltip="auto: on a CUDA GPU leave a grid smaller than 128x128 tokens alone: our measurements show "
+                         "the reduction costs more than it saves there (the GPU waits on kernel launches, not on "
+                         "tokens); CPUs reduce every size. The node's report says what was left alone. always: "
+                         "reduce wherever the other settings say.")
+
+
 def window_inputs(what: str) -> tuple[Input, Input]:
     return (
         Input("start_percent", FLOAT, 0.0, low=0.0, high=1.0, step=0.001,
@@ -93,6 +101,7 @@ TOME = Method("ToMe", (
           tooltip="Where each token looks for its merge target: in the whole grid (tomesd: its cost grows with "
                   "the square of the tokens, like the attention it saves) or only in the nearby cells (cost "
                   "grows with the tokens; same quality in our benchmarks, much faster planning at large sizes)."),
+    reduce_when_input(),
 ), checks=(_ratio_within_cap, _something_to_merge, _window_order))
 
 TODO = Method("ToDo", (
@@ -118,6 +127,7 @@ TODO = Method("ToDo", (
     Input("skip_last_blocks", INT, 1, low=0, high=64, optional=True,
           tooltip="DiTs: leave this many of the model's last blocks unreduced (they settle the details). UNets "
                   "ignore it."),
+    reduce_when_input(),
 ), checks=(_something_to_downsample, _window_order))
 
 DIT_METHODS_WITH_ROPE = ("nearest",)  # keys that carry rotated positions are selected, never averaged

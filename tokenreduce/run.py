@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import torch
 
+from .grid import grid_at
+from .pays import skipped_message, too_small
 from .window import SigmaWindow, steps_of
 
 LOG = logging.getLogger("tokenreduce")
@@ -172,9 +174,10 @@ class CallPatch:
     patched model (ComfyUI's clone() deep-copies model options), finding its call context
     under ``context_key`` in the options the host passes to each patch call."""
 
-    def __init__(self, context_key: str, label: str):
+    def __init__(self, context_key: str, label: str, auto: bool = False):
         self.context_key = context_key
         self.label = label
+        self.auto = auto  # reduce_when auto: leave grids alone where reduction does not pay (pays.py)
         self._warned_outside_sampler = False
 
     def __deepcopy__(self, memo):
@@ -187,6 +190,18 @@ class CallPatch:
     def end_run(self, run: RunState) -> None:
         """Called by the host when a sampling run ends, before its report: nothing of the run
         may outlive it."""
+
+    def small_levels(self, run: RunState, latent_hw: tuple[int, int], levels, device: torch.device) -> frozenset:
+        """The UNet levels the auto rule leaves alone in this call (said once per run)."""
+        if not self.auto:
+            return frozenset()
+        small = set()
+        for level in levels:
+            h, w = grid_at(latent_hw, level)
+            if too_small(h * w, device):
+                small.add(level)
+                run.warn_once(skipped_message(self.label, f"downsample {level} ({w}×{h})", h * w, device))
+        return frozenset(small)
 
     def call_context(self, options: dict) -> dict | None:
         """This call's context, or None when the model is called outside a sampling run (then

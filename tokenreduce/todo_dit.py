@@ -22,6 +22,7 @@ import torch
 
 from .dit import OTHER, TokenLayout
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
+from .pays import skipped_message, too_small
 from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
 
 OVERRIDE = "optimized_attention_override"
@@ -56,8 +57,8 @@ class ToDoDiTPatch(CallPatch):
     """The attention override of one ToDo node output on a DiT."""
 
     def __init__(self, layout, blocks: frozenset, factor: float, temporal_factor: float, method: str,
-                 diffusion_model, context_key: str, label: str, previous=None):
-        super().__init__(context_key, label)
+                 diffusion_model, context_key: str, label: str, auto: bool = False, previous=None):
+        super().__init__(context_key, label, auto)
         self.family = layout.family
         self.plan = layout.plan
         self.blocks = blocks  # indices of the blocks it reduces
@@ -79,6 +80,13 @@ class ToDoDiTPatch(CallPatch):
             context["active"] = False
             run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token layout ToDo "
                           f"does not know (reference streams it cannot place); those calls were left alone.")
+            return
+        grid_tokens = math.prod(tokens.grid)
+        if self.auto and too_small(grid_tokens, call.x.device):
+            context["active"] = False
+            t, h, w = tokens.grid
+            run.warn_once(skipped_message(self.label, f"the {w}×{h}" + (f"×{t} frames" if t > 1 else "") + " grid",
+                                          grid_tokens, call.x.device))
             return
         context["keep"] = self._keep_plans(run, tokens, call.x.device)
         context["calls"] = 0

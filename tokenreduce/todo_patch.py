@@ -17,10 +17,14 @@ from .run import CallPatch, note_reduced, note_skipped
 class ToDoPatch(CallPatch):
     """The patch function of one ToDo node output on a UNet."""
 
-    def __init__(self, factors: dict, method: str, context_key: str, label: str):
-        super().__init__(context_key, label)
+    def __init__(self, factors: dict, method: str, context_key: str, label: str, auto: bool = False):
+        super().__init__(context_key, label, auto)
         self.factors = factors  # level -> pooling factor per side (> 1)
         self.method = method
+
+    def prepare_call(self, context: dict, run, call) -> None:
+        if context["active"]:
+            context["small"] = self.small_levels(run, tuple(call.x.shape[-2:]), self.factors, call.x.device)
 
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)
@@ -31,7 +35,7 @@ class ToDoPatch(CallPatch):
             return n, context, value
         (h, w), level = located
         factor = self.factors.get(level)
-        if factor is None:
+        if factor is None or level in call["small"]:
             return n, context, value
         if context.shape[1] != h * w or value.shape[1] != h * w:
             note_skipped(call)  # another patch changed the keys/values; reported at run end

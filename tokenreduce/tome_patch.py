@@ -37,7 +37,7 @@ class ToMePatch(CallPatch):
     """The patch functions of one ToMe node output, for the sites of ``target``."""
 
     def __init__(self, settings, target, context_key: str, label: str):
-        super().__init__(context_key, label)
+        super().__init__(context_key, label, auto=settings.reduce_when == "auto")
         self.settings = settings
         self.max_level = target.level
         self.sites = target.sites
@@ -53,8 +53,9 @@ class ToMePatch(CallPatch):
             return
         latent_hw, device, sigmas = tuple(call.x.shape[-2:]), call.x.device, call.sigmas
         s = self.settings
+        context["small"] = small = self.small_levels(run, latent_hw, {site.level for site in self.sites}, device)
         keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
-                if site.level <= self.max_level}
+                if site.level <= self.max_level and site.level not in small}
         sigma = run.sigma(sigmas) if s.use_rand else None
         context["partitions"] = {key: self._partition(run, key[0], key[1], device, sigma) for key in keys}
         # A grid the latent does not predict (a model that rescales inside, Kohya Deep Shrink)
@@ -85,7 +86,7 @@ class ToMePatch(CallPatch):
         alone: a level above max_downsample, a step outside the window, or tokens that are not
         the block's grid (another patch reshaped them, or temporal attention)."""
         located = unet_call_grid(extra_options)
-        if located is None or not context["active"] or located[1] > self.max_level:
+        if located is None or not context["active"] or located[1] > self.max_level or located[1] in context["small"]:
             return None
         grid = located[0]
         if n.shape[1] != grid[0] * grid[1]:
