@@ -22,6 +22,8 @@ from ..tokenreduce.window import SigmaWindow
 
 LOG = logging.getLogger("tokenreduce")
 WRAPPER_KEY = "tokenreduce"
+# BaseModel.apply_model's named arguments; the rest of its keyword arguments are the model's inputs.
+APPLY_MODEL_ARGS = ("x", "t", "c_concat", "c_crossattn", "control", "transformer_options")
 
 
 def _arg(args: tuple, kwargs: dict, index: int, name: str):
@@ -97,10 +99,9 @@ class PatchSession:
             return executor(*args, **kwargs)
         sigmas = options["sigmas"]
         context = run.open_call(sigmas)
-        inputs = {k: v for k, v in kwargs.items() if k not in ("x", "t", "c_concat", "c_crossattn", "control",
-                                                                "transformer_options")}
-        self.patch.prepare_call(context, run, ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"),
-                                                       inputs, options, sigmas))
+        inputs = {k: v for k, v in kwargs.items() if k not in APPLY_MODEL_ARGS}
+        call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas)
+        self.patch.prepare_call(context, run, call)
         options[self.context_key] = context  # a fresh dict per model call (ComfyUI copies it)
         try:
             return executor(*args, **kwargs)

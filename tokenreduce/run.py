@@ -137,7 +137,9 @@ class RunState:
                schedule) -> RunReport:
         sigmas = [float(s) for s in schedule] if schedule is not None else []
         steps = max(0, len(sigmas) - 1)
-        active = steps_of(sigmas, {float(s.max()) for s in self.reduced_sigmas})
+        # One transfer for the whole run, not one per call.
+        seen = torch.stack([s.max() for s in self.reduced_sigmas]).float().cpu().tolist() if self.reduced_sigmas else []
+        active = steps_of(sigmas, set(seen))
         warnings = list(self.warnings)
         if completed and steps and not active:
             warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
