@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from .dit import OTHER, TokenLayout
-from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
+from .downsample import downsampled_grid, pool_grid_tokens
 from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
 
 OVERRIDE = "optimized_attention_override"
@@ -44,9 +44,20 @@ class KeepPlan(NamedTuple):
         return math.prod(self.target)
 
 
+def _strided(size: int, target: int, factor: float, device) -> torch.Tensor:
+    """``target`` of ``size`` positions, every ``factor``-th from the first (``floor(i * factor)``):
+    with an integer factor a plain stride, whether or not it divides the size; with a
+    non-integer one the steps alternate (1.5: 0, 1, 3, 4, 6, ...). Spread over the whole size:
+    ``target = ceil(size / factor)`` puts the last one within ``factor`` of the end."""
+    kept = (torch.arange(target, dtype=torch.float64, device=device) * factor + 1e-9).floor().long()
+    return kept.clamp_(max=size - 1)
+
+
 def _keep_plan(length: int, start: int, grid: tuple[int, int, int], target: tuple[int, int, int],
-               device) -> KeepPlan:
-    kept = grid_keep_index(grid, target, device) + start
+               factors: tuple[float, float, float], device) -> KeepPlan:
+    _, h, w = grid
+    frames, rows, cols = (_strided(n, m, f, device) for n, m, f in zip(grid, target, factors))
+    kept = ((frames[:, None, None] * h + rows[None, :, None]) * w + cols[None, None, :]).reshape(-1) + start
     end = start + math.prod(grid)
     index = torch.cat([torch.arange(start, device=device), kept, torch.arange(end, length, device=device)])
     return KeepPlan(index, start, grid, target)
@@ -97,8 +108,9 @@ class ToDoDiTPatch(CallPatch):
             t, h, w = tokens.grid
             th, tw = downsampled_grid(h, w, self.factor)
             target = (max(1, math.ceil(t / self.temporal_factor - 1e-9)), th, tw)
+            factors = (self.temporal_factor, self.factor, self.factor)
             plans = run.cache[cache_key] = {
-                (kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, device)
+                (kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, factors, device)
                 for kind, spec in (("joint", tokens.joint), ("image", tokens.image)) if spec is not None}
         return plans
 
