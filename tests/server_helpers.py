@@ -122,6 +122,18 @@ def widget_problems(flow: dict, object_info: dict) -> list[str]:
     return problems
 
 
+TEST_NODES = REPO / "tests" / "comfy_test_nodes"  # random DiT conditioning, for tests only
+
+
+def link_test_nodes(base: Path) -> None:
+    """Install the tests' own node pack (tests/comfy_test_nodes) in a server's custom_nodes
+    before it starts."""
+    target = base / "custom_nodes" / "TokenReduce-TestNodes"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        target.symlink_to(TEST_NODES, target_is_directory=True)
+
+
 def execution_error(entry: dict) -> dict:
     """The data of a finished prompt's execution_error message."""
     (error,) = [data for name, data in entry["status"]["messages"] if name == "execution_error"]
