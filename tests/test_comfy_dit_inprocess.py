@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import random_dits
-from comfy_helpers import TODO_DEFAULTS, apply, rel_error, session_of
+from comfy_helpers import apply, rel_error, session_of
 
 IMAGE = dict(height_px=128, width_px=96)  # 16x12 latent (8x6 for Flux.2): an 8x6 token grid
 VIDEO = dict(frames=9, height_px=96, width_px=96)  # 3 latent frames of 6x6 tokens (3x3 for Wan 2.2 5B)
