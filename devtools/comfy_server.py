@@ -246,19 +246,22 @@ def ensure_checkpoint(comfyui: Path, python: str | Path = sys.executable, family
                    f"random_models.write_checkpoint(path, {family!r}, {seed})")
 
 
-EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer in random_models)
-    "dit": ("diffusion_models", "write_dit"),
-    "lora": ("loras", "write_lora"),
-    "controlnet": ("controlnet", "write_controlnet"),
+EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer "module.function" in devtools/, version of its files)
+    "dit": ("diffusion_models", "random_models.write_dit", 2),  # tiny SD3; v2: its position table is filled
+    "lora": ("loras", "random_models.write_lora", 1),
+    "controlnet": ("controlnet", "random_models.write_controlnet", 1),
+    "flux": ("diffusion_models", "random_dits.write_flux_diffusion_model", 1),  # Flux.1 dev, ~0.8 GB
+    "wan21_t2v": ("diffusion_models", "random_dits.write_wan_diffusion_model", 1),
+    "unsupported_dit": ("diffusion_models", "random_dits.write_unsupported_dit", 1),  # Wan 2.1 VACE
 }
 
 
 def ensure_extra_model(comfyui: Path, kind: str, python: str | Path = sys.executable) -> tuple[str, Path]:
     """Write (once) a random-weight model file of ``kind`` (see EXTRA_MODELS) with that tree's
     classes; returns its ComfyUI model folder and path."""
-    folder, writer = EXTRA_MODELS[kind]
-    path = model_cache(comfyui) / f"tokenreduce-random-{kind}-seed0-v1.safetensors"
-    return folder, _ensure(path, comfyui, python, f"random_models.{writer}(path)")
+    folder, writer, version = EXTRA_MODELS[kind]
+    path = model_cache(comfyui) / f"tokenreduce-random-{kind}-seed0-v{version}.safetensors"
+    return folder, _ensure(path, comfyui, python, f"{writer}(path)")
 
 
 def _ensure(path: Path, comfyui: Path, python: str | Path, call: str) -> Path:
@@ -268,7 +271,7 @@ def _ensure(path: Path, comfyui: Path, python: str | Path, call: str) -> Path:
     partial = path.with_suffix(".partial")
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; path = sys.argv[3]\n"
             "import torch\nfrom comfy.cli_args import args\nargs.cpu = not torch.cuda.is_available()\n"
-            f"import random_models\n{call}\n")
+            f"import {call.split('.')[0]}\n{call}\n")
     subprocess.run([str(python), "-c", code, str(comfyui), str(REPO / "devtools"), str(partial)], check=True,
                    cwd=comfyui)
     partial.rename(path)

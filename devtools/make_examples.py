@@ -1,5 +1,7 @@
 """Write the UI-format example workflows in ``example_workflows/``: txt2img graphs for SD1.5 and
-SDXL with each patch node between the checkpoint loader and the sampler.
+SDXL with each patch node between the checkpoint loader and the sampler, and ToDo on the DiTs
+most users run: Wan 2.1 text to video and Flux.1 [dev] text to image, with the loaders, file
+names and sizes of ComfyUI's own templates for them.
 
     python3 devtools/make_examples.py
 
@@ -78,8 +80,106 @@ def workflow(family: str, patch: str) -> dict:
             "extra": {"info": {"name": f"{family.upper()} txt2img with {method}"}}, "version": 0.4}
 
 
+class Graph:
+    """A UI-format graph built node by node: ``add`` places a node (its inputs linked to
+    ``(node id, output slot)`` of nodes added before), ``flow`` the workflow with its links."""
+
+    def __init__(self):
+        self.nodes, self.links = [], []
+
+    def add(self, node_id, node_type, pos, size, widgets, outputs=(), inputs=(), **extra):
+        """``outputs``: (name, type) per output slot; ``inputs``: (name, type, (from id, slot))."""
+        node = _node(node_id, node_type, pos, size, [], [], list(widgets), len(self.nodes), **extra)
+        for name, kind in outputs:
+            node["outputs"].append(_out(name, kind, [], len(node["outputs"])))
+        for name, kind, (source, slot) in inputs:
+            link_id = len(self.links) + 1
+            self.links.append([link_id, source, slot, node_id, len(node["inputs"]), kind])
+            node["inputs"].append({"name": name, "type": kind, "link": link_id})
+            (origin,) = [n for n in self.nodes if n["id"] == source]
+            origin["outputs"][slot]["links"].append(link_id)
+        self.nodes.append(node)
+        return node_id
+
+    def flow(self, name: str) -> dict:
+        for node in self.nodes:
+            for output in node["outputs"]:
+                if not output["links"]:
+                    output["links"] = None
+        return {"last_node_id": max(n["id"] for n in self.nodes), "last_link_id": len(self.links),
+                "nodes": self.nodes, "links": self.links, "groups": [], "config": {}, "extra": {"info": {"name": name}},
+                "version": 0.4}
+
+
+WAN_PROMPT = ("a lighthouse on a rocky cliff at sunset, waves crashing against the rocks, the camera slowly "
+              "circles the tower, cinematic, highly detailed")
+WAN_NEGATIVE = "blurry, static, low quality, watermark, text, deformed, jittery motion"
+
+
+def _todo_node(graph, model_source, pos):
+    node_type, _, widgets, height = PATCHES["todo"]
+    return graph.add(PATCH, node_type, pos, [340, height], widgets, [("MODEL", "MODEL"), ("info", "STRING")],
+                     [("model", "MODEL", model_source)], color="#233", bgcolor="#355")
+
+
+def wan_workflow() -> dict:
+    """Wan 2.1 1.3B text to video at 832x480, 33 frames (ComfyUI's Wan 2.1 template), with ToDo
+    at its defaults between the diffusion-model loader and the sampler."""
+    g = Graph()
+    unet = g.add(1, "UNETLoader", [40, 60], [340, 82], ["wan2.1_t2v_1.3B_fp16.safetensors", "default"],
+                 [("MODEL", "MODEL")])
+    clip = g.add(2, "CLIPLoader", [40, 190], [340, 106], ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"],
+                 [("CLIP", "CLIP")])
+    vae = g.add(3, "VAELoader", [40, 340], [340, 58], ["wan_2.1_vae.safetensors"], [("VAE", "VAE")])
+    positive = g.add(4, "CLIPTextEncode", [420, 390], [420, 160], [WAN_PROMPT], [("CONDITIONING", "CONDITIONING")],
+                     [("clip", "CLIP", (clip, 0))], title="Positive prompt")
+    negative = g.add(5, "CLIPTextEncode", [420, 590], [420, 130], [WAN_NEGATIVE], [("CONDITIONING", "CONDITIONING")],
+                     [("clip", "CLIP", (clip, 0))], title="Negative prompt")
+    latent = g.add(6, "EmptyHunyuanLatentVideo", [40, 440], [340, 130], [832, 480, 33, 1], [("LATENT", "LATENT")])
+    patch = _todo_node(g, (unet, 0), [420, 60])
+    sampler = g.add(7, "KSampler", [880, 60], [315, 262], [42, "fixed", 30, 6.0, "uni_pc", "simple", 1.0],
+                    [("LATENT", "LATENT")],
+                    [("model", "MODEL", (patch, 0)), ("positive", "CONDITIONING", (positive, 0)),
+                     ("negative", "CONDITIONING", (negative, 0)), ("latent_image", "LATENT", (latent, 0))])
+    decode = g.add(8, "VAEDecode", [1240, 60], [210, 46], [], [("IMAGE", "IMAGE")],
+                   [("samples", "LATENT", (sampler, 0)), ("vae", "VAE", (vae, 0))])
+    g.add(9, "SaveAnimatedWEBP", [1240, 160], [480, 420], ["TokenReduce_wan21_t2v_todo", 16.0, False, 90, "default"], [],
+          [("images", "IMAGE", (decode, 0))])
+    return g.flow("Wan 2.1 text to video with ToDo")
+
+
+def flux_workflow() -> dict:
+    """Flux.1 [dev] text to image at 1024x1024 (ComfyUI's Flux dev template: FluxGuidance 3.5,
+    CFG 1, the negative zeroed out), with ToDo at its defaults between the diffusion-model
+    loader and the sampler."""
+    g = Graph()
+    unet = g.add(1, "UNETLoader", [40, 60], [340, 82], ["flux1-dev.safetensors", "default"], [("MODEL", "MODEL")])
+    clip = g.add(2, "DualCLIPLoader", [40, 190], [340, 130],
+                 ["t5xxl_fp16.safetensors", "clip_l.safetensors", "flux", "default"], [("CLIP", "CLIP")])
+    vae = g.add(3, "VAELoader", [40, 370], [340, 58], ["ae.safetensors"], [("VAE", "VAE")])
+    positive = g.add(4, "CLIPTextEncode", [420, 390], [420, 160], [PROMPT], [("CONDITIONING", "CONDITIONING")],
+                     [("clip", "CLIP", (clip, 0))], title="Positive prompt")
+    guidance = g.add(11, "FluxGuidance", [420, 590], [317, 58], [3.5], [("CONDITIONING", "CONDITIONING")],
+                     [("conditioning", "CONDITIONING", (positive, 0))])
+    negative = g.add(5, "ConditioningZeroOut", [420, 690], [317, 26], [], [("CONDITIONING", "CONDITIONING")],
+                     [("conditioning", "CONDITIONING", (positive, 0))])
+    latent = g.add(6, "EmptySD3LatentImage", [40, 470], [340, 106], [1024, 1024, 1], [("LATENT", "LATENT")])
+    patch = _todo_node(g, (unet, 0), [420, 60])
+    sampler = g.add(7, "KSampler", [880, 60], [315, 262], [42, "fixed", 20, 1.0, "euler", "simple", 1.0],
+                    [("LATENT", "LATENT")],
+                    [("model", "MODEL", (patch, 0)), ("positive", "CONDITIONING", (guidance, 0)),
+                     ("negative", "CONDITIONING", (negative, 0)), ("latent_image", "LATENT", (latent, 0))])
+    decode = g.add(8, "VAEDecode", [1240, 60], [210, 46], [], [("IMAGE", "IMAGE")],
+                   [("samples", "LATENT", (sampler, 0)), ("vae", "VAE", (vae, 0))])
+    g.add(9, "SaveImage", [1240, 160], [400, 420], ["TokenReduce_flux_todo"], [], [("images", "IMAGE", (decode, 0))])
+    return g.flow("Flux.1 dev txt2img with ToDo")
+
+
 def examples() -> dict[str, dict]:
-    return {f"{family}_txt2img_{patch}.json": workflow(family, patch) for family in FAMILIES for patch in PATCHES}
+    flows = {f"{family}_txt2img_{patch}.json": workflow(family, patch) for family in FAMILIES for patch in PATCHES}
+    flows["wan21_t2v_todo.json"] = wan_workflow()
+    flows["flux_txt2img_todo.json"] = flux_workflow()
+    return flows
 
 
 def render(flow: dict) -> str:

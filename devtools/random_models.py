@@ -78,6 +78,22 @@ def randomize_(module: torch.nn.Module, seed: int) -> None:
                 param.fill_(1.0)
 
 
+def fill_pos_embed_(diffusion_model: torch.nn.Module) -> None:
+    """MMDiT (SD3) keeps its absolute position table in a *buffer* made with ``torch.empty``
+    (real files carry it), which ``randomize_`` (parameters only) leaves as uninitialised
+    memory: outputs would differ between runs, or be NaN. Fill it with the 2-D sin-cos table
+    ComfyUI itself computes when a file has none. Other models are left as they are."""
+    pos_embed = getattr(diffusion_model, "pos_embed", None)
+    size = getattr(diffusion_model, "pos_embed_max_size", None)
+    if not isinstance(pos_embed, torch.Tensor) or pos_embed.dim() != 3 or not size:
+        return
+    from comfy.ldm.modules.diffusionmodules.mmdit import get_2d_sincos_pos_embed_torch
+
+    with torch.no_grad():
+        table = get_2d_sincos_pos_embed_torch(pos_embed.shape[-1], size, size)
+        pos_embed.copy_(table.reshape(pos_embed.shape).to(pos_embed.dtype))
+
+
 def make_model(family: str = "SD15", tiny: bool = True, seed: int = 0, v_prediction: bool = False,
                dtype: torch.dtype = torch.float32):
     """A ModelPatcher around a random-weight UNet of that family, on ComfyUI's torch device."""
@@ -161,6 +177,7 @@ def make_dit(seed: int = 0):
     model_config.set_inference_dtype(torch.float32, None)
     model = model_config.get_model({})
     randomize_(model.diffusion_model, seed)
+    fill_pos_embed_(model.diffusion_model)
     return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
                                             offload_device=comfy.model_management.unet_offload_device())
 

@@ -22,9 +22,10 @@ PUBLIC_INPUTS = {  # public interface: saved workflows depend on these names and
     "TokenReduceToDo": ["model", "factor", "factor_next", "level", "method", "start_percent", "end_percent"],
 }
 OPTIONAL_INPUTS = {  # added after the first release, optional so that older workflows still load
-    "TokenReduceToMe": ["share_plans", "matching"],
-    "TokenReduceToDo": [],
+    "TokenReduceToMe": ["share_plans", "matching", "reduce_when"],
+    "TokenReduceToDo": ["temporal_factor", "skip_first_blocks", "skip_last_blocks", "reduce_when"],
 }
+MODEL_FILE = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".gguf")
 
 
 def checkpoint_name(family: str) -> str:
@@ -81,6 +82,56 @@ def link_extra_models(base: Path, kinds: list[str]) -> dict[str, str]:
             target.symlink_to(path)
         names[kind] = target.name
     return names
+
+
+def widget_problems(flow: dict, object_info: dict) -> list[str]:
+    """Widget values of a UI-format workflow that do not fit the server's inputs: a choice not
+    among the options (model file names excepted: the test server has none of the real files),
+    a number out of range or of the wrong type, a non-boolean, a non-string."""
+    problems = []
+    for node in flow["nodes"]:
+        info = object_info[node["type"]]
+        linked = {inp["name"] for inp in node.get("inputs", []) if inp.get("link") is not None}
+        values = iter(node.get("widgets_values", []))
+        for name, spec in workflow._input_specs(info):
+            if not workflow._is_widget(spec):
+                continue
+            value = next(values, workflow._MISSING)
+            options = spec[1] if len(spec) > 1 else {}
+            if options.get("control_after_generate"):
+                next(values, None)
+            if value is workflow._MISSING or name in linked:
+                continue
+            where = f"{node['type']} (node {node['id']}) input {name} = {value!r}"
+            kind = spec[0]
+            choices = kind if isinstance(kind, list) else options.get("options") if kind == "COMBO" else None
+            if choices is not None:
+                if value not in choices and not str(value).endswith(MODEL_FILE):
+                    problems.append(f"{where}: not one of {choices}")
+            elif kind in ("INT", "FLOAT"):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == "INT" and value != int(value)):
+                    problems.append(f"{where}: not a {kind}")
+                elif not options.get("min", value) <= value <= options.get("max", value):
+                    problems.append(f"{where}: out of range [{options.get('min')}, {options.get('max')}]")
+            elif kind == "BOOLEAN" and not isinstance(value, bool):
+                problems.append(f"{where}: not a boolean")
+            elif kind == "STRING" and not isinstance(value, str):
+                problems.append(f"{where}: not a string")
+        if next(values, workflow._MISSING) is not workflow._MISSING:
+            problems.append(f"{node['type']} (node {node['id']}): more widget values than widget inputs")
+    return problems
+
+
+TEST_NODES = REPO / "tests" / "comfy_test_nodes"  # random DiT conditioning, for tests only
+
+
+def link_test_nodes(base: Path) -> None:
+    """Install the tests' own node pack (tests/comfy_test_nodes) in a server's custom_nodes
+    before it starts."""
+    target = base / "custom_nodes" / "TokenReduce-TestNodes"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        target.symlink_to(TEST_NODES, target_is_directory=True)
 
 
 def execution_error(entry: dict) -> dict:

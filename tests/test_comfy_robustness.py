@@ -1,9 +1,9 @@
 """Robust under real use, end to end on the pinned ComfyUI server (full-size random-weight SD1.5,
-LoRA, ControlNet and a tiny SD3 written by the tests):
+LoRA, ControlNet, a tiny SD3 and a tiny Wan VACE written by the tests):
 
 - bad input through ``POST /prompt``: every input of both nodes out of range or of the wrong
-  type, settings that do not fit the latent, a non-UNet model, our node twice: each a clear
-  error naming the node and the value;
+  type, settings that do not fit the latent, a model the node cannot patch (ToMe on a DiT, ToDo
+  on an unsupported DiT), our node twice: each a clear error naming the node and the value;
 - our nodes combined with LoRA (both orders), a ControlNet and a hires-fix two-pass graph;
 - an interrupt during sampling;
 - and at the end: after all of that, the same server still gives for valid prompts exactly
@@ -30,7 +30,7 @@ REFERENCE_IMAGES = {}  # name -> pixels from the server these tests abused
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-robust")
-    return base, link_extra_models(base, ["dit", "lora", "controlnet"])
+    return base, link_extra_models(base, ["dit", "unsupported_dit", "lora", "controlnet"])
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,10 @@ BAD_INPUTS = [
     ("todo", "method", "max", "method 'max' is not one of"),
     ("todo", "start_percent", -1, "start_percent -1 is out of range"),
     ("todo", "end_percent", "late", "end_percent 'late' is not a number"),
+    ("todo", "temporal_factor", 0.5, "temporal_factor 0.5 is out of range"),
+    ("todo", "temporal_factor", "slow", "temporal_factor 'slow' is not a number"),
+    ("todo", "skip_first_blocks", -1, "skip_first_blocks -1 is out of range"),
+    ("todo", "skip_last_blocks", 65, "skip_last_blocks 65 is out of range"),
 ]
 
 
@@ -150,14 +154,21 @@ def test_a_null_value_fails_at_our_node(server, object_info, patch, name):
     assert error["node_type"] == NODE_IDS[patch] and f"{name} has no value (null)" in error["exception_message"]
 
 
-@pytest.mark.parametrize("patch", ["tome", "todo"])
-def test_a_non_unet_model_is_refused_by_our_node(server, object_info, files, patch):
+@pytest.mark.parametrize("patch,model,needles", [
+    ("tome", "dit", ["cannot patch this SD3 model: it has no UNet transformer blocks",
+                     "use Token Downsampling (ToDo, TokenReduce), which supports SD3 / SD3.5"]),
+    ("todo", "unsupported_dit", ["ToDo cannot patch this WAN21_Vace model",
+                                 "these DiT families: Flux.1, Flux.2, Chroma, Qwen-Image, Lumina 2 / Z-Image, "
+                                 "SD3 / SD3.5, Wan 2.1 / 2.2, HunyuanVideo"]),
+], ids=["tome on SD3", "todo on Wan VACE"])
+def test_a_model_our_node_cannot_patch_is_refused_by_our_node(server, object_info, files, patch, model, needles):
     prompt = prompt_for(object_info, patch)
-    prompt["20"] = {"class_type": "UNETLoader", "inputs": {"unet_name": files[1]["dit"], "weight_dtype": "default"}}
+    prompt["20"] = {"class_type": "UNETLoader", "inputs": {"unet_name": files[1][model], "weight_dtype": "default"}}
     prompt[OURS]["inputs"]["model"] = ["20", 0]
     error = _run_error(server, prompt)
     assert error["node_type"] == NODE_IDS[patch]
-    assert "cannot patch this SD3 model: it has no UNet transformer blocks" in error["exception_message"]
+    for needle in needles:
+        assert needle in error["exception_message"]
 
 
 @pytest.mark.parametrize("patch", ["tome", "todo"])

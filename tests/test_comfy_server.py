@@ -13,7 +13,7 @@ import workflow
 from comfy_server import PromptRejected
 from conftest import REPO
 from server_helpers import (NODE_IDS, OPTIONAL_INPUTS, PUBLIC_INPUTS, checkpoint_name, example_prompt, node_id, pixels,
-                            start_server, without_patch)
+                            start_server, widget_problems, without_patch)
 
 EXAMPLES = sorted((REPO / "example_workflows").glob("*.json"))
 
@@ -113,23 +113,25 @@ def test_out_of_range_inputs_are_rejected_with_node_errors(server, object_info, 
 def test_example_workflows_use_existing_nodes_and_current_widgets(object_info, path):
     flow = workflow.load(path)
     assert workflow.node_types(flow) <= set(object_info), workflow.node_types(flow) - set(object_info)
-    prompt = workflow.to_api(flow, object_info)  # fails if widget values no longer match the inputs
+    assert widget_problems(flow, object_info) == []
+    prompt = workflow.to_api(flow, object_info)
     (ours,) = [n for n in prompt.values() if n["class_type"] in PUBLIC_INPUTS]
     assert list(ours["inputs"]) == PUBLIC_INPUTS[ours["class_type"]] + OPTIONAL_INPUTS[ours["class_type"]]
 
 
-def test_a_workflow_saved_before_share_plans_existed_still_runs(server, object_info):
-    flow = workflow.load(REPO / "example_workflows" / "sd15_txt2img_tome.json")
-    (ours,) = [n for n in flow["nodes"] if n["type"] == NODE_IDS["tome"]]
+@pytest.mark.parametrize("patch,info", [("tome", "one plan per block call"), ("todo", "ToDo on SD15: downsample 1: 5 blocks")])
+def test_a_workflow_saved_before_the_optional_inputs_existed_still_runs(server, object_info, patch, info):
+    flow = workflow.load(REPO / "example_workflows" / f"sd15_txt2img_{patch}.json")
+    (ours,) = [n for n in flow["nodes"] if n["type"] == NODE_IDS[patch]]
     # As first released: the optional inputs (the last widgets) did not exist.
-    ours["widgets_values"] = ours["widgets_values"][:-len(OPTIONAL_INPUTS[NODE_IDS["tome"]])]
+    ours["widgets_values"] = ours["widgets_values"][:-len(OPTIONAL_INPUTS[NODE_IDS[patch]])]
     prompt = workflow.to_api(flow, object_info)
-    assert "share_plans" not in workflow.find(prompt, NODE_IDS["tome"])
+    assert not set(OPTIONAL_INPUTS[NODE_IDS[patch]]) & set(workflow.find(prompt, NODE_IDS[patch]))
     workflow.find(prompt, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name("SD15")
     workflow.find(prompt, "EmptyLatentImage").update(width=256, height=256)
     workflow.find(prompt, "KSampler")["steps"] = 1
     entry = server.run(prompt)
-    assert "one plan per block call" in entry["outputs"][node_id(prompt, NODE_IDS["tome"])]["text"][0]
+    assert info in entry["outputs"][node_id(prompt, NODE_IDS[patch])]["text"][0]
 
 
 def test_committed_examples_are_what_the_generator_writes():

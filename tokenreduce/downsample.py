@@ -44,18 +44,21 @@ def downsample_tokens(x: torch.Tensor, h: int, w: int, factor: float, method: st
     return out.flatten(2).transpose(1, 2)
 
 
-def kept_positions(size: int, target: int, device=None) -> torch.Tensor:
-    """Which of ``size`` positions nearest-neighbour downsampling to ``target`` keeps:
-    ``floor(i * size / target)``, as ``F.interpolate(mode="nearest")`` picks them; with a
-    factor that divides the size, every factor-th position from the first."""
-    return (torch.arange(target, dtype=torch.float64, device=device) * (size / target)).floor().long()
+def strided_positions(size: int, target: int, factor: float, device=None) -> torch.Tensor:
+    """``target`` of ``size`` positions, every ``factor``-th from the first (``floor(i * factor)``):
+    with an integer factor a plain stride, whether or not it divides the size; with a
+    non-integer one the steps alternate (1.5: 0, 1, 3, 4, 6, ...). Spread over the whole size:
+    ``target = ceil(size / factor)`` puts the last one within ``factor`` of the end."""
+    kept = (torch.arange(target, dtype=torch.float64, device=device) * factor + 1e-9).floor().long()
+    return kept.clamp_(max=size - 1)
 
 
-def grid_keep_index(grid: tuple[int, int, int], target: tuple[int, int, int], device=None) -> torch.Tensor:
-    """Token indices (frame-major raster order of ``grid`` = (t, h, w)) that nearest-neighbour
-    downsampling of the grid to ``target`` keeps, in order."""
-    (t, h, w), (tt, th, tw) = grid, target
-    frames, rows, cols = (kept_positions(n, m, device) for n, m in ((t, tt), (h, th), (w, tw)))
+def grid_keep_index(grid: tuple[int, int, int], target: tuple[int, int, int], factors: tuple[float, float, float],
+                    device=None) -> torch.Tensor:
+    """Token indices (frame-major raster order of ``grid`` = (t, h, w)) that strided downsampling
+    of the grid to ``target`` by ``factors`` (per axis) keeps, in order."""
+    (_, h, w) = grid
+    frames, rows, cols = (strided_positions(n, m, f, device) for n, m, f in zip(grid, target, factors))
     return ((frames[:, None, None] * h + rows[None, :, None]) * w + cols[None, None, :]).reshape(-1)
 
 

@@ -46,8 +46,8 @@ class KeepPlan(NamedTuple):
 
 
 def _keep_plan(length: int, start: int, grid: tuple[int, int, int], target: tuple[int, int, int],
-               device) -> KeepPlan:
-    kept = grid_keep_index(grid, target, device) + start
+               factors: tuple[float, float, float], device) -> KeepPlan:
+    kept = grid_keep_index(grid, target, factors, device) + start
     end = start + math.prod(grid)
     index = torch.cat([torch.arange(start, device=device), kept, torch.arange(end, length, device=device)])
     return KeepPlan(index, start, grid, target)
@@ -105,8 +105,9 @@ class ToDoDiTPatch(CallPatch):
             t, h, w = tokens.grid
             th, tw = downsampled_grid(h, w, self.factor)
             target = (max(1, math.ceil(t / self.temporal_factor - 1e-9)), th, tw)
+            factors = (self.temporal_factor, self.factor, self.factor)
             plans = run.cache[cache_key] = {
-                (kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, device)
+                (kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, factors, device)
                 for kind, spec in (("joint", tokens.joint), ("image", tokens.image)) if spec is not None}
         return plans
 

@@ -1,0 +1,446 @@
+"""Tiny random-weight DiTs built with ComfyUI's own classes, for the tests of ToDo on DiTs.
+
+Every variant of the image and video DiT families ToDo supports, at a few blocks and a width
+of 64 to 256, detected by ComfyUI's own ``model_config_from_unet_config`` as the real model
+type; their conditioning, latents and reference inputs in the form ComfyUI's nodes give the
+sampler; the smallest Flux.1 and Wan diffusion-model files ComfyUI's ``UNETLoader`` detects;
+and a DiT that ToDo does not support (Wan 2.1 VACE: a Wan built on another model class).
+Checked in ComfyUI 0.3.75 and 0.33.0; where the trees differ (fields a model's dataclass
+lacks) the config is trimmed to what the running tree accepts.
+
+    FAMILIES, IMAGE_FAMILIES, VIDEO_FAMILIES
+    make_dit(family, seed=0, **config)    -> ModelPatcher (float32); config overrides the tiny unet_config
+    conditioning(family, batch=1, seed=1, frames=9, height_px=128, width_px=128, text_mask=False)
+                                          -> (positive, negative) in ComfyUI's [[context, extras]] form
+    latent(family, batch=1, height_px=128, width_px=128, frames=9)
+                                          -> the empty latent the sampler gets ([B, C, H, W] or 5-D)
+    noise_mask(family, latent)            -> None, or Wan 2.2 5B's first-frame mask (image to video)
+    make_unsupported_dit(seed=0)          -> a tiny Wan 2.1 VACE
+    write_flux_diffusion_model(path, ...), write_wan_diffusion_model(path, variant, ...),
+    write_unsupported_dit(path)           -> files UNETLoader detects (Flux.1 dev, Wan 2.1, Wan VACE)
+
+Runs inside a host venv with the ComfyUI folder importable (imports only torch and comfy, and
+``random_models`` beside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import torch
+
+from random_models import fill_pos_embed_, randomize_
+
+TEXT_TOKENS = 12  # image families' text tokens (real: T5 256/512, Qwen2.5-VL ~100s, ...)
+CONTEXT_DIM = 32  # stands for T5 4096 / Qwen2.5-VL 3584 / Gemma 2304 / Qwen3 2560 / Mistral 15360
+POOLED_DIM = 32  # stands for CLIP-L 768 (Flux) / CLIP-L+G 2048 (SD3)
+WAN_TEXT_TOKENS = 512  # ComfyUI's Wan T5 tokenizer pads to min_length 512
+WAN_CLIP_TOKENS = 257  # CLIP-H penultimate_hidden_states [B, 257, 1280] (Wan 2.1 i2v)
+HY_TEXT_TOKENS = 24  # llama tokens after the template is trimmed (varies with the prompt)
+HY15_BYT5_TOKENS = 8  # byT5 glyph tokens (HunyuanVideo 1.5, quoted text in the prompt)
+HY15_VISION_TOKENS = 729  # SigLIP last_hidden_state [B, 729, 1152] (HunyuanVideo 1.5 i2v)
+
+
+class Spec(NamedTuple):
+    config: str  # the comfy.supported_models class detection must pick
+    channels: int  # latent channels
+    space_down: int  # VAE downscale in pixels
+    video: bool  # 5-D latent [B, C, T, H, W] with the time downscale below
+    time_down: int = 1
+    five_d: bool = False  # an image model with a 5-D latent (T = 1): Qwen-Image
+
+
+FAMILY_SPECS = {
+    # Image DiTs
+    "flux_dev": Spec("Flux", 16, 8, False),
+    "flux_schnell": Spec("FluxSchnell", 16, 8, False),
+    "flux_kontext": Spec("Flux", 16, 8, False),  # the dev model with reference_latents in the conditioning
+    "chroma": Spec("Chroma", 16, 8, False),
+    "flux2": Spec("Flux2", 128, 16, False),
+    "qwen_image": Spec("QwenImage", 16, 8, False, five_d=True),
+    "qwen_image_edit": Spec("QwenImage", 16, 8, False, five_d=True),
+    "lumina2": Spec("Lumina2", 16, 8, False),
+    "z_image": Spec("ZImage", 16, 8, False),
+    "sd3": Spec("SD3", 16, 8, False),
+    "sd35_medium": Spec("SD3", 16, 8, False),
+    # Video DiTs
+    "wan21_t2v": Spec("WAN21_T2V", 16, 8, True, 4),
+    "wan21_i2v": Spec("WAN21_I2V", 16, 8, True, 4),
+    "wan22_t2v_a14b": Spec("WAN21_T2V", 16, 8, True, 4),  # each A14B expert is a Wan 2.1-layout model
+    "wan22_i2v_a14b": Spec("WAN21_T2V", 16, 8, True, 4),  # in_dim 36 but no img_emb: detected as t2v
+    "wan22_ti2v_5b": Spec("WAN22_T2V", 48, 16, True, 4),
+    "hunyuan_video": Spec("HunyuanVideo", 16, 8, True, 4),
+    "hunyuan_video_i2v": Spec("HunyuanVideoI2V", 16, 8, True, 4),
+    "hunyuan_video15": Spec("HunyuanVideo15", 32, 16, True, 4),
+    "hunyuan_video15_i2v": Spec("HunyuanVideo15", 32, 16, True, 4),
+}
+FAMILIES = tuple(FAMILY_SPECS)
+IMAGE_FAMILIES = tuple(f for f, s in FAMILY_SPECS.items() if not s.video)
+VIDEO_FAMILIES = tuple(f for f, s in FAMILY_SPECS.items() if s.video)
+
+_WAN = {"image_model": "wan2.1", "dim": 64, "ffn_dim": 128, "num_heads": 2, "num_layers": 2, "patch_size": (1, 2, 2),
+        "freq_dim": 256, "text_dim": 64, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
+_HUNYUAN = {"image_model": "hunyuan_video", "mlp_ratio": 4.0, "hidden_size": 64, "num_heads": 2, "depth": 1,
+            "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 256, "qkv_bias": True, "meanflow": False,
+            "meanflow_sum": False}
+_HUNYUAN10 = {**_HUNYUAN, "out_channels": 16, "vec_in_dim": 768, "context_in_dim": 64, "patch_size": [1, 2, 2],
+              "guidance_embed": True, "byt5": False, "use_cond_type_embedding": False, "vision_in_dim": None}
+# HunyuanVideo 1.5: 32-channel latent, patch 1, 65 input channels (noise, image, mask), byT5 glyph
+# tokens and SigLIP vision tokens on the text side.
+_HUNYUAN15 = {**_HUNYUAN, "in_channels": 65, "out_channels": 32, "vec_in_dim": None, "context_in_dim": 64,
+              "patch_size": [1, 1, 1], "guidance_embed": False, "byt5": True, "use_cond_type_embedding": True,
+              "vision_in_dim": 1152, "meanflow_sum": True}
+_MMDIT = {"in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2, "input_size": None,
+          "pos_embed_scaling_factor": None, "pos_embed_max_size": 16, "num_patches": 256,
+          "adm_in_channels": POOLED_DIM, "x_block_self_attn_layers": [],
+          "context_embedder_config": {"target": "torch.nn.Linear",
+                                      "params": {"in_features": CONTEXT_DIM, "out_features": 128}}}
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _tiny_config(family: str) -> dict:
+    """The unet_config ComfyUI's detection would report for a tiny model of the family."""
+    if family in ("flux_dev", "flux_schnell", "flux_kontext", "flux2"):
+        if family == "flux2":  # Flux.2 [dev] as detection reports it, at hidden 64 / 4 heads of 16
+            config = {"image_model": "flux2", "axes_dim": [4, 4, 4, 4], "num_heads": 4, "mlp_ratio": 3.0,
+                      "theta": 2000, "out_channels": 128, "in_channels": 128, "global_modulation": True,
+                      "vec_in_dim": None, "mlp_silu_act": True, "qkv_bias": False, "ops_bias": False,
+                      "default_ref_method": "index", "ref_index_scale": 10.0, "txt_ids_dims": [3], "patch_size": 1,
+                      "guidance_embed": True}
+        else:
+            config = {"image_model": "flux", "axes_dim": [4, 6, 6], "num_heads": 4, "mlp_ratio": 4.0, "theta": 10000,
+                      "out_channels": 16, "in_channels": 16, "qkv_bias": True, "txt_ids_dims": [], "patch_size": 2,
+                      "vec_in_dim": POOLED_DIM, "guidance_embed": family != "flux_schnell"}
+        return {**config, "hidden_size": 64, "context_in_dim": CONTEXT_DIM, "depth": 1, "depth_single_blocks": 1}
+    if family == "chroma":  # approximator in_dim 64 = 16 (t) + 16 (guidance) + 32 (modulation index)
+        return {"image_model": "chroma", "axes_dim": [4, 6, 6], "num_heads": 4, "mlp_ratio": 4.0, "theta": 10000,
+                "out_channels": 64, "in_channels": 64, "qkv_bias": True, "patch_size": 2, "hidden_size": 64,
+                "context_in_dim": CONTEXT_DIM, "depth": 1, "depth_single_blocks": 1, "vec_in_dim": None,
+                "txt_ids_dims": [], "guidance_embed": False, "in_dim": 64, "out_dim": 64, "hidden_dim": 64,
+                "n_layers": 1}
+    if family in ("qwen_image", "qwen_image_edit"):  # real: 60 layers, 24 heads of 128, context 3584
+        return {"image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "num_layers": 1,
+                "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": CONTEXT_DIM,
+                "axes_dims_rope": (8, 12, 12)}
+    if family == "lumina2":  # real: dim 2304, 24 heads / 8 kv heads, 26 layers, 2 refiners each
+        return {"image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 64, "cap_feat_dim": CONTEXT_DIM,
+                "n_layers": 1, "n_refiner_layers": 1, "qk_norm": True, "n_heads": 4, "n_kv_heads": 2,
+                "axes_dims": [4, 6, 6], "axes_lens": [300, 512, 512], "rope_theta": 10000.0, "ffn_dim_multiplier": 4.0}
+    if family == "z_image":
+        # Real: dim 3840, 30 heads of 128, pad_tokens_multiple 32. dim >= 256 here: the modulation
+        # feeds a 256-wide time embedding to Linear(min(dim, 256), ...).
+        return {"image_model": "lumina2", "patch_size": 2, "in_channels": 16, "dim": 256, "cap_feat_dim": CONTEXT_DIM,
+                "n_layers": 1, "n_refiner_layers": 1, "qk_norm": True, "n_heads": 2, "n_kv_heads": 2,
+                "axes_dims": [32, 48, 48], "axes_lens": [1536, 512, 512], "rope_theta": 256.0,
+                "ffn_dim_multiplier": 8.0 / 3.0, "z_image_modulation": True, "time_scale": 1000.0,
+                "pad_tokens_multiple": 32}
+    if family == "sd3":  # MMDiT: hidden 64 * depth, heads = depth
+        return dict(_MMDIT)
+    if family == "sd35_medium":  # real: x-block self-attention in layers 0..12
+        return {**_MMDIT, "qk_norm": "rms", "x_block_self_attn_layers": [0]}
+    if family in ("wan21_t2v", "wan22_t2v_a14b"):
+        return {**_WAN, "model_type": "t2v", "in_dim": 16, "out_dim": 16}
+    if family == "wan21_i2v":  # CLIP-vision tokens (img_emb), 16 image + 4 mask channels
+        return {**_WAN, "model_type": "i2v", "in_dim": 36, "out_dim": 16}
+    if family == "wan22_i2v_a14b":
+        return {**_WAN, "model_type": "t2v", "in_dim": 36, "out_dim": 16}
+    if family == "wan22_ti2v_5b":
+        return {**_WAN, "model_type": "t2v", "in_dim": 48, "out_dim": 48}
+    if family == "hunyuan_video":
+        return {**_HUNYUAN10, "in_channels": 16}
+    if family == "hunyuan_video_i2v":  # "v1 (concat)": 16 image channels + 1 inverted mask channel
+        return {**_HUNYUAN10, "in_channels": 33}
+    if family in ("hunyuan_video15", "hunyuan_video15_i2v"):
+        return dict(_HUNYUAN15)
+    raise ValueError(f"unknown DiT family {family!r}; one of {', '.join(FAMILIES)}")
+
+
+def unet_config(family: str, **overrides) -> dict:
+    """The tiny unet_config of the family, trimmed to the fields the running tree's model
+    dataclass has (0.3.75's FluxParams has no txt_ids_dims, its HunyuanVideoParams no meanflow_sum)."""
+    config = {**_tiny_config(family), **overrides}
+    params = None
+    if config.get("image_model") in ("flux", "flux2"):
+        import comfy.ldm.flux.model as module
+
+        params = module.FluxParams
+    elif config.get("image_model") == "chroma":
+        import comfy.ldm.chroma.model as module
+
+        params = module.ChromaParams
+    elif config.get("image_model") == "hunyuan_video":
+        import comfy.ldm.hunyuan_video.model as module
+
+        params = module.HunyuanVideoParams
+    if params is not None:
+        keep = _fields(params) | {"image_model"}
+        config = {k: v for k, v in config.items() if k in keep}
+    return config
+
+
+def model_config(family: str, dtype: torch.dtype = torch.float32, **overrides):
+    """The host's model config for the tiny model, as its detection picks it."""
+    import comfy.model_detection
+    import comfy.supported_models as supported
+
+    config = unet_config(family, **overrides)
+    expected = FAMILY_SPECS[family].config
+    if family == "z_image":
+        # ComfyUI tells Z-Image from Lumina 2 only by dim == 3840: check that detection picks
+        # ZImage at that width, then build the same class at the tiny width.
+        found = comfy.model_detection.model_config_from_unet_config({**config, "dim": 3840})
+        assert type(found) is supported.ZImage, type(found)
+        found = supported.ZImage(config)
+    else:
+        found = comfy.model_detection.model_config_from_unet_config(config)
+    if type(found).__name__ != expected:
+        raise RuntimeError(f"{family}: detected as {type(found).__name__}, expected {expected} ({config})")
+    found.set_inference_dtype(dtype, None)
+    return found
+
+
+def _patcher(model):
+    import comfy.model_management
+    import comfy.model_patcher
+
+    return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
+                                            offload_device=comfy.model_management.unet_offload_device())
+
+
+def make_dit(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
+    """A ModelPatcher around a tiny random-weight model of ``family``; ``overrides`` change its
+    unet_config (``depth=2`` for a Flux with two double blocks, ``num_layers=4`` for Wan, ...)."""
+    model = model_config(family, dtype, **overrides).get_model({})
+    randomize_(model.diffusion_model, seed)
+    fill_pos_embed_(model.diffusion_model)
+    model.eval()
+    return _patcher(model)
+
+
+def make_unsupported_dit(seed: int = 0):
+    """A tiny Wan 2.1 VACE: a DiT ToDo does not support (detected as WAN21_Vace, built on
+    VaceWanModel)."""
+    import comfy.model_detection
+
+    config = comfy.model_detection.model_config_from_unet_config(
+        {**_WAN, "model_type": "vace", "in_dim": 16, "out_dim": 16, "vace_layers": 1,
+         "vace_in_dim": 96})
+    assert type(config).__name__ == "WAN21_Vace", type(config)
+    config.set_inference_dtype(torch.float32, None)
+    model = config.get_model({})
+    randomize_(model.diffusion_model, seed)
+    model.eval()
+    return _patcher(model)
+
+
+# --- latents and conditioning as ComfyUI's nodes give them to the sampler -----------------------
+
+def latent_shape(family: str, batch: int = 1, height_px: int = 128, width_px: int = 128, frames: int = 9) -> list[int]:
+    spec = FAMILY_SPECS[family]
+    shape = [batch, spec.channels, height_px // spec.space_down, width_px // spec.space_down]
+    if spec.video:
+        shape.insert(2, (frames - 1) // spec.time_down + 1)
+    elif spec.five_d:
+        shape.insert(2, 1)  # Qwen-Image: Wan 2.1 latent format, T = 1 (fix_empty_latent_channels)
+    return shape
+
+
+def latent(family: str, batch: int = 1, height_px: int = 128, width_px: int = 128, frames: int = 9) -> torch.Tensor:
+    """The empty latent (EmptySD3LatentImage, EmptyHunyuanLatentVideo, ...) as the sampler gets
+    it; ``frames`` (pixel frames) only for video families."""
+    return torch.zeros(latent_shape(family, batch, height_px, width_px, frames))
+
+
+def noise_mask(family: str, latent_image: torch.Tensor) -> torch.Tensor | None:
+    """Wan 2.2 5B image to video (Wan22ImageToVideoLatent): frame 0 is the clean image (mask 0),
+    the other frames are denoised. None for every other family."""
+    if family != "wan22_ti2v_5b":
+        return None
+    mask = torch.ones([latent_image.shape[0], 1, *latent_image.shape[2:]])
+    mask[:, :, :1] = 0.0
+    return mask
+
+
+def _clip_vision_output(**tensors):
+    import comfy.clip_vision
+
+    output = comfy.clip_vision.Output()
+    for key, value in tensors.items():
+        output[key] = value
+    return output
+
+
+def _image_extras(family: str, generator: torch.Generator, shape: list[int]) -> dict:
+    """What the image-conditioning nodes (ReferenceLatent, TextEncodeQwenImageEdit,
+    WanImageToVideo, HunyuanImageToVideo, ...) add; the same for positive and negative."""
+    spec = FAMILY_SPECS[family]
+    if family in ("flux_kontext", "qwen_image_edit"):
+        # A raw VAE latent of a 64x48 px reference image, as ReferenceLatent stores it.
+        ref = [1, spec.channels, 48 // spec.space_down, 64 // spec.space_down]
+        if spec.five_d:
+            ref.insert(2, 1)
+        return {"reference_latents": [torch.randn(ref, generator=generator)]}
+    config = _tiny_config(family) if spec.video else {}
+    extras = {}
+    if family in ("wan21_i2v", "wan22_i2v_a14b"):  # WanImageToVideo: image and mask channels
+        mask = torch.ones([1, 1] + shape[2:])
+        mask[:, :, :1] = 0.0
+        extras.update(concat_latent_image=torch.randn([shape[0], 16] + shape[2:], generator=generator),
+                      concat_mask=mask)
+    if family == "wan21_i2v":
+        extras["clip_vision_output"] = _clip_vision_output(
+            penultimate_hidden_states=torch.randn(shape[0], WAN_CLIP_TOKENS, 1280, generator=generator))
+    if family == "hunyuan_video_i2v":  # HunyuanImageToVideo "v1 (concat)"
+        mask = torch.ones([1, 1] + shape[2:])
+        mask[:, :, :1] = 0.0
+        extras.update(concat_latent_image=torch.randn([shape[0], 16, 1] + shape[3:], generator=generator),
+                      concat_mask=mask)
+    if family == "hunyuan_video15_i2v":  # HunyuanVideo15ImageToVideo: full-length concat latent, frame 0 encoded
+        image = torch.zeros([shape[0], 32] + shape[2:])
+        image[:, :, :1] = torch.randn([shape[0], 32, 1] + shape[3:], generator=generator)
+        mask = torch.ones([1, 1] + shape[2:])
+        mask[:, :, :1] = 0.0
+        extras.update(concat_latent_image=image, concat_mask=mask, clip_vision_output=_clip_vision_output(
+            last_hidden_state=torch.randn(shape[0], HY15_VISION_TOKENS, config["vision_in_dim"], generator=generator)))
+    return extras
+
+
+def conditioning(family: str, batch: int = 1, seed: int = 1, frames: int = 9, height_px: int = 128,
+                 width_px: int = 128, text_mask: bool = False):
+    """Random (positive, negative) in ComfyUI's ``[[context, extras]]`` form with the extras the
+    family's model reads. Image inputs (reference latents, i2v images, CLIP vision) are sized
+    for ``latent(family, batch, height_px, width_px, frames)`` and shared by both, as the
+    conditioning nodes do; the text differs. ``text_mask``: a HunyuanVideo text mask with 6
+    padded positions (ComfyUI crashes with it at batch > 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = latent_shape(family, batch, height_px, width_px, frames)
+    shared = _image_extras(family, generator, shape)
+
+    def text() -> list:
+        extras = dict(shared)
+        if family.startswith("wan"):
+            return [[torch.randn(batch, WAN_TEXT_TOKENS, _tiny_config(family)["text_dim"], generator=generator),
+                     extras]]
+        if family.startswith("hunyuan"):
+            config = _tiny_config(family)
+            context = torch.randn(batch, HY_TEXT_TOKENS, config["context_in_dim"], generator=generator)
+            # encode_adm reads kwargs["pooled_output"]: 1.5 has no CLIP-L, its encoder stores None.
+            extras["pooled_output"] = (torch.randn(batch, config["vec_in_dim"], generator=generator)
+                                       if config["vec_in_dim"] else None)
+            if config["guidance_embed"]:
+                extras["guidance"] = 6.0
+            if config["byt5"]:
+                extras["conditioning_byt5small"] = torch.randn(batch, HY15_BYT5_TOKENS, 1472, generator=generator)
+            if text_mask:
+                mask = torch.ones(batch, HY_TEXT_TOKENS, dtype=torch.long)
+                mask[:, HY_TEXT_TOKENS - 6:] = 0
+                extras["attention_mask"] = mask
+            return [[context, extras]]
+        context = torch.randn(batch, TEXT_TOKENS, CONTEXT_DIM, generator=generator)
+        if family in ("flux_dev", "flux_schnell", "flux_kontext", "sd3", "sd35_medium"):
+            extras["pooled_output"] = torch.randn(batch, POOLED_DIM, generator=generator)
+        elif family in ("chroma", "flux2"):
+            # T5 / Mistral give no pooled output; CLIPTextEncode still stores the key (None), and
+            # 0.3.75's Flux.encode_adm reads kwargs["pooled_output"] unconditionally.
+            extras["pooled_output"] = None
+        if family in ("flux_dev", "flux_kontext", "flux2"):
+            extras["guidance"] = 2.5 if family == "flux_kontext" else 3.5
+        if family in ("lumina2", "z_image"):
+            extras["attention_mask"] = torch.ones(batch, TEXT_TOKENS, dtype=torch.long)
+        return [[context, extras]]
+
+    return text(), text()
+
+
+# --- model files ComfyUI's loader detects ---------------------------------------------------------
+
+def write_flux_diffusion_model(path: str, seed: int = 0, dtype: torch.dtype = torch.float16, variant: str = "dev",
+                               context_dim: int = 4096, pooled_dim: int = 768) -> None:
+    """The smallest random-weight Flux.1 diffusion-model file (BFL key names, no prefix) that
+    ``comfy.sd.load_diffusion_model`` detects as Flux.1 in 0.3.75 and 0.33.0; text widths as
+    the real encoders give (T5-XXL 4096, CLIP-L pooled 768).
+
+    Fixed by the detectors: hidden size 3072 (0.3.75 hard-codes 24 heads and axes [16, 56, 56],
+    and the model needs hidden / heads == sum(axes) = 128), mlp ratio 4, at least one double
+    block (detection keys on ``double_blocks.0.img_attn.norm.key_norm.scale``); single blocks may
+    be 0. About 0.4 G parameters (~0.8 GB in float16). Norm scales are saved as ``*.scale``, as
+    in BFL's files (0.33 renames them on load). "dev" (also Kontext: the same keys) has
+    ``guidance_in`` (-> Flux), "schnell" none (-> FluxSchnell)."""
+    import comfy.utils
+
+    hidden, mlp = 3072, 4 * 3072
+    generator = torch.Generator().manual_seed(seed)
+    sd = {}
+
+    def linear(name, out_features, in_features):
+        bound = 1 / math.sqrt(in_features)
+        sd[f"{name}.weight"] = ((torch.rand(out_features, in_features, generator=generator) * 2 - 1) * bound).to(dtype)
+        sd[f"{name}.bias"] = torch.zeros(out_features, dtype=dtype)
+
+    linear("img_in", hidden, 64)
+    linear("txt_in", hidden, context_dim)
+    embedders = [("time_in", 256), ("vector_in", pooled_dim)] + ([("guidance_in", 256)] if variant != "schnell" else [])
+    for name, in_features in embedders:
+        linear(f"{name}.in_layer", hidden, in_features)
+        linear(f"{name}.out_layer", hidden, hidden)
+    block = "double_blocks.0"
+    for stream in ("img", "txt"):
+        linear(f"{block}.{stream}_mod.lin", 6 * hidden, hidden)
+        linear(f"{block}.{stream}_attn.qkv", 3 * hidden, hidden)
+        linear(f"{block}.{stream}_attn.proj", hidden, hidden)
+        for norm in ("query_norm", "key_norm"):
+            sd[f"{block}.{stream}_attn.norm.{norm}.scale"] = torch.ones(128, dtype=dtype)
+        linear(f"{block}.{stream}_mlp.0", mlp, hidden)
+        linear(f"{block}.{stream}_mlp.2", hidden, mlp)
+    linear("final_layer.adaLN_modulation.1", 2 * hidden, hidden)
+    linear("final_layer.linear", 64, hidden)
+    comfy.utils.save_torch_file({k: v.contiguous() for k, v in sd.items()}, path)
+
+
+# What detection reads from a Wan file (model_detection, the "head.modulation" branch): dim from
+# head.modulation, num_heads = dim // 128 (so dim >= 128), ffn_dim, the block count, in_dim from
+# patch_embedding, out_dim from head.head; i2v iff img_emb.proj.0.bias; vace iff
+# vace_patch_embedding. text_dim is not read: the model is always built with 4096.
+WAN_FILE_VARIANTS = {  # variant -> (model_type, in_dim, out_dim, what detection picks)
+    "t2v": ("t2v", 16, 16, "WAN21_T2V"),
+    "i2v": ("i2v", 36, 16, "WAN21_I2V"),
+    "wan22_i2v_a14b": ("t2v", 36, 16, "WAN21_T2V"),
+    "ti2v_5b": ("t2v", 48, 48, "WAN22_T2V"),
+    "vace": ("vace", 16, 16, "WAN21_Vace"),
+}
+
+
+def wan_file_state_dict(variant: str = "t2v", seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """A Wan diffusion model's state dict in the real files' key layout (no prefix) at the
+    smallest sizes detection accepts: dim 128 (1 head), ffn 256, 1 block."""
+    import comfy.ldm.wan.model as wan
+    import comfy.ops
+
+    model_type, in_dim, out_dim, _ = WAN_FILE_VARIANTS[variant]
+    common = dict(patch_size=(1, 2, 2), in_dim=in_dim, dim=128, ffn_dim=256, freq_dim=256, text_dim=4096,
+                  out_dim=out_dim, num_heads=1, num_layers=1, window_size=(-1, -1), qk_norm=True,
+                  cross_attn_norm=True, eps=1e-6, operations=comfy.ops.disable_weight_init, dtype=torch.float32)
+    if model_type == "vace":
+        net = wan.VaceWanModel(vace_layers=1, vace_in_dim=96, **common)
+    else:
+        net = wan.WanModel(model_type=model_type, **common)
+    randomize_(net, seed)
+    return {k: t.detach().contiguous().to(dtype) for k, t in net.state_dict().items()}
+
+
+def write_wan_diffusion_model(path: str, variant: str = "t2v", seed: int = 0) -> None:
+    """A tiny random Wan diffusion-model file (1.8 to 5.5 MB) that UNETLoader detects as the
+    variant's model (see WAN_FILE_VARIANTS)."""
+    import comfy.utils
+
+    comfy.utils.save_torch_file(wan_file_state_dict(variant, seed), path)
+
+
+def write_unsupported_dit(path: str, seed: int = 0) -> None:
+    """A DiT file UNETLoader loads and ToDo does not support: a tiny Wan 2.1 VACE."""
+    write_wan_diffusion_model(path, "vace", seed)

@@ -1,0 +1,370 @@
+"""ToDo on DiTs in the real ComfyUI, in-process, on tiny random-weight models of every supported
+variant (devtools/random_dits.py): what it reduces, what it leaves alone, what it says, what it
+refuses, and how it combines with the step caches and torch.compile.
+
+Each variant runs 2 euler steps at CFG 2 (cond and uncond batched in one model call). A probe
+installed as the attention override before ToDo (as SageAttention-style nodes do) records every
+attention call; ToDo must chain to it, so the probe sees the keys ToDo passes on. The expected
+calls of one model call are written out per variant from the models' code (see the research
+notes in REPORT.md of the DiT work): ``g`` a grid call (self-attention over the image or video
+tokens, joint with text or image-only), ``-`` one ToDo must leave alone (text refiners,
+cross-attention to text or CLIP-vision tokens)."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+
+import pytest
+import torch
+
+import random_dits
+from comfy_helpers import apply, rel_error, session_of
+
+IMAGE = dict(height_px=128, width_px=96)  # 16x12 latent (8x6 for Flux.2): an 8x6 token grid
+VIDEO = dict(frames=9, height_px=96, width_px=96)  # 3 latent frames of 6x6 tokens (3x3 for Wan 2.2 5B)
+ALL_BLOCKS = dict(skip_first_blocks=0, skip_last_blocks=0)  # the tiny models have 1 or 2 blocks
+
+# variant -> (host config, family as the node names it, blocks, calls of one model call, token grid)
+VARIANTS = {
+    "flux_dev": ("Flux", "Flux.1", 2, "gg", (8, 6)),
+    "flux_schnell": ("FluxSchnell", "Flux.1", 2, "gg", (8, 6)),
+    "flux_kontext": ("Flux", "Flux.1", 2, "gg", (8, 6)),  # + a 4x3 reference grid after the image
+    "chroma": ("Chroma", "Chroma", 2, "gg", (8, 6)),
+    "flux2": ("Flux2", "Flux.2", 2, "gg", (8, 6)),  # text padded to 512 tokens
+    "qwen_image": ("QwenImage", "Qwen-Image", 1, "g", (8, 6)),
+    "qwen_image_edit": ("QwenImage", "Qwen-Image", 1, "g", (8, 6)),
+    "lumina2": ("Lumina2", "Lumina 2 / Z-Image", 2, "-gg", (8, 6)),  # caption refiner, noise refiner, joint
+    "z_image": ("ZImage", "Lumina 2 / Z-Image", 2, "-gg", (8, 6)),  # the same with pad tokens
+    "sd3": ("SD3", "SD3 / SD3.5", 2, "gg", (8, 6)),
+    "sd35_medium": ("SD3", "SD3 / SD3.5", 2, "ggg", (8, 6)),  # joint, image-only, joint
+    "wan21_t2v": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 6, 6)),  # self, cross (512 text tokens)
+    "wan21_i2v": ("WAN21_I2V", "Wan 2.1 / 2.2", 2, "g--g--", (3, 6, 6)),  # self, CLIP-vision cross, text cross
+    "wan22_t2v_a14b": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 6, 6)),
+    "wan22_i2v_a14b": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 6, 6)),
+    "wan22_ti2v_5b": ("WAN22_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 3, 3)),
+    "hunyuan_video": ("HunyuanVideo", "HunyuanVideo", 2, "--gg", (3, 6, 6)),  # 2 text refiner calls, then joint
+    "hunyuan_video_i2v": ("HunyuanVideoI2V", "HunyuanVideo", 2, "--gg", (3, 6, 6)),
+    "hunyuan_video15": ("HunyuanVideo15", "HunyuanVideo", 2, "--gg", (3, 6, 6)),  # + byT5 tokens
+    "hunyuan_video15_i2v": ("HunyuanVideo15", "HunyuanVideo", 2, "--gg", (3, 6, 6)),  # + byT5 and SigLIP tokens
+}
+assert set(VARIANTS) == set(random_dits.FAMILIES)
+
+
+def pack(name):
+    return sys.modules[f"tokenreduce_pack.{name}"]
+
+
+@pytest.fixture(scope="module")
+def dits(comfy):
+    """Tiny models, built once per module: dits(variant, **config overrides)."""
+    built = {}
+
+    def get(variant, **overrides):
+        key = (variant, repr(sorted(overrides.items())))
+        if key not in built:
+            built[key] = random_dits.make_dit(variant, **overrides)
+        return built[key]
+
+    return get
+
+
+def size_of(variant):
+    return VIDEO if random_dits.FAMILY_SPECS[variant].video else IMAGE
+
+
+def run(comfy, model, variant, steps=2, cfg=2.0, seed=0):
+    size = size_of(variant)
+    positive, negative = random_dits.conditioning(variant, **size)
+    latent = random_dits.latent(variant, **size)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", positive, negative, latent,
+                                   seed=seed, disable_pbar=True, noise_mask=random_dits.noise_mask(variant, latent))
+
+
+def todo(comfy, model, **settings):
+    """ToDo's NodeOutput, as ComfyUI runs the node: every input at its default unless given."""
+    return apply(comfy, "todo", model, **{"temporal_factor": 1.0, "skip_first_blocks": 1, "skip_last_blocks": 1,
+                                          **settings})
+
+
+def warnings_of(output):
+    return output.ui["tokenreduce"][0]["warnings"]
+
+
+def with_probe(model, records):
+    """A clone with an attention override that records (q, k, v) sequence lengths and the noise
+    level of every attention call, then runs the backend."""
+    probed = model.clone()
+
+    def probe(func, *args, **kwargs):
+        dim = 2 if kwargs.get("skip_reshape") else 1
+        records.append((*(t.shape[dim] for t in args[:3]), float(kwargs["transformer_options"]["sigmas"].max())))
+        return func(*args, **kwargs)
+
+    probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
+    return probed
+
+
+def grid_text(grid):
+    return f"{grid[0]} frames × {grid[2]}×{grid[1]}" if len(grid) == 3 else f"{grid[1]}×{grid[0]}"
+
+
+def kept_tokens(grid, factor=2, temporal=1):
+    *frames, h, w = grid
+    t = frames[0] if frames else 1
+    return -(-t // temporal) * -(-h // factor) * -(-w // factor)
+
+
+# --- every variant ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_variant_reduces_every_grid_call_and_nothing_else(comfy, dits, variant):
+    config, family, blocks, calls, grid = VARIANTS[variant]
+    base = dits(variant)
+    plain_calls, calls_seen = [], []
+    plain = run(comfy, with_probe(base, plain_calls), variant)
+    output = todo(comfy, with_probe(base, calls_seen), **ALL_BLOCKS)
+    patched = output.result[0]
+    out = run(comfy, patched, variant)
+
+    # It acts, within a bounded error, and repeats bit for bit.
+    assert torch.isfinite(out).all()
+    assert 1e-5 < rel_error(out, plain) < 0.1
+    assert torch.equal(out, run(comfy, patched, variant))
+
+    # Every grid call of every step reads fewer keys and values, every query stays; every other
+    # call (text refiners, cross-attention) gets what it gets unpatched.
+    n = len(calls)
+    assert len(plain_calls) == 2 * n and len(calls_seen) == 4 * n  # 2 steps, one model call each; 2 runs
+    tokens = math.prod(grid)
+    removed = tokens - kept_tokens(grid)
+    for i, (seen, unpatched) in enumerate(zip(calls_seen, plain_calls * 2)):
+        if calls[i % n] == "g":
+            q, k, v, sigma = unpatched
+            assert seen == (q, k - removed, v - removed, sigma), (i, seen, unpatched)
+        else:
+            assert seen == unpatched, (i, seen, unpatched)
+
+    # The run report: the grid, its tokens, both steps, nothing skipped, no warning.
+    report = session_of(patched).last_report
+    assert [(level.downsample, level.grid, level.tokens) for level in report.levels] == \
+        [(1, grid, {"q": (tokens, tokens), "k/v": (tokens, kept_tokens(grid))})]
+    assert report.active_steps == (1, 2) and report.skipped_calls == 0 and report.warnings == ()
+    session = session_of(patched)
+    lines = pack("tokenreduce.describe").run_lines(session.header, report)
+    assert lines[:2] == [f"ToDo · {config} · {blocks} of {blocks} blocks",
+                         f"ds 1 · {grid_text(grid)} · q {tokens}→{tokens} · k/v {tokens}→{kept_tokens(grid)}"]
+    assert lines[2].startswith("steps 1-2 of 2 · ")
+
+    # What the node says when it executes.
+    info = output.result[1]
+    what = "video" if len(grid) == 3 else "image"
+    assert info.startswith(f"ToDo on {config} ({family}, DiT): keys/values of the {what} tokens of self-attention "
+                           f"downsampled 2x per side (about 4x fewer), nearest, in blocks "
+                           f"{'1' if blocks == 1 else '1-2'} of {blocks}")
+    assert output.ui["tokenreduce"] == [{"lines": [lines[0]], "warnings": []}]
+
+
+# --- which blocks ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant,config,settings,calls,info", [
+    # 2 double + 2 single blocks; only the second double block
+    ("flux_dev", dict(depth=2, depth_single_blocks=2), dict(skip_first_blocks=1, skip_last_blocks=2),
+     "-g--", "in blocks 2 of 4"),
+    # 4 layers at the defaults (skip 1 and 1): self-attention of blocks 2 and 3, never cross-attention
+    ("wan21_t2v", dict(num_layers=4), {}, "--g-g---", "in blocks 2-3 of 4"),
+    # both blocks with an image-only call after the joint one: those of block 2
+    ("sd35_medium", dict(x_block_self_attn_layers=[0, 1]), dict(skip_last_blocks=0), "--gg", "in blocks 2 of 2"),
+    # the noise refiner is block 1, the joint layers 2-4: skipping the first leaves the refiner alone
+    ("lumina2", dict(n_layers=3), dict(skip_last_blocks=0), "--ggg", "in blocks 2-4 of 4"),
+], ids=["flux", "wan", "sd35m", "lumina"])
+def test_skip_first_and_last_blocks_select_the_blocks(comfy, dits, variant, config, settings, calls, info):
+    base = dits(variant, **config)
+    plain_calls, calls_seen = [], []
+    run(comfy, with_probe(base, plain_calls), variant, steps=1)
+    output = todo(comfy, with_probe(base, calls_seen), **settings)
+    run(comfy, output.result[0], variant, steps=1)
+    assert len(calls_seen) == len(plain_calls) == len(calls)
+    reduced = "".join("g" if seen[1] < plain[1] else "-" for seen, plain in zip(calls_seen, plain_calls))
+    assert reduced == calls
+    assert info in output.result[1]
+
+
+def test_skipping_every_block_returns_the_model_unchanged_with_a_warning(comfy, dits):
+    base = dits("wan21_t2v")  # 2 blocks, default skips 1 + 1
+    output = todo(comfy, base)
+    assert output.result[0] is base
+    assert output.result[1].startswith("WARNING: ToDo does nothing on this WAN21_T2V model with level auto: its 2 "
+                                       "blocks attend over one token grid")
+    assert "leave fewer blocks unreduced than it has" in output.result[1]
+
+
+# --- the other inputs on DiTs -------------------------------------------------------------------
+
+def test_temporal_factor_on_a_video_pools_along_time(comfy, dits):
+    base = dits("wan21_t2v")
+    output = todo(comfy, base, temporal_factor=2.0, **ALL_BLOCKS)
+    out = run(comfy, output.result[0], "wan21_t2v")
+    (level,) = session_of(output.result[0]).last_report.levels
+    assert level.grid == (3, 6, 6) and level.tokens["k/v"] == (108, 2 * 3 * 3)  # frames 0 and 2 of 3
+    assert "downsampled 2x per side and 2x along time (about 8x fewer)" in output.result[1]
+    assert warnings_of(output) == []
+    spatial_only = run(comfy, todo(comfy, base, **ALL_BLOCKS).result[0], "wan21_t2v")
+    assert rel_error(out, spatial_only) > 1e-5
+    assert rel_error(out, run(comfy, base, "wan21_t2v")) < 0.1
+
+
+@pytest.mark.parametrize("setting,value,needle", [
+    ("temporal_factor", 2.0, "WARNING: temporal_factor 2 does nothing: Flux.1 is an image model."),
+    ("factor_next", 2.0, "WARNING: factor_next 2 does nothing on a DiT: Flux.1 attends over one token grid; "
+                         "factor sets its pooling."),
+])
+def test_inputs_that_do_nothing_on_this_model_say_so(comfy, dits, setting, value, needle):
+    base = dits("flux_dev")
+    output = todo(comfy, base, **ALL_BLOCKS, **{setting: value})
+    assert warnings_of(output) == [needle]
+    assert torch.equal(run(comfy, output.result[0], "flux_dev"),
+                       run(comfy, todo(comfy, base, **ALL_BLOCKS).result[0], "flux_dev"))
+
+
+@pytest.mark.parametrize("variant,family", [("flux_dev", "Flux.1"), ("flux2", "Flux.2"), ("chroma", "Chroma"),
+                                            ("qwen_image", "Qwen-Image"), ("z_image", "Lumina 2 / Z-Image"),
+                                            ("wan21_t2v", "Wan 2.1 / 2.2"), ("hunyuan_video", "HunyuanVideo")])
+def test_average_is_refused_where_keys_carry_rotary_positions(comfy, dits, variant, family):
+    with pytest.raises(ValueError, match=re.escape(f"TokenReduceToDo: method 'average' does not work on {family}: its "
+                                                   f"keys carry rotary positions")) as refused:
+        todo(comfy, dits(variant), method="average", **ALL_BLOCKS)
+    assert "use nearest" in str(refused.value)
+
+
+def test_average_on_sd3_pools_and_other_methods_are_refused(comfy, dits):
+    base = dits("sd3")
+    nearest = run(comfy, todo(comfy, base, **ALL_BLOCKS).result[0], "sd3")
+    average = todo(comfy, base, method="average", **ALL_BLOCKS)
+    out = run(comfy, average.result[0], "sd3")
+    assert "average, in blocks 1-2 of 2" in average.result[1]
+    assert session_of(average.result[0]).last_report.levels[0].tokens["k/v"] == (48, 12)
+    assert rel_error(out, nearest) > 1e-5 and rel_error(out, run(comfy, base, "sd3")) < 0.1
+    with pytest.raises(ValueError, match=re.escape("method 'bilinear' does not work on SD3 / SD3.5: on DiTs ToDo pools "
+                                                   "with nearest or average")):
+        todo(comfy, base, method="bilinear", **ALL_BLOCKS)
+
+
+@pytest.mark.parametrize("level", ["2", "4", "8"])
+def test_a_level_other_than_auto_or_1_does_nothing_and_says_so(comfy, dits, level):
+    base = dits("qwen_image")
+    output = todo(comfy, base, level=level)
+    assert output.result[0] is base
+    assert output.result[1].startswith(f"WARNING: ToDo does nothing on this QwenImage model with level {level}: its 1 "
+                                       f"blocks attend over one token grid (downsample 1). Use level auto or 1")
+    assert todo(comfy, base, level="1", **ALL_BLOCKS).result[0] is not base
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant,config,family", [("flux_dev", "Flux", "Flux.1"), ("wan21_t2v", "WAN21_T2V",
+                                                                                    "Wan 2.1 / 2.2")])
+def test_tome_on_a_dit_is_refused_and_points_to_todo(comfy, dits, variant, config, family):
+    with pytest.raises(ValueError, match=f"TokenReduceToMe: ToMe cannot patch this {config} model: it has no UNet "
+                                         f"transformer blocks") as refused:
+        apply(comfy, "tome", dits(variant))
+    assert f"use Token Downsampling (ToDo, TokenReduce), which supports {family}" in str(refused.value)
+
+
+SUPPORTED = "Flux.1, Flux.2, Chroma, Qwen-Image, Lumina 2 / Z-Image, SD3 / SD3.5, Wan 2.1 / 2.2, HunyuanVideo"
+
+
+def test_an_unsupported_dit_is_refused_naming_the_supported_families(comfy):
+    vace = random_dits.make_unsupported_dit()
+    with pytest.raises(ValueError, match="TokenReduceToDo: ToDo cannot patch this WAN21_Vace model") as refused:
+        todo(comfy, vace)
+    assert f"these DiT families: {SUPPORTED}; WAN21_Vace is not one of them" in str(refused.value)
+    with pytest.raises(ValueError, match="ToMe cannot patch this WAN21_Vace model") as refused:
+        apply(comfy, "tome", vace)
+    assert f"For DiT models use Token Downsampling (ToDo, TokenReduce); it supports {SUPPORTED}" in str(refused.value)
+
+
+# --- with ComfyUI's step caches -----------------------------------------------------------------
+
+def _caches():
+    from comfy_extras.nodes_easycache import EasyCacheNode, LazyCacheNode
+
+    # A threshold at which both skip model calls on these random models (at 0.2 EasyCache skips none on Wan).
+    return {name: (lambda model, node=node: node.execute(model, reuse_threshold=1.0, start_percent=0.0,
+                                                          end_percent=1.0, verbose=False).result[0])
+            for name, node in (("EasyCache", EasyCacheNode), ("LazyCache", LazyCacheNode))}
+
+
+@pytest.mark.parametrize("variant", ["wan21_t2v", "flux_dev"])
+@pytest.mark.parametrize("cache", ["EasyCache", "LazyCache"])
+def test_stacks_with_the_step_caches_in_either_order(comfy, dits, variant, cache):
+    """ComfyUI's EasyCache and LazyCache skip model calls (their wrappers return a cached output
+    instead of calling the model): ToDo reduces in the calls that run, never sees a token it
+    does not expect, and the order of the two nodes does not matter."""
+    base, add_cache = dits(variant), _caches()[cache]
+    steps = 6
+    cache_only = run(comfy, add_cache(base), variant, steps=steps)
+    outputs = {}
+    for order, model in (("todo first", add_cache(todo(comfy, base, **ALL_BLOCKS).result[0])),
+                         ("cache first", todo(comfy, add_cache(base), **ALL_BLOCKS).result[0])):
+        outputs[order] = run(comfy, model, variant, steps=steps)
+        report = session_of(model).last_report
+        assert torch.isfinite(outputs[order]).all()
+        assert report.skipped_calls == 0 and report.warnings == () and report.levels, order
+        assert 1 in report.active_steps and len(report.active_steps) < steps, order  # the cache skipped some
+        assert 1e-5 < rel_error(outputs[order], cache_only) < 0.2, order
+    assert torch.equal(outputs["todo first"], outputs["cache first"])
+
+
+# --- under torch.compile ----------------------------------------------------------------------------
+
+@pytest.fixture
+def sdpa_attention(comfy, monkeypatch):
+    """PyTorch SDPA, the GPU default, in every DiT module compiled here. ComfyUI's CPU default,
+    sub-quadratic attention, asks psutil for the free memory inside the model: a graph break of
+    the host's own (see test_compile_inprocess.py)."""
+    import comfy.ldm.flux.math
+    import comfy.ldm.modules.attention as attention
+    import comfy.ldm.modules.diffusionmodules.mmdit
+    import comfy.ldm.qwen_image.model
+    import comfy.ldm.wan.model
+
+    for module, name in ((comfy.ldm.flux.math, "optimized_attention"), (comfy.ldm.wan.model, "optimized_attention"),
+                         (comfy.ldm.qwen_image.model, "optimized_attention_masked"),
+                         (comfy.ldm.modules.diffusionmodules.mmdit, "optimized_attention")):
+        monkeypatch.setattr(module, name, attention.attention_pytorch)
+
+
+COMPILE_RUNS = [dict(steps=2), dict(steps=3, seed=4)]
+
+
+def compiled_runs(comfy, model, variant) -> dict:
+    import torch._dynamo
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = model.clone()
+    set_torch_compile_wrapper(compiled, backend="eager")
+    outputs = [run(comfy, compiled, variant, **settings) for settings in COMPILE_RUNS]
+    result = {"graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values()),
+              "outputs": outputs}
+    torch._dynamo.reset()
+    return result
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd3"])
+def test_no_graph_break_and_no_graph_of_our_own_under_torch_compile(comfy, dits, sdpa_attention, variant):
+    base = dits(variant)
+    unpatched = compiled_runs(comfy, base, variant)
+    model = todo(comfy, base, **ALL_BLOCKS).result[0]
+    ours = compiled_runs(comfy, model, variant)
+    assert unpatched["breaks"] == 0 and ours["breaks"] == 0
+    assert ours["graphs"] <= unpatched["graphs"]
+    assert session_of(model).last_report.levels  # it reduced under compile
+    for compiled_out, settings in zip(ours["outputs"], COMPILE_RUNS):
+        assert rel_error(compiled_out, run(comfy, model, variant, **settings)) < 1e-4

@@ -1,0 +1,170 @@
+"""End to end on DiTs: ComfyUI's ``main.py`` on 127.0.0.1 with this pack in custom_nodes, the
+example workflows for Wan 2.1 text to video and Flux.1 [dev] text to image, driven through the
+HTTP API and the websocket.
+
+The graphs are the committed examples with three stand-ins for what cannot be had here: the
+diffusion-model files are random (devtools/random_dits.py: the smallest Flux.1 dev and Wan 2.1
+t2v files ComfyUI's UNETLoader detects as those models, written once per ComfyUI tree and
+cached); the text encoders are replaced by the tests' own node, random conditioning in their
+shape (tests/comfy_test_nodes: a T5-XXL cannot be built or run here); and the VAE decode by
+SaveLatent, whose file is the sampler's output itself: no VAE of either family can be had at a
+useful cost (their loaders read fixed full-size configs, ~80 M parameters of random weights to
+write and run) and decoding adds nothing about ToDo. Small sizes and 2 steps keep it fast; ToDo
+leaves no block unreduced (the files have one block)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import workflow
+from comfy_server import PromptRejected
+from conftest import REPO
+from server_helpers import execution_error, link_extra_models, link_test_nodes, node_id, start_server
+
+TODO = "TokenReduceToDo"
+RUN_EVENT = "tokenreduce.run"
+SUPPORTED = "Flux.1, Flux.2, Chroma, Qwen-Image, Lumina 2 / Z-Image, SD3 / SD3.5, Wan 2.1 / 2.2, HunyuanVideo"
+# family -> example, its latent node and the small size used here, the node's header and token line
+GRAPHS = {
+    "wan": ("wan21_t2v_todo.json", "EmptyHunyuanLatentVideo", dict(width=128, height=96, length=9),
+            "ToDo · WAN21_T2V · 1 of 1 blocks", "ds 1 · 3 frames × 8×6 · q 144→144 · k/v 144→36",
+            "ToDo on WAN21_T2V (Wan 2.1 / 2.2, DiT): keys/values of the video tokens"),
+    "flux": ("flux_txt2img_todo.json", "EmptySD3LatentImage", dict(width=128, height=128),
+             "ToDo · Flux · 1 of 1 blocks", "ds 1 · 8×8 · q 64→64 · k/v 64→16",
+             "ToDo on Flux (Flux.1, DiT): keys/values of the image tokens"),
+}
+MODEL_FILES = {"wan": "wan21_t2v", "flux": "flux"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    base = tmp_path_factory.mktemp("comfy-dit")
+    link_test_nodes(base)
+    return base, link_extra_models(base, ["wan21_t2v", "flux", "unsupported_dit"])
+
+
+@pytest.fixture(scope="module")
+def server(files):
+    srv = start_server(files[0], [])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def object_info(server):
+    return server.object_info()
+
+
+def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
+    """The family's example workflow as an API prompt, with the stand-ins (see the module
+    docstring): random model file, random conditioning, SaveLatent."""
+    example, latent_node, size, *_ = GRAPHS[family]
+    prompt = workflow.to_api(workflow.load(REPO / "example_workflows" / example), object_info)
+    for nid, node in list(prompt.items()):
+        kind = node["class_type"]
+        if kind in ("CLIPLoader", "DualCLIPLoader", "VAELoader", "SaveImage", "SaveAnimatedWEBP"):
+            del prompt[nid]
+        elif kind == "CLIPTextEncode":
+            prompt[nid] = {"class_type": "TokenReduceTestDiTConditioning",
+                           "inputs": {"family": family, "seed": int(nid), "tokens": 16}}
+        elif kind == "VAEDecode":
+            prompt[nid] = {"class_type": "SaveLatent", "inputs": {"samples": node["inputs"]["samples"],
+                                                                  "filename_prefix": f"latents/{family}"}}
+    workflow.find(prompt, "UNETLoader")["unet_name"] = files[1][MODEL_FILES[family]]
+    workflow.find(prompt, latent_node).update(size)
+    workflow.find(prompt, "KSampler")["steps"] = steps
+    workflow.find(prompt, TODO).update({"skip_first_blocks": 0, "skip_last_blocks": 0, **todo_settings})
+    return prompt
+
+
+def without_todo(prompt: dict) -> dict:
+    plain = copy.deepcopy(prompt)
+    ours = node_id(plain, TODO)
+    plain[node_id(plain, "KSampler")]["inputs"]["model"] = plain[ours]["inputs"]["model"]
+    del plain[ours]
+    return plain
+
+
+def latent_of(server, entry) -> torch.Tensor:
+    (saved,) = [item for output in entry["outputs"].values() for item in output.get("latents", [])]
+    return load_file(str(server.output / saved["subfolder"] / saved["filename"]))["latent_tensor"]
+
+
+def history(server, prompt_id) -> dict:
+    return server.get(f"/history/{prompt_id}")[prompt_id]
+
+
+@pytest.mark.parametrize("family", list(GRAPHS))
+def test_the_example_graph_runs_reports_repeats_and_acts(server, object_info, files, family):
+    _, _, _, header, tokens, info = GRAPHS[family]
+    prompt = dit_prompt(object_info, files, family)
+    ours = node_id(prompt, TODO)
+    server.free()
+    prompt_id, messages = server.run_collecting(prompt, {"executed", RUN_EVENT})
+    entry = history(server, prompt_id)
+    assert entry["outputs"][ours]["text"][0].startswith(info)
+    (executed,) = [data for kind, data in messages if kind == "executed" and data["node"] == ours]
+    assert executed["output"]["tokenreduce"] == [{"lines": [header], "warnings": []}]
+    (run,) = [data for kind, data in messages if kind == RUN_EVENT]
+    assert run["node"] == ours and run["completed"] and run["warnings"] == []
+    assert run["lines"][:2] == [header, tokens] and run["lines"][2].startswith("steps 1-2 of 2 · ")
+    assert run["active_steps"] == [1, 2]
+    latent = latent_of(server, entry)
+    assert torch.isfinite(latent).all()
+
+    # Without ToDo, in the same server (the loaded model is reused): another latent, not far off.
+    plain = latent_of(server, server.run(without_todo(prompt)))
+    error = float((latent - plain).norm() / plain.norm())
+    assert 1e-5 < error < 0.1, error
+
+    # Forced to run again from scratch: bit-identical.
+    server.free()
+    again = server.run(copy.deepcopy(prompt))
+    assert not [m for m in again["status"]["messages"] if m[0] == "execution_cached" and m[1]["nodes"]]
+    assert torch.equal(latent_of(server, again), latent)
+
+
+@pytest.mark.parametrize("name,value,needle", [
+    ("temporal_factor", 0.5, "temporal_factor 0.5 is out of range"),
+    ("temporal_factor", 9.0, "temporal_factor 9 is out of range"),
+    ("temporal_factor", "twice", "temporal_factor 'twice' is not a number"),
+    ("skip_first_blocks", -1, "skip_first_blocks -1 is out of range"),
+    ("skip_first_blocks", 65, "skip_first_blocks 65 is out of range"),
+    ("skip_last_blocks", 100, "skip_last_blocks 100 is out of range"),
+])
+def test_bad_dit_inputs_are_rejected_with_node_errors(server, object_info, files, name, value, needle):
+    prompt = dit_prompt(object_info, files, "wan", **{name: value})
+    with pytest.raises(PromptRejected) as rejected:
+        server.queue(prompt)
+    errors = rejected.value.body["node_errors"][node_id(prompt, TODO)]["errors"]
+    assert any(needle in e["message"] + " " + e["details"] for e in errors), errors
+
+
+def _run_error(server, prompt) -> dict:
+    entry = server.wait(server.queue(prompt))
+    assert entry["status"]["status_str"] == "error"
+    return execution_error(entry)
+
+
+@pytest.mark.parametrize("family,settings,needle", [
+    ("flux", dict(method="average"), "TokenReduceToDo: method 'average' does not work on Flux.1: its keys carry "
+                                     "rotary positions"),
+    ("wan", dict(factor=8.0), "TokenReduceToDo: factor 8 does not fit the 8x6 token grid of this latent"),
+])
+def test_settings_that_cannot_work_on_this_model_fail_with_a_message(server, object_info, files, family, settings,
+                                                                     needle):
+    error = _run_error(server, dit_prompt(object_info, files, family, **settings))
+    assert needle in error["exception_message"]
+
+
+def test_an_unsupported_dit_file_is_refused_naming_the_supported_families(server, object_info, files):
+    prompt = dit_prompt(object_info, files, "wan")
+    workflow.find(prompt, "UNETLoader")["unet_name"] = files[1]["unsupported_dit"]
+    error = _run_error(server, prompt)
+    assert error["node_type"] == TODO
+    assert "ToDo cannot patch this WAN21_Vace model" in error["exception_message"]
+    assert f"these DiT families: {SUPPORTED}" in error["exception_message"]
