@@ -4,12 +4,21 @@ the browser tests and by ``make_thumbnails.py``.
 Playwright cannot download its own browser here, so it drives the system's Chromium
 (Debian's ``chromium`` package); ``chromium_path()`` installs it with apt-get when it is missing
 and this process may (root), and otherwise says how.
+
+The frontend changes from release to release (``devtools/frontends.py`` serves several of them),
+so each step uses what has stayed put: a user's control found by a precise locator (the Run
+button's ``data-testid``, a dialog told apart by what it holds), then the frontend's own command
+(``app.extensionManager.command.execute``) when the control is not there; the page is read
+through ``app``/``LiteGraph``. Two node renderers: ``classic`` (the LiteGraph canvas, where our
+report is drawn under the node) and ``vue`` ("Modern Node Design", Nodes 2.0: nodes are DOM
+elements and our report is a DOM widget inside the node).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,6 +26,13 @@ from pathlib import Path
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 OUR_EXTENSION = "TokenReduce.NodeOverlay"
 PACK_TEMPLATES = "ComfyUI-TokenReduce"  # the pack's folder name, under which the template browser lists it
+CLASSIC, VUE = "classic", "vue"  # node renderers: the LiteGraph canvas, and Nodes 2.0 (Vue components)
+MODES = (CLASSIC, VUE)
+VUE_NODES_SETTING = "Comfy.VueNodes.Enabled"
+OVERLAY_SETTING = "TokenReduce.Overlay.Show"
+OVERLAY_SETTING_NAME = "Show what TokenReduce did on its nodes"
+REPORT_CLASS = "tokenreduce-report"  # our report's element in Nodes 2.0 (js/tokenreduce.js)
+REPORT_WIDGET = "tokenreduce_report"  # the DOM widget that holds it
 # Records every string drawn on a canvas, so tests can tell what the overlay actually drew.
 RECORD_CANVAS_TEXT = """
 (() => {
@@ -60,23 +76,71 @@ def returning_user(base: Path) -> None:
     settings.write_text(json.dumps({**current, "Comfy.TutorialCompleted": True}))
 
 
-class Frontend:
-    """One page of the ComfyUI frontend, with the steps a user takes."""
+def save_user_setting(url: str, key: str, value) -> None:
+    """Store one of the user's settings on the server (what the page reads when it loads)."""
+    import requests
 
-    def __init__(self, page, url: str):
+    requests.post(f"{url}/settings/{key}", json=value, timeout=30).raise_for_status()
+
+
+class Unsupported(Exception):
+    """This frontend lacks what was asked of it (e.g. Nodes 2.0)."""
+
+
+class Frontend:
+    """One page of the ComfyUI frontend, with the steps a user takes, in one node renderer."""
+
+    def __init__(self, page, url: str, mode: str = CLASSIC):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.page = page
         self.url = url
+        self.mode = mode
         self.responses: dict[str, int] = {}  # path -> HTTP status of what the page fetched
         page.on("response", lambda response: self.responses.__setitem__(
             response.url.removeprefix(url), response.status))
 
     def open(self) -> "Frontend":
+        """Load the page in this renderer (the setting is stored before the page loads, as for a
+        user who switched it earlier). Raises ``Unsupported`` for Nodes 2.0 on a frontend
+        without it."""
+        save_user_setting(self.url, VUE_NODES_SETTING, self.mode == VUE)
         self.page.add_init_script(RECORD_CANVAS_TEXT)
         self.page.goto(self.url)
         self.page.wait_for_function(
             f"window.app?.graph && window.app.extensionManager?.setting && "
             f"window.app.extensions?.some(e => e.name === {json.dumps(OUR_EXTENSION)})", timeout=180_000)
+        if self.mode == VUE and not self.has_setting(VUE_NODES_SETTING):
+            raise Unsupported(f"this frontend has no Nodes 2.0 (no setting {VUE_NODES_SETTING})")
+        self.page.wait_for_function(f"(LiteGraph.vueNodesMode === true) === {json.dumps(self.mode == VUE)}")
         return self
+
+    def switch_mode(self, mode: str) -> None:
+        """Turn Nodes 2.0 on or off in the open page (the setting a user flips)."""
+        self.evaluate("([key, on]) => app.extensionManager.setting.set(key, on)", [VUE_NODES_SETTING, mode == VUE])
+        self.page.wait_for_function(f"(LiteGraph.vueNodesMode === true) === {json.dumps(mode == VUE)}")
+        self.mode = mode
+        self.page.wait_for_timeout(300)  # the other renderer takes over on the next frames
+        self.settle()
+
+    def has_setting(self, key: str) -> bool:
+        return self.evaluate("(key) => Boolean(app.extensionManager.setting.settings?.[key])", key)
+
+    def command(self, command_id: str) -> None:
+        """Start one of the frontend's commands (what its buttons, menus and keys run). Not
+        awaited: some only settle when the dialog they open is closed."""
+        self.evaluate("(id) => { app.extensionManager.command.execute(id); }", command_id)
+
+    def _click_if_there(self, locator, timeout_ms: int = 2_000) -> bool:
+        """Click the control if exactly one is shown (within a short wait); False otherwise."""
+        try:
+            locator.first.wait_for(state="visible", timeout=timeout_ms)
+        except Exception:  # noqa: BLE001 - not in this frontend: the caller falls back
+            return False
+        if locator.count() != 1:
+            return False
+        locator.click()
+        return True
 
     def evaluate(self, script: str, arg=None):
         return self.page.evaluate(script, arg)
@@ -84,7 +148,8 @@ class Frontend:
     # --- workflows ------------------------------------------------------------------------
     def open_templates(self):
         """The template browser, on this pack's category; returns the dialog."""
-        self.page.get_by_role("button", name="Templates").click()
+        if not self._click_if_there(self.page.get_by_role("button", name="Templates", exact=True), timeout_ms=5_000):
+            self.command("Comfy.BrowseTemplates")
         dialog = self.page.get_by_role("dialog").filter(has=self.page.get_by_text(PACK_TEMPLATES, exact=True))
         dialog.get_by_text(PACK_TEMPLATES, exact=True).click()
         return dialog
@@ -124,24 +189,73 @@ class Frontend:
         }""", [node_id, name, value])
 
     def widget_values(self, node_id: int) -> list:
-        """What the node's widgets hold now (``widgets_values`` is only what was loaded)."""
-        return self.evaluate("(id) => app.graph.getNodeById(id).widgets.map(w => w.value)", node_id)
+        """What the node's saved widgets hold now (``widgets_values`` is only what was loaded);
+        widgets that are never saved (our report in Nodes 2.0) are left out."""
+        return self.evaluate("(id) => app.graph.getNodeById(id).widgets.filter(w => w.serialize !== false)"
+                             ".map(w => w.value)", node_id)
 
     def exported(self) -> dict:
         """The workflow as Save / Export write it."""
         return self.evaluate("async () => (await app.graphToPrompt()).workflow")
 
     def run(self) -> None:
-        """Queue the workflow with the Run button."""
-        self.page.get_by_role("button", name="Run", exact=True).click()
+        """Queue the workflow with the Run button (found by its test id: from 1.49 its mode menu
+        is a second button named "Run"), or with the command that button runs where there is
+        no such button. Returns once the page has posted the prompt; a click that posted
+        nothing (it met the button while the page re-rendered it) is made once more."""
+        def posted_prompt(request) -> bool:
+            return request.method == "POST" and request.url.split("?")[0].endswith("/prompt")
+
+        for attempt in range(2):
+            try:
+                with self.page.expect_request(posted_prompt, timeout=20_000):
+                    if not (self._click_if_there(self.page.get_by_test_id("queue-button"))
+                            or self._click_if_there(self.page.get_by_role("button", name="Run", exact=True),
+                                                    timeout_ms=500)):
+                        self.command("Comfy.QueuePrompt")
+                return
+            except Exception as error:  # noqa: BLE001 - Playwright's timeout: nothing was posted
+                if attempt or "Timeout" not in type(error).__name__:
+                    raise AssertionError("Run posted no prompt to the server") from error
+                print("Run: the click posted no prompt within 20 s; clicking again")
 
     def fit_view(self) -> None:
-        self.page.get_by_role("button", name="Fit View (.)").click()
+        """Fit the whole graph into the view (the frontend's Fit View command)."""
+        self.command("Comfy.Canvas.FitView")
+        self.settle()
+
+    def look_at(self, node_id: int) -> None:
+        """Bring a node into view, its text legible. Classic canvas: fit the whole graph (the
+        canvas draws text at any zoom). Nodes 2.0: zoom 1, the node at the top of the window,
+        centred (zoomed out as far as Fit View goes here, 1.32 hides the text of Vue nodes:
+        its LOD)."""
+        if self.mode == CLASSIC:
+            self.fit_view()
+            return
+        self.evaluate("""(id) => {
+            const canvas = app.canvas, node = app.graph.getNodeById(id);
+            const width = canvas.canvas.getBoundingClientRect().width;
+            canvas.ds.scale = 1;
+            canvas.ds.offset = [width / 2 - node.pos[0] - node.size[0] / 2,
+                                2 * LiteGraph.NODE_TITLE_HEIGHT + 60 - node.pos[1]];
+            canvas.setDirty(true, true);
+        }""", node_id)
+        self.page.wait_for_timeout(300)  # the view's transform reaches the Vue layer on the next frames
+        self.settle()
+
+    def settle(self) -> None:
+        """Let the page draw what has changed (two animation frames; Vue renders in between)."""
+        self.evaluate("""() => new Promise(done => {
+            requestAnimationFrame(() => requestAnimationFrame(done));
+            setTimeout(done, 2000);  // no frames (a page in the background): do not wait forever
+        })""")
 
     def screenshot_of_nodes(self, node_ids: list[int] | None = None, below: int = 0, margin: int = 16,
                             path: Path | None = None) -> bytes:
         """A PNG of the page around these nodes (all by default, titles included), with
-        ``below`` graph units more under them (room for the overlay)."""
+        ``below`` graph units more under them (room for the overlay on the classic canvas)."""
+        if self.mode == VUE:
+            return self._screenshot_of_vue_nodes(node_ids, margin, path)
         box = self.evaluate("""([ids, below]) => {
             const nodes = ids ? ids.map(id => app.graph.getNodeById(id)) : app.graph.nodes;
             const left = Math.min(...nodes.map(n => n.pos[0]));
@@ -157,6 +271,23 @@ class Frontend:
                 "width": box["width"] + 2 * margin, "height": box["height"] + 2 * margin}
         return self.page.screenshot(clip=clip, path=str(path) if path else None)
 
+    def _screenshot_of_vue_nodes(self, node_ids, margin, path) -> bytes:
+        self.settle()
+        box = self.evaluate("""(ids) => {
+            const rects = (ids ?? app.graph.nodes.map(n => n.id))
+                .map(id => document.querySelector(`.lg-node[data-node-id="${id}"]`))
+                .filter(Boolean).map(e => e.getBoundingClientRect());
+            const left = Math.min(...rects.map(r => r.left)), top = Math.min(...rects.map(r => r.top));
+            return {x: left, y: top, width: Math.max(...rects.map(r => r.right)) - left,
+                    height: Math.max(...rects.map(r => r.bottom)) - top};
+        }""", node_ids)
+        viewport = self.page.viewport_size
+        x0, y0 = max(0, box["x"] - margin), max(0, box["y"] - margin)  # what of it is in the window
+        x1 = min(viewport["width"], box["x"] + box["width"] + margin)
+        y1 = min(viewport["height"], box["y"] + box["height"] + margin)
+        clip = {"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0}
+        return self.page.screenshot(clip=clip, path=str(path) if path else None)
+
     # --- the overlay ----------------------------------------------------------------------
     def overlay(self, node_id: int) -> dict | None:
         return self.evaluate("(id) => app.graph.getNodeById(id).tokenreduce ?? null", node_id)
@@ -164,10 +295,14 @@ class Frontend:
     def wait_for_overlay(self, node_id: int, condition: str, timeout_ms: int = 900_000) -> dict:
         """Wait until the node's overlay state satisfies ``condition`` (a JS expression over
         ``state``, e.g. ``state.lines.length >= 3``)."""
-        self.page.wait_for_function(f"""(id) => {{
-            const state = app.graph.getNodeById(id).tokenreduce;
-            return Boolean(state && ({condition}));
-        }}""", arg=node_id, timeout=timeout_ms)
+        try:
+            self.page.wait_for_function(f"""(id) => {{
+                const state = app.graph.getNodeById(id).tokenreduce;
+                return Boolean(state && ({condition}));
+            }}""", arg=node_id, timeout=timeout_ms)
+        except Exception as error:  # noqa: BLE001 - say what the node holds instead
+            raise AssertionError(f"node {node_id} never got an overlay with {condition}: "
+                                 f"it holds {self.overlay(node_id)}") from error
         return self.overlay(node_id)
 
     def drawn_texts(self) -> list[str]:
@@ -178,14 +313,55 @@ class Frontend:
             return [...window.__drawnTexts];
         }""")
 
+    def shown_texts(self, node_id: int) -> list[str]:
+        """What a user sees of a node's text. Classic canvas: every string the canvas draws (our
+        overlay is drawn there). Nodes 2.0: the lines of the node's element; our report's lines
+        only where the report is really on screen (inside the node and the window, on top)."""
+        if self.mode == CLASSIC:
+            return self.drawn_texts()
+        self.settle()
+        return self.evaluate("""([id, reportClass]) => {
+            const node = document.querySelector(`.lg-node[data-node-id="${id}"]`);
+            if (!node) return [];
+            const lines = (element) => element.innerText.split('\\n').map(s => s.trim()).filter(Boolean);
+            const all = lines(node);
+            const report = node.querySelector(`.${reportClass}`);
+            if (!report || !report.innerText.trim()) return all;
+            const r = report.getBoundingClientRect(), n = node.getBoundingClientRect();
+            // Its part inside the window (a long report may run past the window's edge).
+            const top = Math.max(r.top, 0), bottom = Math.min(r.bottom, window.innerHeight);
+            const left = Math.max(r.left, 0), right = Math.min(r.right, window.innerWidth);
+            const inside = bottom > top && right > left && r.top >= n.top - 1 && r.bottom <= n.bottom + 1;
+            // On top: hit-tested at the centre of that part (made hit-testable for the test: the
+            // frontend turns pointer events off on parts of a node).
+            const pointerEvents = report.style.pointerEvents;
+            report.style.pointerEvents = 'auto';
+            const onTop = report.contains(document.elementFromPoint((left + right) / 2, (top + bottom) / 2));
+            report.style.pointerEvents = pointerEvents;
+            const visible = report.checkVisibility({opacityProperty: true, visibilityProperty: true});
+            if (onTop && inside && visible) return all;
+            const hidden = new Set(lines(report));
+            return all.filter(line => !hidden.has(line));
+        }""", [node_id, REPORT_CLASS])
+
     def set_overlay_setting(self, shown: bool) -> None:
-        """Flip the pack's setting in ComfyUI's settings dialog, as a user does."""
+        """Flip the pack's setting in ComfyUI's settings dialog, as a user does (Ctrl+, or the
+        frontend's command where the key does not open it)."""
+        search = self.page.get_by_placeholder(re.compile("^Search Settings"))
+        dialog = self.page.get_by_role("dialog").filter(has=search)
         self.page.keyboard.press("Control+Comma")
-        dialog = self.page.get_by_role("dialog").filter(has=self.page.get_by_placeholder("Search Settings..."))
+        try:
+            dialog.wait_for(timeout=5_000)
+        except Exception:  # noqa: BLE001 - the key is bound differently here
+            self.command("Comfy.ShowSettingsDialog")
         dialog.get_by_text("TokenReduce", exact=True).click()
         switch = dialog.get_by_role("switch")
+        if switch.count() != 1:  # other settings beside ours: the switch on our setting's row
+            row = dialog.locator("div").filter(has=self.page.get_by_text(OVERLAY_SETTING_NAME, exact=True))
+            switch = row.filter(has=self.page.get_by_role("switch")).last.get_by_role("switch")
         if switch.is_checked() != shown:
             switch.click()
-        self.page.wait_for_function(f"app.extensionManager.setting.get('TokenReduce.Overlay.Show') === {json.dumps(shown)}")
+        self.page.wait_for_function(
+            f"app.extensionManager.setting.get({json.dumps(OVERLAY_SETTING)}) === {json.dumps(shown)}")
         self.page.keyboard.press("Escape")
         dialog.wait_for(state="hidden")

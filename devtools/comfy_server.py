@@ -197,6 +197,15 @@ class ComfyServer:
     def interrupt(self) -> None:
         requests.post(f"{self.url}/interrupt", json={}, timeout=30).raise_for_status()
 
+    def cancel_all(self) -> None:
+        """Drop the queued prompts and stop the running one (by its id), so that the next
+        prompt starts at once."""
+        queue = self.get("/queue")
+        if queue.get("queue_pending"):
+            requests.post(f"{self.url}/queue", json={"clear": True}, timeout=30).raise_for_status()
+        for item in queue.get("queue_running", []):
+            requests.post(f"{self.url}/interrupt", json={"prompt_id": item[1]}, timeout=30).raise_for_status()
+
     def free(self) -> None:
         """Unload models and drop the execution cache: the next prompt re-executes every node."""
         requests.post(f"{self.url}/free", json={"unload_models": True, "free_memory": True},

@@ -1,6 +1,13 @@
-// TokenReduce front-end extension: draws, on each of this pack's patch nodes, what the node did
+// TokenReduce front-end extension: shows, on each of this pack's patch nodes, what the node did
 // in the last run (model, patched levels, tokens before and after, active steps, sampling time)
 // and any warning. Acts only on this pack's node types; every hook chains the one it replaces.
+//
+// Two renderers, one report: on the classic LiteGraph canvas the report is drawn under the node
+// (onDrawForeground; the node keeps its size). With "Modern Node Design" (Nodes 2.0,
+// Comfy.VueNodes.Enabled) the canvas draws no nodes, so the report is a read-only DOM widget,
+// the last one in the node's body: our nodes carry it only while that mode is on, it is empty
+// and hidden until there is a report, and it is never saved in the workflow nor sent with the
+// prompt.
 //
 // Data comes from the server, never polled: the node's UI output (sent as `executed` when the
 // node runs or is cached) says what it patched; a `tokenreduce.run` message, sent when a sampling
@@ -12,6 +19,7 @@ import { api } from "../../scripts/api.js";
 const OUR_NODES = new Set(["TokenReduceToMe", "TokenReduceToDo"]);
 const SETTING_SHOW = "TokenReduce.Overlay.Show";
 const RUN_EVENT = "tokenreduce.run";
+const REPORT_WIDGET = "tokenreduce_report"; // the DOM widget that carries the report in Nodes 2.0
 const STYLE = {
   font: "11px sans-serif",
   lineHeight: 14,
@@ -43,6 +51,7 @@ function nodeByExecutionId(id) {
 
 function show(node, lines, warnings) {
   node.tokenreduce = { lines: lines ?? [], warnings: warnings ?? [] };
+  syncReportWidget(node);
   node.setDirtyCanvas?.(true, true);
 }
 
@@ -72,6 +81,135 @@ function validationWarnings(node) {
   const errors = app.lastNodeErrors?.[node.id]?.errors ?? [];
   return errors.map((e) => [e.message, e.details].filter(Boolean).join(": "));
 }
+
+// What the report says: the run's lines, then validation errors and the run's warnings.
+function reportRows(node) {
+  const state = node.tokenreduce;
+  const rows = (state?.lines ?? []).map((text) => ({ text, warning: false }));
+  for (const warning of [...validationWarnings(node), ...(state?.warnings ?? [])]) {
+    rows.push({ text: `⚠ ${warning}`, warning: true });
+  }
+  return rows;
+}
+
+// --- Nodes 2.0 (Vue-rendered nodes): the report as a DOM widget ---------------------------------
+
+// Set by the frontend while nodes are rendered as Vue components (absent before Nodes 2.0).
+function vueNodesMode() {
+  return globalThis.LiteGraph?.vueNodesMode === true;
+}
+
+const withReportWidget = new Set(); // our nodes that carry the report widget now
+
+function reportWidget(node) {
+  return node.widgets?.find((w) => w.name === REPORT_WIDGET);
+}
+
+function makeReportElement() {
+  const element = document.createElement("div");
+  element.className = "tokenreduce-report";
+  Object.assign(element.style, {
+    font: STYLE.font,
+    lineHeight: `${STYLE.lineHeight}px`,
+    color: STYLE.text,
+    background: STYLE.background,
+    border: `1px solid ${STYLE.border}`,
+    borderRadius: "4px",
+    padding: `${STYLE.pad}px`,
+    boxSizing: "border-box",
+    overflowWrap: "anywhere",
+    whiteSpace: "normal",
+    userSelect: "text",
+    cursor: "auto",
+  });
+  return element;
+}
+
+function addReportWidget(node) {
+  if (typeof node.addDOMWidget !== "function") return null;
+  const element = makeReportElement();
+  const widget = node.addDOMWidget(REPORT_WIDGET, "tokenreduce-report", element, {
+    serialize: false, // not in the prompt
+    hideOnZoom: false,
+    getValue: () => "",
+    setValue: () => {},
+    getMinHeight: () => 0,
+  });
+  if (!widget) return null;
+  widget.serialize = false; // not in the workflow's widgets_values
+  widget.tokenreduceSignature = null;
+  withReportWidget.add(node);
+  return widget;
+}
+
+function removeReportWidget(node) {
+  withReportWidget.delete(node);
+  const widget = reportWidget(node);
+  if (!widget) return;
+  if (typeof node.removeWidget === "function") {
+    node.removeWidget(widget);
+  } else {
+    widget.onRemove?.();
+    node.widgets.splice(node.widgets.indexOf(widget), 1);
+  }
+}
+
+function renderReport(widget, rows) {
+  const signature = JSON.stringify(rows);
+  if (widget.tokenreduceSignature === signature) return;
+  widget.tokenreduceSignature = signature;
+  const element = widget.element;
+  element.replaceChildren(
+    ...rows.map((row) => {
+      const line = document.createElement("div");
+      line.textContent = row.text;
+      if (row.warning) {
+        line.style.color = STYLE.warning;
+        line.title = row.text;
+        Object.assign(line.style, {
+          display: "-webkit-box",
+          webkitBoxOrient: "vertical",
+          webkitLineClamp: String(STYLE.maxWarningLines),
+          overflow: "hidden",
+        });
+      }
+      return line;
+    }),
+  );
+  element.style.display = rows.length ? "block" : "none";
+}
+
+// Nodes 2.0: each of our nodes carries the widget (added when the node is made, or when the mode
+// is switched on) and it shows the report, or nothing while there is none or the setting is off.
+// Classic canvas: the widget goes away and the overlay draws the report.
+function syncReportWidget(node) {
+  if (!vueNodesMode()) {
+    if (withReportWidget.has(node) || reportWidget(node)) removeReportWidget(node);
+    return;
+  }
+  const widget = reportWidget(node) ?? addReportWidget(node);
+  if (widget) renderReport(widget, overlayShown() ? reportRows(node) : []);
+}
+
+let syncQueued = false;
+
+// After each canvas frame (drawn in both modes): follows validation errors, the setting and a
+// switch between the two renderers. Changes wait until the frame is done.
+function queueSync(canvas) {
+  if (syncQueued) return;
+  const vue = vueNodesMode();
+  if (!vue && !withReportWidget.size) return;
+  syncQueued = true;
+  queueMicrotask(() => {
+    syncQueued = false;
+    const nodes = vue ? (canvas?.graph?.nodes ?? canvas?.graph?._nodes ?? []) : [...withReportWidget];
+    for (const node of nodes) {
+      if (OUR_NODES.has(node.comfyClass ?? node.type)) syncReportWidget(node);
+    }
+  });
+}
+
+// --- classic canvas: the overlay under the node --------------------------------------------------
 
 function drawOverlay(node, ctx) {
   const state = node.tokenreduce;
@@ -121,6 +259,15 @@ app.registerExtension({
   ],
 
   async setup() {
+    const canvas = app.canvas;
+    if (canvas) {
+      const onDrawForeground = canvas.onDrawForeground;
+      canvas.onDrawForeground = function () {
+        const result = onDrawForeground?.apply(this, arguments);
+        queueSync(this);
+        return result;
+      };
+    }
     api.addEventListener(RUN_EVENT, ({ detail }) => {
       const node = nodeByExecutionId(detail.node);
       if (node) show(node, detail.lines, detail.warnings);
@@ -150,6 +297,15 @@ app.registerExtension({
       const result = onNodeCreated?.apply(this, arguments);
       const control = this.widgets?.find((w) => w.name === "control_after_generate");
       if (control) control.value = "fixed";
+      // In Nodes 2.0 the report widget is part of the node from the start (the last widget).
+      if (vueNodesMode()) syncReportWidget(this);
+      return result;
+    };
+
+    const onRemoved = nodeType.prototype.onRemoved;
+    nodeType.prototype.onRemoved = function () {
+      const result = onRemoved?.apply(this, arguments);
+      withReportWidget.delete(this);
       return result;
     };
 

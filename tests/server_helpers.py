@@ -32,10 +32,10 @@ def checkpoint_name(family: str) -> str:
     return f"tokenreduce-random-{family.lower()}.safetensors"
 
 
-def start_server(base: Path, families: list[str]) -> ComfyServer:
+def start_server(base: Path, families: list[str], extra_args: list[str] | None = None) -> ComfyServer:
     root = comfyui_dir()
     checkpoints = {checkpoint_name(f): ensure_checkpoint(root, sys.executable, f) for f in families}
-    return ComfyServer(root, sys.executable, base, checkpoints).start()
+    return ComfyServer(root, sys.executable, base, checkpoints, extra_args=extra_args).start()
 
 
 def example_prompt(object_info, family: str, patch: str, size=256, steps=2, **settings) -> dict:

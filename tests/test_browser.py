@@ -1,30 +1,115 @@
-"""The pack in the real ComfyUI frontend (the one the pinned ComfyUI serves), driven in headless
-Chromium as a user would: example workflows from the template browser, the Run button, the
-overlay drawn on our nodes, the settings dialog. Screenshots go to test-artifacts/browser/."""
+"""The pack in the real ComfyUI frontend, driven in headless Chromium as a user would: example
+workflows from the template browser, the Run button, what our nodes show after a run, the
+settings dialog.
+
+A matrix of frontends (devtools/frontends.py: the host's own, the one the newest ComfyUI pins,
+the newest on PyPI) and node renderers (the classic LiteGraph canvas, and Nodes 2.0 where the
+frontend has it). Every test runs on the host's own frontend with the classic canvas; the tests
+marked ``matrix`` (run from the template browser, the report, a no-op warning, the setting, a
+validation error, export, the seed's control) also run on every other (frontend, renderer).
+One server at a time, started per frontend. Screenshots go to
+test-artifacts/browser/<frontend version>-<renderer>/."""
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
+
 import pytest
 
+import frontends
 import make_examples
 import workflow
-from browser import Frontend, chromium_path, returning_user
+from browser import (CLASSIC, MODES, REPORT_WIDGET, VUE, VUE_NODES_SETTING, Frontend, Unsupported, chromium_path,
+                     returning_user)
 from conftest import REPO
 from server_helpers import checkpoint_name, start_server
 
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 EXAMPLES = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
+# The checkpoint examples run here on random checkpoints; the DiT ones (separate model, text
+# encoder and VAE files) are loaded and exported here and run through the server
+# (test_comfy_server_dit.py).
+CHECKPOINT_EXAMPLES = [name for name in EXAMPLES if name.startswith(("sd15_", "sdxl_"))]
+DIT_EXAMPLES = [name for name in EXAMPLES if name not in CHECKPOINT_EXAMPLES]
 LOADER, PATCH, LATENT, SAMPLER = make_examples.LOADER, make_examples.PATCH, make_examples.LATENT, make_examples.SAMPLER
 OVERLAY_DONE = "state.lines.length >= 3"  # header, a level, the steps: a run's report arrived
+# A new sampler seed for every run: the server caches a prompt it has run, and a prompt that
+# runs nothing sends no run report (two tests in a row may queue the same graph).
+SAMPLER_SEEDS = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a test runs: a frontend of the matrix and a node renderer."""
+
+    frontend: str  # frontends.HOST (the host's own) or a version pinned in devtools/frontends.py
+    mode: str  # browser.CLASSIC or browser.VUE
+
+    def __str__(self) -> str:
+        return f"{self.frontend}-{self.mode}"
+
+
+TARGETS = [Target(frontend, mode) for frontend in frontends.MATRIX for mode in MODES]
+FULL_SET = Target(frontends.HOST, CLASSIC)  # where every test runs
+HOST_FRONTEND = frontends.installed_version()
+
+
+def pytest_generate_tests(metafunc):
+    """Unmarked tests run on FULL_SET; ``@pytest.mark.matrix`` ones on every target
+    (``beside_full_set=True``: on every other target, where the full set has its own test;
+    ``modes=(...)``: in these renderers only)."""
+    if "target" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("matrix")
+    if marker is None:
+        targets = [FULL_SET]
+    else:
+        modes = marker.kwargs.get("modes", MODES)
+        targets = [t for t in TARGETS if t.mode in modes
+                   and not (marker.kwargs.get("beside_full_set") and t == FULL_SET)]
+    metafunc.parametrize("target", targets, ids=str, scope="module")  # grouped: one server per frontend
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    base = tmp_path_factory.mktemp("comfy-browser")
-    returning_user(base)
-    srv = start_server(base, ["SD15", "SDXL"])
-    yield srv
-    srv.stop()
+def target() -> Target:
+    return FULL_SET  # replaced by pytest_generate_tests
+
+
+class Servers:
+    """One ComfyUI server (with random SD1.5 and SDXL checkpoints) at a time, serving the
+    frontend that the running test asks for."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory = tmp_path_factory
+        self.frontend: str | None = None
+        self.server = None
+
+    def get(self, frontend: str):
+        if frontend != self.frontend:
+            self.stop()
+            if frontend != frontends.HOST and frontend == HOST_FRONTEND:
+                pytest.skip(f"frontend {frontend} is the host's own: tested as the host's")
+            base = self.tmp_path_factory.mktemp(f"comfy-browser-{frontend}")
+            returning_user(base)
+            self.server = start_server(base, ["SD15", "SDXL"], frontends.server_args(frontend))
+            self.frontend = frontend
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            version = HOST_FRONTEND if self.frontend == frontends.HOST else self.frontend
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            (ARTIFACTS / f"server-{version}.log").write_text(self.server.log())
+        self.server, self.frontend = None, None
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    running = Servers(tmp_path_factory)
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +122,47 @@ def browser():
         chromium.close()
 
 
+def _artifact_name(request) -> str:
+    """The test's name with its parameters other than the target (which names the folder)."""
+    params = [str(v) for k, v in request.node.callspec.params.items() if k != "target"]
+    return request.node.originalname + (f"[{'-'.join(params)}]" if params else "")
+
+
+def _ours(text: str, url: str, server_url: str) -> bool:
+    """Whether a page error or console error comes from this pack: our extension's script, our
+    files on the server, or a message naming us. The frontend's own failed requests elsewhere
+    (e.g. the node registry at api.comfy.org, asked about our node types) are not ours."""
+    if "tokenreduce" not in f"{text} {url}".lower():
+        return False
+    return not (text.startswith("Failed to load resource") and not url.startswith(server_url))
+
+
 @pytest.fixture
-def ui(server, browser, request):
+def ui(servers, browser, target, request):
+    server = servers.get(target.frontend)
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
-    errors = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    frontend = Frontend(page, server.url).open()
+    errors = []  # (text, where): uncaught exceptions and console errors
+    page.on("pageerror", lambda error: errors.append((f"{error.message}\n{error.stack or ''}", "")))
+    page.on("console", lambda message: errors.append((message.text, message.location.get("url", "")))
+            if message.type == "error" else None)
+    frontend = Frontend(page, server.url, target.mode)
+    try:
+        frontend.open()
+    except Unsupported as reason:
+        page.close()
+        pytest.skip(f"frontend {target.frontend}: {reason}")
+    version = HOST_FRONTEND if target.frontend == frontends.HOST else target.frontend
+    frontend.artifacts = ARTIFACTS / f"{version}-{target.mode}"
+    frontend.artifacts.mkdir(parents=True, exist_ok=True)
     yield frontend
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"))
+    name = _artifact_name(request)
+    page.screenshot(path=str(frontend.artifacts / f"{name}.png"))
     page.close()
-    assert not [e for e in errors if "tokenreduce" in e.lower()], errors
+    server.cancel_all()  # what the test left running would only delay the next one
+    if errors:  # the frontend's own errors (e.g. requests to the internet), kept for reading
+        (frontend.artifacts / f"{name}.errors.txt").write_text("\n".join(f"{t} @ {u}" for t, u in errors) + "\n")
+    ours = [f"{text} @ {url}" for text, url in errors if _ours(text, url, server.url)]
+    assert not ours, ours
 
 
 def _small_run(ui: Frontend, family: str, size=256, steps=2) -> None:
@@ -57,6 +172,7 @@ def _small_run(ui: Frontend, family: str, size=256, steps=2) -> None:
     ui.set_widget(LATENT, "width", size)
     ui.set_widget(LATENT, "height", size)
     ui.set_widget(SAMPLER, "steps", steps)
+    ui.set_widget(SAMPLER, "seed", next(SAMPLER_SEEDS))
 
 
 def _file_widgets(name: str) -> list:
@@ -73,7 +189,16 @@ def test_the_template_browser_shows_every_example_with_its_thumbnail(ui):
         assert ui.responses.get(f"/api/workflow_templates/ComfyUI-TokenReduce/{name}.jpg") == 200, name
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("name", DIT_EXAMPLES)
+def test_a_dit_example_loads_and_exports_with_every_widget_value_of_our_node(ui, name):
+    ui.load_template(name)
+    expected = _file_widgets(name)
+    assert ui.widget_values(PATCH) == expected  # loaded as saved (no shifted values)
+    (ours,) = [n for n in ui.exported()["nodes"] if n["id"] == PATCH]
+    assert ours["widgets_values"] == expected
+
+
+@pytest.mark.parametrize("name", CHECKPOINT_EXAMPLES)
 def test_an_example_loads_runs_and_exports_with_every_widget_value_of_our_node(ui, name):
     ui.load_template(name)
     expected = _file_widgets(name)
@@ -87,6 +212,28 @@ def test_an_example_loads_runs_and_exports_with_every_widget_value_of_our_node(u
     assert ours["widgets_values"] == expected  # a run changes none of them (the seed stays fixed)
 
 
+@pytest.mark.matrix(beside_full_set=True)
+def test_an_example_from_the_template_browser_runs_shows_its_report_and_exports(ui):
+    """On every other frontend and renderer: the SD1.5 ToMe example from the template browser,
+    run with the Run button, shows its report on the node and exports unchanged."""
+    name = "sd15_txt2img_tome"
+    ui.load_template(name)
+    expected = _file_widgets(name)
+    assert ui.widget_values(PATCH) == expected
+    _small_run(ui, "SD15", steps=1)
+    ui.run()
+    state = ui.wait_for_overlay(PATCH, OVERLAY_DONE)
+    assert not state["warnings"], state
+    assert state["lines"][:2] == ["ToMe · SD15 · 5 of 16 blocks at downsample 1",
+                                  "ds 1 · 32×32 · q 1024→512 · k/v 1024→512"]
+    ui.look_at(PATCH)
+    shown = ui.shown_texts(PATCH)
+    assert all(line in shown for line in state["lines"]), (state["lines"], shown)
+    ui.screenshot_of_nodes([LOADER, PATCH, SAMPLER], below=80, path=ui.artifacts / "overlay_sd15_tome.png")
+    (ours,) = [n for n in ui.exported()["nodes"] if n["id"] == PATCH]
+    assert ours["widgets_values"] == expected
+
+
 def test_after_a_run_the_node_shows_levels_tokens_and_steps(ui):
     ui.load_template("sd15_txt2img_tome")
     _small_run(ui, "SD15")
@@ -98,7 +245,7 @@ def test_after_a_run_the_node_shows_levels_tokens_and_steps(ui):
     ui.fit_view()
     drawn = ui.drawn_texts()
     assert all(line in drawn for line in state["lines"]), (state["lines"], drawn)
-    ui.screenshot_of_nodes([LOADER, PATCH, SAMPLER], below=80, path=_artifact("overlay_sd15_tome.png"))
+    ui.screenshot_of_nodes([LOADER, PATCH, SAMPLER], below=80, path=ui.artifacts / "overlay_sd15_tome.png")
 
 
 def test_todo_shows_pooled_keys_and_the_full_queries(ui):
@@ -112,6 +259,7 @@ def test_todo_shows_pooled_keys_and_the_full_queries(ui):
     assert state["lines"][1] in ui.drawn_texts()
 
 
+@pytest.mark.matrix
 def test_sdxl_with_max_downsample_one_warns_on_the_node(ui):
     ui.load_template("sdxl_txt2img_tome")
     _small_run(ui, "SDXL", steps=1)
@@ -120,27 +268,29 @@ def test_sdxl_with_max_downsample_one_warns_on_the_node(ui):
     state = ui.wait_for_overlay(PATCH, "state.warnings.length > 0")
     (warning,) = state["warnings"]
     assert "ToMe does nothing on this SDXL model with max_downsample 1" in warning
-    ui.fit_view()
-    drawn = ui.drawn_texts()
+    ui.look_at(PATCH)
+    drawn = ui.shown_texts(PATCH)  # classic: what the canvas draws; Nodes 2.0: the node's lines
     # The warning is wrapped to the node's width: its first line starts with the warning sign.
     assert any(text.startswith("⚠ WARNING: ToMe does nothing") for text in drawn), drawn
-    ui.screenshot_of_nodes([LOADER, PATCH, SAMPLER], below=80, path=_artifact("overlay_sdxl_noop_warning.png"))
+    ui.screenshot_of_nodes([LOADER, PATCH, SAMPLER], below=80, path=ui.artifacts / "overlay_sdxl_noop_warning.png")
 
 
+@pytest.mark.matrix
 def test_the_setting_hides_and_shows_the_overlay(ui):
     ui.load_template("sd15_txt2img_todo")
     _small_run(ui, "SD15", steps=1)
     ui.run()
     state = ui.wait_for_overlay(PATCH, OVERLAY_DONE)
-    ui.fit_view()
-    assert state["lines"][0] in ui.drawn_texts()
+    ui.look_at(PATCH)
+    assert state["lines"][0] in ui.shown_texts(PATCH)
     ui.set_overlay_setting(False)
-    drawn = ui.drawn_texts()
-    assert drawn and not any(line in drawn for line in state["lines"])  # the canvas draws, our overlay not
+    drawn = ui.shown_texts(PATCH)
+    assert drawn and not any(line in drawn for line in state["lines"])  # the node is drawn, our report not
     ui.set_overlay_setting(True)
-    assert state["lines"][0] in ui.drawn_texts()
+    assert state["lines"][0] in ui.shown_texts(PATCH)
 
 
+@pytest.mark.matrix
 def test_a_ratio_above_the_stride_cap_is_shown_on_the_node(ui):
     ui.load_template("sd15_txt2img_tome")
     _small_run(ui, "SD15", steps=1)
@@ -148,9 +298,37 @@ def test_a_ratio_above_the_stride_cap_is_shown_on_the_node(ui):
     ui.run()
     ui.page.wait_for_function(f"app.lastNodeErrors?.[{PATCH}]")
     ui.page.keyboard.press("Escape")  # the host's own error dialog
+    ui.look_at(PATCH)
+    drawn = ui.shown_texts(PATCH)
+    assert any(text.startswith("⚠ ") and "ratio 0.9 cannot be" in text for text in drawn), drawn
+    ui.screenshot_of_nodes([LOADER, PATCH, SAMPLER], below=80, path=ui.artifacts / "validation_error.png")
+
+
+@pytest.mark.matrix(modes=(CLASSIC,))
+def test_switching_to_nodes_2_and_back_keeps_the_report_on_the_node(ui):
+    """A user who turns Nodes 2.0 on after a run sees the report inside the node; back on the
+    classic canvas it is drawn under the node again, the node has its own widgets only and the
+    workflow exports as it was loaded."""
+    if not ui.has_setting(VUE_NODES_SETTING):
+        pytest.skip(f"this frontend has no Nodes 2.0 (no setting {VUE_NODES_SETTING})")
+    name = "sd15_txt2img_todo"
+    ui.load_template(name)
+    _small_run(ui, "SD15", steps=1)
+    ui.run()
+    state = ui.wait_for_overlay(PATCH, OVERLAY_DONE)
+    ui.switch_mode(VUE)
+    ui.look_at(PATCH)
+    shown = ui.shown_texts(PATCH)
+    assert all(line in shown for line in state["lines"]), (state["lines"], shown)
+    ui.screenshot_of_nodes([PATCH], path=ui.artifacts / "switched_to_nodes_2.png")
+    ui.switch_mode(CLASSIC)
     ui.fit_view()
     drawn = ui.drawn_texts()
-    assert any(text.startswith("⚠ ") and "ratio 0.9 cannot be" in text for text in drawn), drawn
+    assert all(line in drawn for line in state["lines"]), (state["lines"], drawn)
+    names = ui.evaluate(f"() => app.graph.getNodeById({PATCH}).widgets.map(w => w.name)")
+    assert REPORT_WIDGET not in names, names
+    (ours,) = [n for n in ui.exported()["nodes"] if n["id"] == PATCH]
+    assert ours["widgets_values"] == _file_widgets(name)
 
 
 def test_our_node_applied_twice_shows_the_error_on_the_node(ui):
@@ -173,6 +351,7 @@ def test_our_node_applied_twice_shows_the_error_on_the_node(ui):
     assert any(text.startswith("⚠ TokenReduceToMe is already applied") for text in ui.drawn_texts())
 
 
+@pytest.mark.matrix
 def test_a_new_tome_node_keeps_its_seed_fixed(ui):
     """The frontend gives every INT input named seed a 'control after generate' widget that
     starts on randomize; on our node that would change the image on every run."""
@@ -182,11 +361,6 @@ def test_a_new_tome_node_keeps_its_seed_fixed(ui):
         return node.widgets.filter(w => w.name === 'control_after_generate').map(w => w.value);
     }""")
     assert controls == ["fixed"]
-
-
-def _artifact(name: str):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return ARTIFACTS / name
 
 
 @pytest.mark.parametrize("name", ["sd15_txt2img_tome", "sd15_txt2img_todo"])
