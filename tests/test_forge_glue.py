@@ -17,8 +17,7 @@ import torch
 from comfy_helpers import patched, sample
 from conftest import REPO
 from tokenreduce.grid import grid_at
-from tokenreduce.inputs import BOOL, CHOICE, FLOAT, INT, SEED
-from tokenreduce.methods import MODE_QUERIES, TODO, TOME
+from tokenreduce.methods import MODE_QUERIES, TODO
 from tokenreduce_forge import hooks, patching
 from tokenreduce_forge import settings as S
 from tokenreduce_forge.grid import grid_of
@@ -209,7 +208,8 @@ def test_both_methods_stack_in_one_pass_and_report_their_tokens(comfy, models):
     reports = {m.method: r for m, r in run.finish(True)}
     todo, tome = reports["ToDo"].levels[0], reports["ToMe"].levels[0]
     assert todo.grid == tome.grid == (33, 47) and todo.tokens["k/v"] == (33 * 47, 17 * 24)
-    assert tome.tokens["q"] == (33 * 47, 33 * 47 - int(33 * 47 * 0.5)) and tome.tokens["k/v"] == (17 * 24, 17 * 24)  # pooled by ToDo before
+    assert tome.tokens["q"] == (33 * 47, 33 * 47 - int(33 * 47 * 0.5))
+    assert tome.tokens["k/v"] == (17 * 24, 17 * 24)  # ToDo pooled them before
 
 
 def test_a_clone_of_a_patched_unet_is_patched_once(comfy, models):
@@ -234,8 +234,10 @@ def test_another_model_function_wrapper_is_called_inside(comfy, models):
         return apply_model(args["input"], args["timestep"], **args["c"])
 
     base.set_model_unet_function_wrapper(other)
-    unet, run = patching.install(base, "SD15", S.FIRST, {"ToDo": S.method_settings("ToDo", S.FIRST, {})}, (1, 4, 32, 32))
-    assert torch.equal(sample(comfy, unet, "SD15"), sample(comfy, forge_patched(models["SD15"], "SD15", ToDo={})[0], "SD15"))
+    todo = {"ToDo": S.method_settings("ToDo", S.FIRST, {})}
+    unet, run = patching.install(base, "SD15", S.FIRST, todo, (1, 4, 32, 32))
+    alone, _ = forge_patched(models["SD15"], "SD15", ToDo={})
+    assert torch.equal(sample(comfy, unet, "SD15"), sample(comfy, alone, "SD15"))
     assert calls and run.calls == len(calls)
 
 
@@ -302,7 +304,8 @@ def test_hooks_patch_report_and_turn_the_builtin_off(comfy, models):
     base = forge_like(models["SD15"])
     p = _processing(base, args, override={"token_merging_ratio": 0.5})
     hooks.before_process(p, args)
-    assert p.override_settings["token_merging_ratio"] == 0.0 and "turned off" in p.extra_generation_params["TokenReduce note"]
+    assert p.override_settings["token_merging_ratio"] == 0.0
+    assert "turned off" in p.extra_generation_params["TokenReduce note"]
     assert p.extra_generation_params["TokenReduce ToMe ratio"] == 0.5
     hooks.before_sampling(p, args, {"x": torch.zeros(1, 4, 32, 32)})
     assert p.sd_model.forge_objects.unet is not base
@@ -310,7 +313,8 @@ def test_hooks_patch_report_and_turn_the_builtin_off(comfy, models):
     hooks.after_batch(p, args)
     assert p.extra_generation_params["TokenReduce ToDo report"] == (
         "ToDo · SD15 · 5 of 16 blocks at downsample 1 | ds 1 · 32×32 · q 1024→1024 · k/v 1024→256 | steps 1-2 of 2")
-    assert p.extra_generation_params["TokenReduce ToMe report"].endswith("· q 1024→512 · k/v 256→256 | steps 1-2 of 2")  # keys pooled by ToDo
+    # ToDo pooled the keys before ToMe merges the queries
+    assert p.extra_generation_params["TokenReduce ToMe report"].endswith("· q 1024→512 · k/v 256→256 | steps 1-2 of 2")
     assert any(text.startswith("TokenReduce, first pass: ToMe on SD15") for text in p.comments)
     assert hooks.family_of(type("StableDiffusionXL", (), {})()) == "SDXL"
 
@@ -347,3 +351,17 @@ def test_install_py_is_quiet_under_the_webui(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "install.py")], capture_output=True, text=True, cwd=webui,
                           env={"PYTHONPATH": str(webui), "PATH": "/usr/bin:/bin"}, check=True)
     assert done.stdout == "" and done.stderr == ""
+
+
+def test_xyz_axis_values_go_to_the_cell_only_and_bad_values_stop_the_plot():
+    from tokenreduce_forge import xyz
+
+    grid = types.SimpleNamespace()
+    cell = types.SimpleNamespace(**vars(grid))
+    xyz.apply_value("ToMe", "ratio")(cell, 0.25, [0.25])
+    xyz.apply_value("ToDo", "factor")(cell, 3.0, [3.0])
+    assert getattr(cell, hooks.XYZ) == {("ToMe", "ratio"): 0.25, ("ToDo", "factor"): 3.0}
+    assert not hasattr(grid, hooks.XYZ)
+    xyz.confirm_values("ToMe", "ratio")(grid, [0.0, 0.75])
+    with pytest.raises(RuntimeError, match=r"\[TokenReduce\] ToDo factor: factor 9 is out of range"):
+        xyz.confirm_values("ToDo", "factor")(grid, [2.0, 9.0])

@@ -127,7 +127,8 @@ def test_the_api_dict_form_and_the_positional_arguments_agree(forge):
      "TokenReduce ToDo: factor 8 does not fit the 4x4 token grid at downsample 4"),
     ([{"ToMe": {"stride_x": 8, "stride_y": 8, "ratio": 0.9}}], {"width": 56, "height": 56},
      "TokenReduce ToMe: stride_x 8 / stride_y 8 do not fit the token grids"),
-    ([{"ToDo": True, "hires": {"ToMe": {"ratio": 0.8}}}], HIRES, "TokenReduce ToMe (hires pass): ratio 0.8 cannot be reached"),
+    ([{"ToDo": True, "hires": {"ToMe": {"ratio": 0.8}}}], HIRES,
+     "TokenReduce ToMe (hires pass): ratio 0.8 cannot be reached"),
 ])
 def test_bad_settings_are_refused_before_any_step_and_leave_nothing_behind(forge, plain, args, fields, message):
     assert refused(forge, args, **fields).startswith(message)
@@ -140,7 +141,8 @@ def test_settings_that_do_nothing_are_said(forge, plain):
     assert result.ours()["TokenReduce warnings"] == (
         "TokenReduce ToDo: WARNING: factor_next 2 does nothing: this SD15 model has no transformer blocks at "
         "downsample 16.")
-    assert result.ours()["TokenReduce ToDo report"].startswith("ToDo · SD15 · 1 of 16 blocks at downsample 8 | ds 8 · 4×4")
+    report = result.ours()["TokenReduce ToDo report"]
+    assert report.startswith("ToDo · SD15 · 1 of 16 blocks at downsample 8 | ds 8 · 4×4")
     result = generate(forge, [{"ToMe": {"start_percent": 0.4, "end_percent": 0.5}}])  # between the two steps' sigmas
     assert same(result.pixels, plain.pixels)
     assert result.ours()["TokenReduce warnings"].startswith("TokenReduce ToMe was active in none of the 2 steps")
@@ -170,7 +172,8 @@ def test_hires_pass_with_its_own_settings(forge):
     assert ours["TokenReduce ToMe report"] == (
         "ToMe · SD15 · 5 of 16 blocks at downsample 1 | ds 1 · 32×32 · q 1024→512 · k/v 1024→1024 | steps 1-2 of 2")
     # Forge calls the hook three times with hires fix; the hires pass is patched once, with its settings.
-    assert ours["TokenReduce hires ToDo report"] == f"{SD15} | ds 1 · 48×48 · q 2304→2304 · k/v 2304→256 | steps 1-2 of 2"
+    assert ours["TokenReduce hires ToDo report"] == (
+        f"{SD15} | ds 1 · 48×48 · q 2304→2304 · k/v 2304→256 | steps 1-2 of 2")
     assert "TokenReduce hires ToMe report" not in ours and "TokenReduce ToDo report" not in ours
     assert same(generate(forge, args, hires=True).pixels, result.pixels)
 
@@ -246,7 +249,8 @@ def test_img2img(forge, plain):
     unpatched = generate(forge, None, **fields)
     result = generate(forge, [{"ToDo": {"start_percent": 0.5}}], **fields)
     assert not same(result.pixels, unpatched.pixels)
-    assert result.ours()["TokenReduce ToDo report"] == f"{SD15} | ds 1 · 32×32 · q 1024→1024 · k/v 1024→256 | steps 2-3 of 3"
+    assert result.ours()["TokenReduce ToDo report"] == (
+        f"{SD15} | ds 1 · 32×32 · q 1024→1024 · k/v 1024→256 | steps 2-3 of 3")
     assert TITLE + " hires" not in result.ours()
 
 
@@ -254,4 +258,5 @@ def test_batch_size_and_count(forge):
     result = generate(forge, [{"ToMe": {"mode": MODE_QUERIES}}], width=128, height=128, batch_size=2, n_iter=2)
     assert len(result.images) == 4 and len(result.info["infotexts"]) == 4
     for text in result.info["infotexts"]:  # each batch of the count is patched and reported
-        assert "TokenReduce ToMe report: ToMe · SD15 · 5 of 16 blocks at downsample 1 | ds 1 · 16×16 · q 256→128" in text
+        assert "TokenReduce ToMe report: ToMe · SD15 · 5 of 16 blocks at downsample 1 | ds 1 · 16×16 · q 256→128" \
+            in text

@@ -96,8 +96,8 @@ def disable_builtin_tome(p) -> str | None:
             setattr(p, name, 0)
     ratio = max(ratios.values())
     return (f"Forge's built-in Token merging (ratio {ratio:g}) was turned off for this generation: {PREFIX} replaces "
-            f"it (the built-in merges the queries before {PREFIX} sees them, which would skip its ToMe in every block). "
-            f"{PREFIX}'s ToMe with mode '{MODE_QUERIES}' computes what the built-in does.")
+            f"it (the built-in merges the queries before {PREFIX} sees them, which would skip its ToMe in every "
+            f"block). {PREFIX}'s ToMe with mode '{MODE_QUERIES}' computes what the built-in does.")
 
 
 def before_process(p, args) -> None:

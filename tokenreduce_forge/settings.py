@@ -84,8 +84,8 @@ def _build_args() -> tuple[Arg, ...]:
             args.append(Arg("hires", CHOICE, HIRES_SAME, options=HIRES_MODES, stage=HIRES))
         for method, declared in METHODS.items():
             args.append(Arg(method_arg(stage, method), BOOL, DEFAULT_ON[method], stage=stage, method=method))
-            args += [Arg(input_arg(stage, method, spec.name), spec.kind, spec.default, spec, spec.options, stage, method)
-                     for spec in webui_inputs(declared)]
+            args += [Arg(input_arg(stage, method, spec.name), spec.kind, spec.default, spec, spec.options, stage,
+                         method) for spec in webui_inputs(declared)]
     return tuple(args)
 
 
@@ -235,8 +235,8 @@ def _apply_overrides(values: dict, overrides: dict) -> list[str]:
     for (method, name), value in overrides.items():
         values[method_arg(FIRST, method)] = True
         values[input_arg(FIRST, method, name)] = value
-    todo_off = (values.get(input_arg(FIRST, "ToDo", "factor")) == 1 and values.get(input_arg(FIRST, "ToDo", "factor_next")) == 1)
-    if ("ToDo", "factor") in overrides and todo_off:
+    factors = (values.get(input_arg(FIRST, "ToDo", "factor")), values.get(input_arg(FIRST, "ToDo", "factor_next")))
+    if ("ToDo", "factor") in overrides and factors == (1, 1):
         values[method_arg(FIRST, "ToDo")] = False
         notes.append("ToDo is off in this cell: the XYZ axis sets its factor to 1 (and factor_next is 1).")
     return notes
@@ -251,7 +251,8 @@ def _stage_settings(values: dict, stage: str) -> dict:
             raise Refusal(f"{PREFIX}: {problem}")
         if switch:
             names = {spec.name: input_arg(stage, method, spec.name) for spec in webui_inputs(METHODS[method])}
-            out[method] = method_settings(method, stage, {name: values[arg] for name, arg in names.items() if arg in values})
+            out[method] = method_settings(method, stage,
+                                          {name: values[arg] for name, arg in names.items() if arg in values})
     return out
 
 

@@ -8,7 +8,7 @@ import gradio as gr
 
 from tokenreduce.inputs import BOOL, CHOICE, FLOAT, INT, SEED
 
-from .settings import (ARGS, FIRST, HIRES, HIRES_MODES, METHOD_TITLES, METHODS, PREFIX, TITLE, Arg, input_arg,
+from .settings import (ARGS, FIRST, HIRES, HIRES_MODES, HIRES_OWN, METHOD_TITLES, METHODS, TITLE, Arg, input_arg,
                        method_arg, paste_field_names, paste_rule, webui_inputs)
 
 METHOD_INFO = {
@@ -50,7 +50,8 @@ def _stage(script, stage: str, args: dict, made: dict) -> None:
     for method in METHODS:
         switch = method_arg(stage, method)
         with gr.Group():
-            made[switch] = gr.Checkbox(label=switch, value=args[switch].default, elem_id=script.elem_id(switch.replace(" ", "_")),
+            made[switch] = gr.Checkbox(label=switch, value=args[switch].default,
+                                       elem_id=script.elem_id(switch.replace(" ", "_")),
                                        tooltip=f"{METHOD_TITLES[method]}: {METHOD_INFO[method]}")
             specs = webui_inputs(METHODS[method])
             kinds = ([s for s in specs if s.kind in (FLOAT, INT, SEED)], [s for s in specs if s.kind == CHOICE],
@@ -70,14 +71,17 @@ def build(script, is_img2img: bool):
     args, made = {arg.name: arg for arg in ARGS}, {}
     with InputAccordion(False, label=TITLE, elem_id=script.elem_id("enabled")) as enabled:
         made["enabled"] = enabled
-        gr.Markdown(f"Faster sampling on SD1.x, SD2.x and SDXL: fewer tokens in the UNet's attention. Start with "
-                    f"ToDo at its defaults. What was patched and the tokens removed per level go into the image's "
-                    f"parameters. Hover a setting for what it does.")
+        gr.Markdown("Faster sampling on SD1.x, SD2.x and SDXL: fewer tokens in the UNet's attention. Start with "
+                    "ToDo at its defaults. What was patched and the tokens removed per level go into the image's "
+                    "parameters. Hover a setting for what it does.")
         _stage(script, FIRST, args, made)
         with gr.Accordion("Hires. fix pass", open=False, visible=not is_img2img):
             made["hires"] = gr.Radio(choices=list(HIRES_MODES), value=HIRES_MODES[0], label="hires", tooltip=HIRES_INFO,
                                      elem_id=script.elem_id("hires"))
-            _stage(script, HIRES, args, made)
+            with gr.Column(visible=False) as own:  # the hires pass's own controls, shown for "own settings"
+                _stage(script, HIRES, args, made)
+            made["hires"].change(fn=lambda mode: gr.update(visible=mode == HIRES_OWN), inputs=[made["hires"]],
+                                 outputs=[own], show_progress=False)
         with gr.Accordion("About these settings", open=False):
             for method in METHODS:
                 gr.Markdown(f"**{method}: {METHOD_TITLES[method]}**\n\n{_help(method)}")
