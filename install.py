@@ -1,4 +1,11 @@
-"""Install what this pack needs and is missing; run by ComfyUI-Manager after cloning the pack.
+"""Install what this pack needs and is missing.
+
+Two hosts run it: ComfyUI-Manager once after cloning the pack (from the pack's folder), and
+Stable Diffusion WebUI Forge on every launch and after installing the extension (from the
+WebUI's own working directory, with the WebUI's root on PYTHONPATH so that its ``launch``
+module imports). So it resolves every path from this file, checks installed versions without
+importing anything heavy, and says nothing under the WebUI when nothing is missing (the WebUI
+prints what an installer prints, at every start).
 
 Safe to run any number of times: it installs only requirements that are not satisfied yet, and
 never installs, upgrades or downgrades torch (the host's own build stays as it is).
@@ -42,10 +49,24 @@ def missing() -> list[str]:
     return [r for r in _requirements() if _name(r) not in NEVER_INSTALL and not _satisfied(r)]
 
 
+def under_webui() -> bool:
+    """Whether the WebUI runs this: its root, where ``launch.py`` and ``modules/launch_utils.py``
+    are, is on the path (found, not imported)."""
+    from importlib.util import find_spec
+
+    try:
+        spec = find_spec("launch")
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(spec, "origin", None)
+    return origin is not None and (Path(origin).parent / "modules" / "launch_utils.py").is_file()
+
+
 def main() -> int:
     todo = missing()
     if not todo:
-        print("[TokenReduce] all requirements present")
+        if not under_webui():
+            print("[TokenReduce] all requirements present")
         return 0
     try:
         metadata.version("torch")

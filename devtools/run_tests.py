@@ -7,6 +7,11 @@ otherwise the first of ``PATH/venv``, ``PATH/.venv`` and the Python running this
 imports torch is taken. The suite's own test tools (pytest, playwright, tomesd, matplotlib) are
 installed into that environment when missing; torch and everything else in it is left as it is
 (``--no-install`` refuses even that). Extra arguments go to pytest (e.g. ``-k tome -x``).
+
+``--forge PATH`` also runs the Stable Diffusion WebUI Forge tests (tests/test_forge_server*.py)
+against that Forge tree, started as a server with ``--forge-python`` (default ``PATH/venv``)
+in a throwaway data dir, so the tree is not modified; without it they are skipped, saying so.
+``python3 devtools/run_tests.py --forge PATH tests/test_forge_*.py`` runs only the Forge tests.
 """
 
 from __future__ import annotations
@@ -63,7 +68,11 @@ def main() -> int:
     parser.add_argument("--comfyui", type=Path, help="a ComfyUI tree to test against (default: the pinned host)")
     parser.add_argument("--python", help="that tree's Python (default: its venv, else this Python)")
     parser.add_argument("--no-install", action="store_true", help="do not install missing test tools into --python")
+    parser.add_argument("--forge", type=Path, help="a Stable Diffusion WebUI Forge tree: also run the Forge tests")
+    parser.add_argument("--forge-python", help="that tree's Python (default: PATH/venv)")
     args, pytest_args = parser.parse_known_args()
+    if args.forge_python and not args.forge:
+        parser.error("--forge-python goes with --forge")
     if args.comfyui is None:
         if args.python:
             parser.error("--python goes with --comfyui")
@@ -74,6 +83,10 @@ def main() -> int:
         python = _python_of(comfyui, args.python)
         _prepare_other_tree(comfyui, python, install=not args.no_install)
     env = {**os.environ, "TOKENREDUCE_COMFYUI": str(comfyui), "PYTHONUNBUFFERED": "1"}
+    if args.forge:
+        env["TOKENREDUCE_FORGE"] = str(args.forge.expanduser().resolve())
+        if args.forge_python:
+            env["TOKENREDUCE_FORGE_PYTHON"] = args.forge_python
     # The whole suite unless test files or ids were named.
     named = any(Path(arg.split("::")[0]).exists() for arg in pytest_args if not arg.startswith("-"))
     cmd = [python, "-m", "pytest", "-c", str(REPO / "tests" / "pytest.ini"), *([] if named else [str(REPO / "tests")]),

@@ -41,7 +41,19 @@ def pytest_report_header(config) -> list[str]:
     sys.path.insert(0, str(REPO / "devtools"))
     from comfy_server import comfyui_version
 
-    return [f"ComfyUI {comfyui_version(root)} at {root}; torch {torch.__version__}; Python {sys.version.split()[0]}"]
+    lines = [f"ComfyUI {comfyui_version(root)} at {root}; torch {torch.__version__}; Python {sys.version.split()[0]}"]
+    from forge_server import FLAG_HELP, forge_python, forge_tree, forge_version
+
+    tree = forge_tree()
+    if tree is None:
+        lines.append(f"Forge tests: skipped (no Forge tree; {FLAG_HELP})")
+    else:
+        try:
+            python = forge_python(tree)
+            lines.append(f"Forge {forge_version(tree, python)} at {tree}; its Python {python}")
+        except RuntimeError as problem:
+            lines.append(f"Forge at {tree}: {problem}")
+    return lines
 
 
 @pytest.fixture(scope="session")

@@ -99,8 +99,10 @@ def _grid_text(grid: tuple[int, ...]) -> str:
     return f"{grid[1]}×{grid[0]}"
 
 
-def run_lines(header_line: str, report: RunReport) -> list[str]:
-    """The node's lines after a run: what it patched, tokens per level, steps and time."""
+def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[str]:
+    """The node's lines after a run: what it patched, tokens per level, steps and time
+    (``timing`` False: without the time, for a record of the image such as the WebUI's
+    infotext, which identical runs should repeat)."""
     lines = [header_line]
     if report.refused:
         return lines  # the warnings say why
@@ -109,6 +111,6 @@ def run_lines(header_line: str, report: RunReport) -> list[str]:
         lines.append(f"ds {level.downsample} · {_grid_text(level.grid)} · {stages}")
     active = f"steps {_ranges(report.active_steps)} of {report.steps}" if report.active_steps else \
         f"no step of {report.steps}"
-    lines.append(f"{active} · {report.sampling_seconds:.1f} s sampling"
+    lines.append(active + (f" · {report.sampling_seconds:.1f} s sampling" if timing else "")
                  + ("" if report.completed else " · interrupted"))
     return lines

@@ -1,0 +1,367 @@
+"""The Forge extension's glue without Forge (runs in CI): its arguments and settings built from
+the methods' declared inputs, the infotext rules, the grid of a block call without
+``activations_shape``, and the pass patching driven through ComfyUI's patcher (the same
+``attn1_patch`` / ``model_function_wrapper`` protocol Forge's UnetPatcher has) with
+``activations_shape`` taken away, as Forge gives it: it must compute exactly what the ComfyUI
+nodes compute. The Forge server tests are tests/test_forge_server*.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from comfy_helpers import patched, sample
+from conftest import REPO
+from tokenreduce.grid import grid_at
+from tokenreduce.methods import MODE_QUERIES, TODO
+from tokenreduce_forge import hooks, patching
+from tokenreduce_forge import settings as S
+from tokenreduce_forge.grid import grid_of
+
+
+# --- arguments and settings -------------------------------------------------------------------
+
+def test_every_input_shown_is_declared_once_with_its_default():
+    names = [arg.name for arg in S.ARGS]
+    assert len(names) == len(set(names)) == 50
+    assert names[:2] == ["enabled", "ToDo"] and names[25] == "hires"
+    for stage in (S.FIRST, S.HIRES):
+        for method, declared in S.METHODS.items():
+            shown = [a for a in S.ARGS if a.stage == stage and a.method == method and a.spec is not None]
+            assert [a.spec for a in shown] == [s for s in declared.inputs if s.name not in S.DIT_ONLY]
+            assert all(a.default == a.spec.default and a.kind == a.spec.kind for a in shown)
+    assert not {a.spec.name for a in S.ARGS if a.spec is not None} & S.DIT_ONLY
+
+
+def test_defaults_enable_todo_only_and_the_hires_pass_follows():
+    job = S.job_from_args([True], hires_runs=True)
+    assert job.problem is None and list(job.stage(S.FIRST)) == ["ToDo"] and job.stage(S.HIRES) == job.stage(S.FIRST)
+    assert job.stage(S.FIRST)["ToDo"] == TODO.settings(TODO.defaults())
+    assert S.job_from_args([False], hires_runs=True) == S.OFF
+    assert S.job_from_args([], hires_runs=True) == S.OFF
+
+
+def _positional(**named):
+    values = [arg.default for arg in S.ARGS]
+    for name, value in named.items():  # ToMe__ratio -> "ToMe ratio", hires_ToMe -> "hires ToMe"
+        name = name.replace("__", " ")
+        values[S.ARG_INDEX["hires " + name[6:] if name.startswith("hires_") else name]] = value
+    return values
+
+
+@pytest.mark.parametrize("named,expected", [
+    ({"ToMe": True, "ToMe__ratio": 0.9}, "TokenReduce ToMe: ratio 0.9 cannot be reached with strides 2x2"),
+    ({"ToMe": True, "ToMe__stride_x": 2.5}, "TokenReduce ToMe: stride_x 2.5 is not a whole number."),
+    ({"ToMe": True, "ToMe__merge_attn": "false"}, "TokenReduce ToMe: merge_attn 'false' is not true or false."),
+    ({"ToMe": True, "ToMe__merge_attn": False}, "TokenReduce ToMe: nothing to merge"),
+    ({"ToMe": True, "ToMe__mode": "fast"}, "TokenReduce ToMe: mode 'fast' is not one of"),
+    ({"ToMe": True, "ToMe__ratio": None}, "TokenReduce ToMe: ratio has no value (null)."),
+    ({"ToDo__factor": 1.0}, "TokenReduce ToDo: nothing to downsample"),
+    ({"ToDo__factor": 9.0}, "TokenReduce ToDo: factor 9 is out of range"),
+    ({"ToDo__start_percent": 0.8, "ToDo__end_percent": 0.2}, "TokenReduce ToDo: start_percent 0.8 is after"),
+    ({"ToDo__level": "3"}, "TokenReduce ToDo: level '3' is not one of"),
+    ({"ToDo": False}, "TokenReduce is on, but neither ToDo nor ToMe is selected"),
+    ({"hires": "own settings", "hires_ToMe": True, "hires_ToMe__ratio": 0.8},
+     "TokenReduce ToMe (hires pass): ratio 0.8 cannot be reached"),
+    ({"hires": "twice"}, "TokenReduce: hires 'twice' is not one of"),
+])
+def test_bad_values_are_refused_with_a_message_naming_the_input(named, expected):
+    job = S.job_from_args(_positional(enabled=True, **named), hires_runs=True)
+    assert job.problem is not None and job.problem.startswith(expected), job.problem
+    assert job.infotext(True) == {}
+
+
+def test_hires_own_settings_are_checked_only_where_a_hires_pass_runs():
+    args = _positional(enabled=True, hires="own settings", hires_ToMe=True, hires_ToMe__ratio=0.8)
+    assert S.job_from_args(args, hires_runs=False).problem is None
+    assert S.job_from_args(args, hires_runs=True).problem is not None
+
+
+def test_whole_number_floats_and_sliders_convert():
+    job = S.job_from_args(_positional(enabled=True, ToMe=True, ToMe__stride_x=3.0, ToMe__seed=7.0, ToDo__factor=2),
+                          hires_runs=False)
+    tome, todo = job.stage(S.FIRST)["ToMe"], job.stage(S.FIRST)["ToDo"]
+    assert (tome.stride_x, tome.seed, todo.factor) == (3, 7, 2.0)
+    assert type(tome.stride_x) is int and type(todo.factor) is float
+
+
+def test_the_api_dict_form():
+    job = S.job_from_args([{"tome": {"ratio": 0.3, "mode": MODE_QUERIES}, "Hires": {"ToDo": {"factor": 3}}}],
+                          hires_runs=True)
+    assert job.problem is None and list(job.stage(S.FIRST)) == ["ToMe"] and job.hires_mode == S.HIRES_OWN
+    assert job.stage(S.FIRST)["ToMe"].ratio == 0.3 and job.stage(S.HIRES)["ToDo"].factor == 3.0
+    assert S.job_from_args([{"ToDo": True, "hires": "off"}], hires_runs=True).stage(S.HIRES) == {}
+    assert "unknown key 'todoo'" in S.job_from_args([{"todoo": True}], hires_runs=True).problem
+    assert "unknown input 'ratioo'" in S.job_from_args([{"ToMe": {"ratioo": 1}}], hires_runs=True).problem
+    assert "neither ToDo nor ToMe" in S.job_from_args([{}], hires_runs=True).problem
+
+
+def test_xyz_axes_turn_their_method_on_and_factor_1_is_the_cell_without_todo():
+    job = S.job_from_args([False], hires_runs=True, overrides={("ToMe", "ratio"): 0.25})
+    assert list(job.stage(S.FIRST)) == ["ToMe"] and job.stage(S.FIRST)["ToMe"].ratio == 0.25
+    job = S.job_from_args(_positional(enabled=True, ToMe=True), hires_runs=False, overrides={("ToDo", "factor"): 1.0})
+    assert list(job.stage(S.FIRST)) == ["ToMe"] and "ToDo is off in this cell" in job.notes[0]
+    job = S.job_from_args([False], hires_runs=False, overrides={("ToDo", "factor"): 1.0})
+    assert job.problem is None and job.stage(S.FIRST) == {}
+
+
+def _forge_text(value) -> str:
+    """What Forge's infotext parser hands a paste rule: the value as written, a string."""
+    return str(value)
+
+
+def _forge_paste(arg, params):
+    """Forge's paste_func for one control (modules/infotext_utils.py): the rule's value, None
+    keeps the control, else converted to the type of the control's default."""
+    rule = S.paste_rule(arg)
+    value = rule(params) if callable(rule) else params.get(rule)
+    if value is None:
+        return "keep"
+    kind = type(arg.default)
+    if kind is bool and value == "False":
+        return False
+    return float(value) if kind is int else kind(value)
+
+
+def test_infotext_records_every_setting_and_pasting_restores_them():
+    args = _positional(enabled=True, ToDo__factor=3.0, ToDo__method="average", ToMe=True, ToMe__ratio=0.4,
+                       ToMe__mode=MODE_QUERIES, ToMe__merge_mlp=True, ToMe__seed=12, hires="own settings",
+                       hires_ToDo=False, hires_ToMe=True, hires_ToMe__matching="3x3 cells")
+    job = S.job_from_args(args, hires_runs=True)
+    text = {key: _forge_text(value) for key, value in job.infotext(True).items()}
+    assert all(key.startswith("TokenReduce ") for key in text) and "Token merging ratio" not in text
+    for arg, sent in zip(S.ARGS, args):
+        pasted = _forge_paste(arg, text)
+        assert pasted == sent or (pasted == "keep" and arg.spec is not None and arg.stage == S.HIRES
+                                  and arg.method == "ToDo"), arg.name
+
+
+def test_pasting_an_image_without_tokenreduce_turns_it_off_and_keeps_the_rest():
+    plain = {"Steps": "20", "Token merging ratio": "0.5"}
+    assert [_forge_paste(arg, plain) for arg in S.ARGS] == [False] + ["keep"] * (len(S.ARGS) - 1)
+    todo_only = {key: _forge_text(v) for key, v in S.job_from_args([True], hires_runs=False).infotext(False).items()}
+    assert _forge_paste(S.ARGS[S.ARG_INDEX["ToMe"]], todo_only) is False
+    assert set(S.paste_field_names()) == {a.key for a in S.ARGS if a.spec is not None and a.stage == S.FIRST}
+
+
+# --- the grid of a block call without activations_shape --------------------------------------------
+
+@pytest.mark.parametrize("latent_hw", [(32, 32), (33, 47), (65, 97), (1, 7), (128, 72)])
+def test_every_level_is_found_from_its_token_count(latent_hw):
+    level = 1
+    while level <= 64:
+        h, w = grid_at(latent_hw, level)
+        assert grid_of(latent_hw, h * w) == (h, w)
+        level *= 2
+
+
+def test_token_counts_no_level_has_give_a_grid_that_does_not_match():
+    for tokens in (1000, 17, 2048):  # tiles, merged tokens
+        h, w = grid_of((64, 64), tokens)
+        assert h * w != tokens
+
+
+# --- pass patching through ComfyUI's patcher (Forge's protocol) ------------------------------------
+
+def forge_like(model):
+    """A clone whose attention patches get no activations_shape, as under Forge."""
+    clone = model.clone()
+    clone.set_model_attn1_patch(lambda n, c, v, extra: (extra.pop("activations_shape", None), (n, c, v))[1])
+    return clone
+
+
+def forge_patched(model, family, stage=S.FIRST, size=(32, 32), **methods):
+    settings = {m: S.method_settings(m, stage, values) for m, values in methods.items()}
+    unet, run = patching.install(forge_like(model), family, stage, settings, (1, 4, *size))
+    return unet, run
+
+
+@pytest.mark.parametrize("family,methods", [
+    ("SD15", {"ToDo": {}}),
+    ("SD15", {"ToDo": {"factor": 3.0, "factor_next": 2.0, "method": "average"}}),
+    ("SD15", {"ToMe": {}}),
+    ("SD15", {"ToMe": {"merge_crossattn": True, "merge_mlp": True, "max_downsample": "2", "ratio": 0.6}}),
+    ("SD15", {"ToMe": {"mode": MODE_QUERIES, "matching": "3x3 cells", "share_plans": True, "seed": 7}}),
+    ("SDXL", {"ToDo": {"factor_next": 2.0, "method": "bicubic"}}),
+    ("SDXL", {"ToMe": {}}),
+])
+def test_forge_glue_computes_what_the_comfyui_node_computes(comfy, models, family, methods):
+    (method, values), = methods.items()
+    node = patched(comfy, method.lower(), models[family], **values)
+    unet, run = forge_patched(models[family], family, **methods)
+    assert [m.method for m in run.methods] == [method]
+    expected = sample(comfy, node, family, steps=2)
+    assert torch.equal(sample(comfy, unet, family, steps=2), expected)
+    (report,) = [r for _, r in run.finish(True)]
+    assert report.active_steps == (1, 2) and report.levels and not report.warnings
+    assert not torch.equal(expected, sample(comfy, models[family], family, steps=2))
+
+
+def test_both_methods_stack_in_one_pass_and_report_their_tokens(comfy, models):
+    unet, run = forge_patched(models["SD15"], "SD15", size=(33, 47), ToDo={}, ToMe={"mode": MODE_QUERIES})
+    out = sample(comfy, unet, "SD15", size=(33, 47), steps=2)
+    assert torch.isfinite(out).all()
+    reports = {m.method: r for m, r in run.finish(True)}
+    todo, tome = reports["ToDo"].levels[0], reports["ToMe"].levels[0]
+    assert todo.grid == tome.grid == (33, 47) and todo.tokens["k/v"] == (33 * 47, 17 * 24)
+    assert tome.tokens["q"] == (33 * 47, 33 * 47 - int(33 * 47 * 0.5))
+    assert tome.tokens["k/v"] == (17 * 24, 17 * 24)  # ToDo pooled them before
+
+
+def test_a_clone_of_a_patched_unet_is_patched_once(comfy, models):
+    """Forge's hires pass calls the hook a second time on the first pass's patched UNet."""
+    once, _ = forge_patched(models["SD15"], "SD15", ToMe={})
+    settings = {"ToMe": S.method_settings("ToMe", S.HIRES, {})}
+    twice, run = patching.install(once, "SD15", S.HIRES, settings, (1, 4, 32, 32))
+    patches = twice.model_options["transformer_options"]["patches"]
+    assert len(patches["attn1_patch"]) == len(once.model_options["transformer_options"]["patches"]["attn1_patch"])
+    assert torch.equal(sample(comfy, twice, "SD15"), sample(comfy, once, "SD15"))
+    stripped, _ = patching.install(once, "SD15", S.HIRES, {}, (1, 4, 32, 32))
+    assert "model_function_wrapper" not in stripped.model_options and patching.INSTALLED not in stripped.model_options
+    assert torch.equal(sample(comfy, stripped, "SD15"), sample(comfy, forge_like(models["SD15"]), "SD15"))
+
+
+def test_another_model_function_wrapper_is_called_inside(comfy, models):
+    calls = []
+    base = forge_like(models["SD15"])
+
+    def other(apply_model, args):
+        calls.append(args["cond_or_uncond"])
+        return apply_model(args["input"], args["timestep"], **args["c"])
+
+    base.set_model_unet_function_wrapper(other)
+    todo = {"ToDo": S.method_settings("ToDo", S.FIRST, {})}
+    unet, run = patching.install(base, "SD15", S.FIRST, todo, (1, 4, 32, 32))
+    alone, _ = forge_patched(models["SD15"], "SD15", ToDo={})
+    assert torch.equal(sample(comfy, unet, "SD15"), sample(comfy, alone, "SD15"))
+    assert calls and run.calls == len(calls)
+
+
+def test_refusals_raise_at_the_first_model_call_before_any_step(comfy, models):
+    unet, run = forge_patched(models["SD15"], "SD15", size=(6, 6), ToDo={"factor": 8.0})
+    assert run.refusal.startswith("TokenReduce ToDo: factor 8 does not fit the 6x6 token grid")
+    with pytest.raises(patching.Refused, match="factor 8 does not fit"):
+        sample(comfy, unet, "SD15", size=(6, 6))
+    unet, run = forge_patched(models["SD15"], "SD15", size=(2, 2), ToMe={"stride_x": 3})
+    assert "stride_x 3 / stride_y 2 do not fit" in run.refusal
+    refusing, _ = patching.refusing(models["SD15"], S.FIRST, "no")
+    with pytest.raises(patching.Refused, match="^no$"):
+        sample(comfy, refusing, "SD15")
+
+
+def test_settings_that_do_nothing_here_are_said_not_patched(comfy, models):
+    unet, run = forge_patched(models["SDXL"], "SDXL", ToMe={"max_downsample": "1"})
+    assert not run.methods and run.warnings[0].startswith("TokenReduce ToMe: WARNING: ToMe does nothing on this SDXL")
+    assert "model_function_wrapper" not in unet.model_options
+
+
+def test_a_model_without_unet_blocks_is_refused():
+    fake = types.SimpleNamespace(
+        model_options={"transformer_options": {}}, object_patches={},
+        clone=lambda: fake, get_model_object=lambda name: torch.nn.Linear(2, 2),
+        model=types.SimpleNamespace(predictor=None),
+        set_model_unet_function_wrapper=lambda f: fake.model_options.__setitem__("model_function_wrapper", f))
+    _, run = patching.install(fake, "Flux", S.FIRST, {"ToDo": S.method_settings("ToDo", S.FIRST, {})}, (1, 16, 64, 64))
+    assert run.refusal.startswith("TokenReduce cannot patch this Flux model: it has no UNet transformer blocks.")
+
+
+class TomePatcher:  # named as Forge's built-in (backend/misc/tomesd.py)
+    def patch(self):
+        def tomesd_m(q, k, v, extra):
+            return q, k, v
+        return tomesd_m
+
+
+def test_builtin_tome_patches_are_taken_out(models):
+    clone = models["SD15"].clone()
+    clone.set_model_attn1_patch(TomePatcher().patch())
+    assert patching.strip_builtin_tome(clone)
+    assert clone.model_options["transformer_options"]["patches"]["attn1_patch"] == []
+
+
+# --- the hooks, with a stand-in for Forge's processing object ----------------------------------------
+
+class StableDiffusion:  # named as Forge's SD1.x engine (backend/diffusion_engine/sd15.py)
+    pass
+
+
+def _processing(unet, args, **fields):
+    sd_model = StableDiffusion()
+    sd_model.forge_objects = types.SimpleNamespace(unet=unet)
+    p = types.SimpleNamespace(extra_generation_params={"Steps": 2}, override_settings=dict(fields.pop("override", {})),
+                              comments={}, sd_model=sd_model,
+                              is_hr_pass=False, enable_hr=False, **fields)
+    p.comment = lambda text: p.comments.__setitem__(text, 1)
+    return p
+
+
+def test_hooks_patch_report_and_turn_the_builtin_off(comfy, models):
+    args = _positional(enabled=True, ToMe=True, ToMe__mode=MODE_QUERIES)
+    base = forge_like(models["SD15"])
+    p = _processing(base, args, override={"token_merging_ratio": 0.5})
+    hooks.before_process(p, args)
+    assert p.override_settings["token_merging_ratio"] == 0.0
+    assert "turned off" in p.extra_generation_params["TokenReduce note"]
+    assert p.extra_generation_params["TokenReduce ToMe ratio"] == 0.5
+    hooks.before_sampling(p, args, {"x": torch.zeros(1, 4, 32, 32)})
+    assert p.sd_model.forge_objects.unet is not base
+    sample(comfy, p.sd_model.forge_objects.unet, "SD15")
+    hooks.after_batch(p, args)
+    assert p.extra_generation_params["TokenReduce ToDo report"] == (
+        "ToDo · SD15 · 5 of 16 blocks at downsample 1 | ds 1 · 32×32 · q 1024→1024 · k/v 1024→256 | steps 1-2 of 2")
+    # ToDo pooled the keys before ToMe merges the queries
+    assert p.extra_generation_params["TokenReduce ToMe report"].endswith("· q 1024→512 · k/v 256→256 | steps 1-2 of 2")
+    assert any(text.startswith("TokenReduce, first pass: ToMe on SD15") for text in p.comments)
+    assert hooks.family_of(type("StableDiffusionXL", (), {})()) == "SDXL"
+
+
+def test_hooks_refuse_bad_settings_inside_sampling(comfy, models):
+    args = _positional(enabled=True, ToMe=True, ToMe__ratio=0.9)
+    p = _processing(forge_like(models["SD15"]), args)
+    hooks.before_process(p, args)
+    assert "TokenReduce ToMe ratio" not in p.extra_generation_params
+    hooks.before_sampling(p, args, {"x": torch.zeros(1, 4, 32, 32)})
+    with pytest.raises(patching.Refused, match="ratio 0.9 cannot be reached"):
+        sample(comfy, p.sd_model.forge_objects.unet, "SD15")
+
+
+def test_an_xyz_cell_gets_its_own_infotext(models):
+    args = _positional(enabled=True)
+    p = _processing(forge_like(models["SD15"]), args)
+    p.extra_generation_params["TokenReduce ToDo factor"] = 9  # left by the previous cell
+    shared = p.extra_generation_params
+    hooks.before_process(p, args)
+    assert p.extra_generation_params is not shared and shared["TokenReduce ToDo factor"] == 9
+    assert p.extra_generation_params["TokenReduce ToDo factor"] == 2.0 and p.extra_generation_params["Steps"] == 2
+
+
+# --- install.py under the WebUI ---------------------------------------------------------------
+
+def test_install_py_is_quiet_under_the_webui(tmp_path):
+    """The WebUI runs install.py on every launch from its own directory, with its root (where
+    `launch` imports from) on PYTHONPATH; it prints what an installer prints."""
+    webui = tmp_path / "webui"
+    (webui / "modules").mkdir(parents=True)
+    (webui / "launch.py").write_text("raise SystemExit('install.py must not import launch')\n")
+    (webui / "modules" / "launch_utils.py").write_text("")
+    done = subprocess.run([sys.executable, str(REPO / "install.py")], capture_output=True, text=True, cwd=webui,
+                          env={"PYTHONPATH": str(webui), "PATH": "/usr/bin:/bin"}, check=True)
+    assert done.stdout == "" and done.stderr == ""
+
+
+def test_xyz_axis_values_go_to_the_cell_only_and_bad_values_stop_the_plot():
+    from tokenreduce_forge import xyz
+
+    grid = types.SimpleNamespace()
+    cell = types.SimpleNamespace(**vars(grid))
+    xyz.apply_value("ToMe", "ratio")(cell, 0.25, [0.25])
+    xyz.apply_value("ToDo", "factor")(cell, 3.0, [3.0])
+    assert getattr(cell, hooks.XYZ) == {("ToMe", "ratio"): 0.25, ("ToDo", "factor"): 3.0}
+    assert not hasattr(grid, hooks.XYZ)
+    xyz.confirm_values("ToMe", "ratio")(grid, [0.0, 0.75])
+    with pytest.raises(RuntimeError, match=r"\[TokenReduce\] ToDo factor: factor 9 is out of range"):
+        xyz.confirm_values("ToDo", "factor")(grid, [2.0, 9.0])

@@ -1,0 +1,11 @@
+"""TokenReduce in Stable Diffusion WebUI Forge: the glue between Forge and the host-free core.
+
+- ``settings``: the extension's arguments, built from the methods' declared inputs; the
+  settings of each pass; the infotext keys and paste rules (no host imports);
+- ``grid``: the one place Forge differs for the patches (no ``activations_shape``);
+- ``patching``: a pass's patched UNet clone and its run state (Forge's patcher API only);
+- ``hooks``: what the script does at each point of a generation;
+- ``ui``: the accordion (gradio); ``xyz``: the X/Y/Z plot axes.
+
+The script itself is ``scripts/tokenreduce_webui.py``. ComfyUI never imports this package.
+"""
