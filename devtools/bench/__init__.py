@@ -3,7 +3,7 @@
 - ``configs``: the configurations compared, as data (the nodes and settings each applies,
   from the nodes' declared inputs, and what it reduces for the Amdahl bound);
 - ``families``: the model families (how to build a random-weight model and its conditioning);
-- ``host``: ComfyUI and this pack loaded in-process, the nodes, attention backends, the machine;
+- ``environment``: ComfyUI and this pack loaded in-process, the nodes, attention backends, the machine;
 - ``step``: one denoising step through ComfyUI's sampler, for any model family;
 - ``timing``: interleaved timed passes with warm-up, evaluations per pass and peak memory;
 - ``memory``: peak memory of a pass and the attention working set;
