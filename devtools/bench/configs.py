@@ -77,7 +77,7 @@ class Node:
         if self.kind == TODO_NODE:
             start = first if s["level"] == "auto" else int(s["level"])
             return {level: {"k": 1 / f ** 2, "v": 1 / f ** 2, "core": 1 / f ** 2}
-                    for _, level, f in todo_level_factors(start, _Settings(s)) if level in levels}
+                    for _, level, f in todo_level_factors(start, TODO.settings(s)) if level in levels}
         kept = 1 - s["ratio"]
         if self.kind == BUILTIN_NODE:
             max_level, queries_only, attn, mlp = BUILTIN_MAX_LEVEL, True, True, False
@@ -91,13 +91,6 @@ class Node:
         if mlp:
             parts["ff"] = kept
         return {level: dict(parts) for level in levels if level <= max_level and parts}
-
-
-class _Settings:
-    """Attribute access to a settings dict (what ``todo_level_factors`` reads)."""
-
-    def __init__(self, values: dict):
-        self.__dict__.update(values)
 
 
 @dataclass(frozen=True)
