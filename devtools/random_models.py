@@ -42,6 +42,7 @@ TINY_OVERRIDES = {
 }
 CONTEXT_TOKENS = 77
 SDXL_POOLED = 1280
+DIT_CONTEXT_DIM = 64  # the tiny SD3's text context and pooled vector width
 
 
 def unet_config(family: str, tiny: bool) -> dict:
@@ -124,11 +125,18 @@ def conditioning(family: str, tiny: bool, batch: int = 1, seed: int = 1) -> list
     return [[torch.randn(batch, CONTEXT_TOKENS, context_dim, generator=generator), extras]]
 
 
-def smooth_latent(batch: int, height: int, width: int, seed: int = 2) -> torch.Tensor:
-    """A spatially smooth latent (as real latents are): coarse noise upsampled bicubically."""
+def smooth_latent(batch: int, height: int, width: int, seed: int = 2, channels: int = 4,
+                  frames: int | None = None) -> torch.Tensor:
+    """A spatially smooth latent (as real latents are): coarse noise upsampled bicubically;
+    with ``frames``, a video latent (batch, channels, frames, height, width) upsampled
+    trilinearly."""
     generator = torch.Generator().manual_seed(seed)
-    coarse = torch.randn(batch, 4, max(2, height // 8), max(2, width // 8), generator=generator)
-    return torch.nn.functional.interpolate(coarse, size=(height, width), mode="bicubic", align_corners=False)
+    if frames is None:
+        coarse = torch.randn(batch, channels, max(2, height // 8), max(2, width // 8), generator=generator)
+        return torch.nn.functional.interpolate(coarse, size=(height, width), mode="bicubic", align_corners=False)
+    coarse = torch.randn(batch, channels, max(1, frames // 4), max(2, height // 8), max(2, width // 8),
+                         generator=generator)
+    return torch.nn.functional.interpolate(coarse, size=(frames, height, width), mode="trilinear", align_corners=False)
 
 
 def write_checkpoint(path: str, family: str = "SD15", seed: int = 0) -> None:
@@ -171,8 +179,9 @@ def make_dit(seed: int = 0):
     import comfy.supported_models as supported
 
     config = {"in_channels": 16, "out_channels": 16, "patch_size": 2, "depth": 2, "pos_embed_scaling_factor": None,
-              "pos_embed_max_size": 16, "num_patches": 256, "adm_in_channels": 64,
-              "context_embedder_config": {"target": "torch.nn.Linear", "params": {"in_features": 64, "out_features": 128}}}
+              "pos_embed_max_size": 16, "num_patches": 256, "adm_in_channels": DIT_CONTEXT_DIM,
+              "context_embedder_config": {"target": "torch.nn.Linear",
+                                          "params": {"in_features": DIT_CONTEXT_DIM, "out_features": 128}}}
     model_config = supported.SD3(config)
     model_config.set_inference_dtype(torch.float32, None)
     model = model_config.get_model({})
@@ -180,6 +189,13 @@ def make_dit(seed: int = 0):
     fill_pos_embed_(model.diffusion_model)
     return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
                                             offload_device=comfy.model_management.unet_offload_device())
+
+
+def dit_conditioning(batch: int = 1, seed: int = 1) -> list:
+    """A random text conditioning for the tiny SD3 of ``make_dit`` (context and pooled vectors)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [[torch.randn(batch, CONTEXT_TOKENS, DIT_CONTEXT_DIM, generator=generator),
+             {"pooled_output": torch.randn(batch, DIT_CONTEXT_DIM, generator=generator)}]]
 
 
 def write_dit(path: str, seed: int = 0) -> None:

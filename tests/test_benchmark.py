@@ -1,5 +1,7 @@
-"""The benchmark command itself (devtools/benchmark.py), run on tiny random models: it measures
-every configuration side by side and writes the table, the JSON and the plots."""
+"""The benchmark (devtools/benchmark.py and its package devtools/bench/): the command on tiny
+random models measures every configuration side by side, eager and compiled, and writes the
+table, the JSON and the plots; its pieces (configurations, plot styles, the Pareto front, the
+one-step harness, the attention working set) on their own."""
 
 from __future__ import annotations
 
@@ -7,25 +9,34 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import REPO
+
+from tokenreduce.methods import MODE_QUERIES, TODO, TOME
 
 CONFIGS = ["built-in ToMe 0.5", "ToMe 0.5 queries only 3x3", "ToDo 2 + next 2"]
 
 
+def run_benchmark(out, *args):
+    subprocess.run([sys.executable, str(REPO / "devtools" / "benchmark.py"), "--tiny", "--sizes", "64",
+                    "--out", str(out), *args], check=True, timeout=900)
+    return json.loads((out / "results.json").read_text())
+
+
 def test_the_benchmark_writes_side_by_side_figures(tmp_path):
     out = tmp_path / "bench"
-    subprocess.run([sys.executable, str(REPO / "devtools" / "benchmark.py"), "--tiny", "--families", "SD15",
-                    "--sizes", "64", "--repeats", "2", "--warmup", "1", "--evals", "2", "--attention", "sdpa",
-                    "sub-quad", "--configs", *CONFIGS, "--out", str(out)], check=True, timeout=900)
-    results = json.loads((out / "results.json").read_text())
-    assert results["machine"] and "2 UNet forward(s) per pass" in results["settings"]
+    results = run_benchmark(out, "--families", "SD15", "--repeats", "2", "--warmup", "1", "--evals", "2",
+                            "--attention", "sdpa", "sub-quad", "--configs", *CONFIGS)
+    assert results["machine"] and "2 model forward(s) per pass" in results["settings"]
+    assert results["skipped"] == []
     rows = {(r["attention"], r["config"]): r for r in results["rows"]}
     assert len(rows) == 2 * (1 + len(CONFIGS))
     for attention in ("sdpa", "sub-quad"):
         base = rows[(attention, "unpatched")]
         assert base["speedup"] == 1.0 and base["rel_error"] == 0.0 and len(base["repeats"]) == 2
         assert any(key.startswith("self-attention at downsample 1") for key in base["breakdown"])
+        assert base["compiled"] is None and base["attention_mib"] > 0 and base["first_seconds"] > 0
         for config in CONFIGS:
             row = rows[(attention, config)]
             assert row["rel_error"] > 0 and row["seconds"] > 0
@@ -35,15 +46,130 @@ def test_the_benchmark_writes_side_by_side_figures(tmp_path):
             assert abs(row["bound"] - 1 / (1 - row["share"])) < 1e-9
         assert rows[(attention, "ToMe 0.5 queries only 3x3")]["plan_seconds"] > 0
         assert rows[(attention, "ToDo 2 + next 2")]["plan_seconds"] is None
+        # Pooled keys and values: no larger an attention working set than the unpatched model's
+        # (on these tiny models the largest call can be one that no config reduces).
+        assert 0 < rows[(attention, "ToDo 2 + next 2")]["attention_mib"] <= base["attention_mib"]
+    # The sub-quadratic backend holds attention scores, SDPA's fused kernel does not.
+    assert rows[("sub-quad", "unpatched")]["attention_mib"] > rows[("sdpa", "unpatched")]["attention_mib"]
     table = (out / "results.md").read_text()
-    assert "| built-in ToMe 0.5 |" in table and "bound at its reduction" in table
-    assert (out / "sd15_64_sdpa.png").stat().st_size > 10_000 and (out / "sd15_64_sub-quad.png").exists()
+    assert "| built-in ToMe 0.5 |" in table and "bound at its reduction" in table and "attention MiB" in table
+    for attention in ("sdpa", "sub-quad"):
+        assert (out / f"sd15_64_{attention}.png").stat().st_size > 10_000
+        assert (out / f"sd15_64_{attention}_pareto.png").stat().st_size > 10_000
 
 
-def test_a_timed_pass_evaluates_the_unet_evals_times_at_one_sigma(comfy, models):
-    """--evals: each pass runs that many UNet forwards inside one sampling run, at the same
+def test_compiled_twins_and_a_dit_without_a_unet_layout(tmp_path):
+    """--compile (with the fast eager backend): every config also compiled through ComfyUI's
+    set_torch_compile_wrapper, against compiled unpatched, with the compile in the warm-up even
+    when no warm-up is asked for. A DiT (tiny SD3): our nodes refuse it, which the report says,
+    and there is no UNet layout for the Amdahl breakdown."""
+    out = tmp_path / "bench"
+    results = run_benchmark(out, "--families", "SD15", "SD3", "--repeats", "1", "--warmup", "0", "--evals", "1",
+                            "--attention", "sdpa", "--configs", "built-in ToMe 0.5", "ToDo 2", "--compile",
+                            "--compile-backend", "eager")
+    rows = {(r["family"], r["config"]): r for r in results["rows"]}
+    assert {config for family, config in rows if family == "SD15"} == {
+        "unpatched", "built-in ToMe 0.5", "ToDo 2", "compiled unpatched", "compiled built-in ToMe 0.5",
+        "compiled ToDo 2"}
+    compiled_base = rows[("SD15", "compiled unpatched")]
+    assert compiled_base["speedup"] == 1.0 and compiled_base["rel_error"] == 0.0
+    for name in ("unpatched", "built-in ToMe 0.5", "ToDo 2"):
+        row = rows[("SD15", f"compiled {name}")]
+        assert row["compiled"] == "eager" and row["method"] == rows[("SD15", name)]["method"]
+        assert row["vs_eager"] > 0 and row["first_seconds"] > 0 and row["compiles_in_timed_passes"] == 0
+        assert row["share"] is None and row["attention_mib"] is None
+        assert rows[("SD15", name)]["first_seconds"] is None  # eager: no warm-up asked for
+    # Ours is deterministic: compiled it computes what it computes eagerly.
+    assert rows[("SD15", "compiled ToDo 2")]["vs_eager_error"] < 1e-4
+    assert rows[("SD15", "compiled ToDo 2")]["rel_error"] == pytest.approx(rows[("SD15", "ToDo 2")]["rel_error"],
+                                                                           rel=1e-3)
+
+    assert {config for family, config in rows if family == "SD3"} == {
+        "unpatched", "built-in ToMe 0.5", "compiled unpatched", "compiled built-in ToMe 0.5"}
+    dit = rows[("SD3", "unpatched")]
+    assert dit["breakdown"] is None and dit["share"] is None and dit["seconds"] > 0
+    assert rows[("SD3", "built-in ToMe 0.5")]["rel_error"] == 0.0  # nothing for it to patch
+    (skipped,) = results["skipped"]
+    assert skipped["family"] == "SD3" and skipped["config"] == "ToDo 2" and "no UNet" in skipped["reason"]
+    table = (out / "results.md").read_text()
+    assert "| compiled ToDo 2 |" in table and "vs eager: speed" in table
+    assert "Not applicable: ToDo 2" in table and "No UNet layout" in table
+    assert (out / "sd15_64_sdpa_compiled_pareto.png").exists() and (out / "sd3_64_sdpa.png").exists()
+
+
+def test_configs_take_their_settings_from_the_declared_inputs(comfy):
+    from bench import configs
+    from comfy_extras.nodes_tomesd import TomePatchModel
+
+    declared = {configs.TOME_NODE: TOME.defaults(), configs.TODO_NODE: TODO.defaults(),
+                configs.BUILTIN_NODE: {i.id: i.default for i in TomePatchModel.define_schema().inputs
+                                       if i.id != "model"}}
+    assert declared[configs.BUILTIN_NODE] == configs.BUILTIN_DEFAULTS
+    assert len(configs.BY_NAME) == len(configs.CONFIGS)
+    for config in configs.CONFIGS:
+        for node in config.nodes:
+            assert node.settings == {**declared[node.kind], **dict(node.changes)}
+    by_name = configs.BY_NAME
+    # The nodes' own defaults are the configurations named after them.
+    assert [n.settings for n in by_name["ToMe 0.5"].nodes] == [TOME.defaults()]
+    assert [n.settings for n in by_name["ToDo 2"].nodes] == [TODO.defaults()]
+    assert [n.settings for n in by_name["built-in ToMe 0.3 (its default)"].nodes] == [declared["builtin"]]
+    stacked = by_name["ToMe 0.5 queries + ToDo 2"]
+    assert [n.kind for n in stacked.nodes] == ["tome", "todo"] and stacked.nodes[0].settings["mode"] == MODE_QUERIES
+    with pytest.raises(ValueError, match="no input"):
+        configs.tome(ratios=0.5)
+    with pytest.raises(ValueError, match="cannot be reached"):
+        configs.tome(ratio=0.9)
+
+    # What each reduces, for the Amdahl bound, from the same settings: levels of SD1.5 are
+    # (1, 2, 4), of SDXL (2, 4).
+    assert by_name["ToDo 2 + next 2"].scales((1, 2, 4)) == {1: {"k": 0.25, "v": 0.25, "core": 0.25},
+                                                            2: {"k": 0.25, "v": 0.25, "core": 0.25}}
+    assert by_name["ToDo 2"].scales((2, 4)) == {2: {"k": 0.25, "v": 0.25, "core": 0.25}}
+    assert by_name["built-in ToMe 0.5"].scales((2, 4)) == {}  # downsample 1 only: nothing on SDXL
+    assert by_name["ToMe 0.5"].scales((1, 2, 4)) == {1: {"q": 0.5, "k": 0.5, "v": 0.5, "out": 0.5, "core": 0.25}}
+    assert by_name["ToMe 0.5 queries + ToDo 2"].scales((1, 2, 4)) == {
+        1: {"q": 0.5, "out": 0.5, "core": 0.125, "k": 0.25, "v": 0.25}}
+    assert set(by_name["ToMe 0.5 queries + MLP to downsample 4 3x3"].scales((1, 2, 4))) == {1, 2, 4}
+    assert by_name["ToDo 4 + next 2"].reduction == 1 - 1 / 16 and by_name["ToMe 0.3"].reduction == 0.3
+    assert [c.name for c in configs.select(["ToDo 2", "ToMe 0.5"])] == ["unpatched", "ToMe 0.5", "ToDo 2"]
+    with pytest.raises(SystemExit, match="unknown configs"):
+        configs.select(["ToDo 7"])
+
+
+def test_every_series_has_its_own_colour_and_marker():
+    from bench import configs, plots
+
+    methods = list(dict.fromkeys(c.method for c in configs.CONFIGS)) + ["a new method", "another"]
+    styles = plots.styles_for(methods)
+    assert set(styles) == set(methods)
+    colours, markers = [c for c, _ in styles.values()], [m for _, m in styles.values()]
+    assert len(set(colours)) == len(methods) and len(set(markers)) == len(methods)
+
+
+def test_the_pareto_front_of_a_hand_made_set():
+    from bench.plots import pareto_front, spread
+
+    points = [(0.0, 1.0),  # 0 unpatched: least error
+              (0.006, 1.08),  # 1 beaten by 2 (less error, more speed)
+              (0.005, 1.18),  # 2
+              (0.010, 1.20),  # 3
+              (0.010, 1.15),  # 4 beaten by 3 (same error, less speed)
+              (0.017, 1.25),  # 5 fastest
+              (0.030, 1.14),  # 6 beaten by 3 and 5
+              (0.017, 1.25),  # 7 the same as 5: neither beats the other
+              (0.0, 0.99)]  # 8 beaten by 0 (same error, slower)
+    assert pareto_front(points) == [0, 2, 3, 5, 7]
+    assert pareto_front([]) == [] and pareto_front([(0.1, 2.0)]) == [0]
+    assert spread([0.1, 0.12, 0.5], 0.05) == pytest.approx([0.1, 0.15, 0.5])
+    assert spread([0.9, 0.98, 0.99], 0.05) == pytest.approx([0.9, 0.95, 1.0])
+
+
+def test_a_timed_pass_evaluates_the_model_evals_times_at_one_sigma(comfy, models):
+    """--evals: each pass runs that many model forwards inside one sampling run, at the same
     sigma, and returns the output of one forward (what a single evaluation gives)."""
-    import benchmark
+    from bench.families import FAMILIES
+    from bench.step import OneStep
 
     timesteps = []
 
@@ -51,8 +177,37 @@ def test_a_timed_pass_evaluates_the_unet_evals_times_at_one_sigma(comfy, models)
         timesteps.append(float(args["timestep"][0]))
         return apply_model(args["input"], args["timestep"], **args["c"])
 
+    conditioning = tuple(FAMILIES["SD15"].conditioning(True, seed) for seed in (1, 2))
     probe = models["SD15"].clone()
     probe.set_model_unet_function_wrapper(count)
-    out = benchmark.OneStep("SD15", 64, 1, 0.5, True, evals=3)(probe)
+    out = OneStep(probe, 64, conditioning, evals=3)(probe)
     assert len(timesteps) == 3 and len(set(timesteps)) == 1
-    assert torch.equal(out, benchmark.OneStep("SD15", 64, 1, 0.5, True)(models["SD15"]))
+    assert torch.equal(out, OneStep(models["SD15"], 64, conditioning)(models["SD15"]))
+
+
+def test_the_attention_working_set_chains_to_the_override_there(comfy, models):
+    """Recorded through transformer_options["optimized_attention_override"], after the
+    override already there (which still chooses the backend): the largest q + k + v of any
+    call under SDPA (no scores held); more, the score matrix, under basic attention."""
+    import comfy.ldm.modules.attention as attention
+    from bench.environment import with_attention
+    from bench.families import FAMILIES
+    from bench.memory import AttentionWorkingSet
+    from bench.step import OneStep
+
+    seen = []
+
+    def sdpa(q, k, v, heads, *args, **kwargs):
+        seen.append((q.numel() + k.numel() + v.numel()) * q.element_size())
+        return attention.attention_pytorch(q, k, v, heads, *args, **kwargs)
+
+    conditioning = tuple(FAMILIES["SD15"].conditioning(True, seed) for seed in (1, 2))
+    model = with_attention(models["SD15"], sdpa)
+    step = OneStep(model, 64, conditioning)
+    working_set = AttentionWorkingSet("sdpa")
+    step(working_set.attached(model))
+    assert seen and working_set.calls == len(seen) and working_set.peak_bytes == max(seen)
+
+    basic = AttentionWorkingSet("basic")
+    step(basic.attached(with_attention(models["SD15"], attention.attention_basic)))
+    assert basic.peak_bytes > working_set.peak_bytes

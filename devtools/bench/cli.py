@@ -1,0 +1,88 @@
+"""The command line of ``devtools/benchmark.py``: options, defaults that depend on the device,
+and the files it writes."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from . import REPO
+from .families import FAMILIES
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--comfyui", type=Path, help="a ComfyUI folder to run in (default: the pinned host)")
+    p.add_argument("--checkpoint", type=Path, help="benchmark this checkpoint instead of random weights")
+    p.add_argument("--families", nargs="+", default=["SD15", "SDXL"], choices=list(FAMILIES),
+                   help="random-weight model families (SD3: a tiny DiT, with --tiny only)")
+    p.add_argument("--sizes", nargs="+", type=int, help="px (default 512 768 1024, plus 2048 on a GPU)")
+    p.add_argument("--attention", nargs="+", default=["sub-quad", "sdpa"], choices=["sub-quad", "sdpa", "split"])
+    p.add_argument("--configs", nargs="*", help="only these configs (exact names; unpatched always runs)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs before each measurement")
+    p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
+                   help="random-weight model precision (default float16 on a GPU, float32 on a CPU)")
+    p.add_argument("--evals", type=int, help="model forwards per timed pass, at one sigma in one sampling run "
+                                             "(default 1 on a CPU, 4 on a GPU: keeps the sampler's per-run "
+                                             "setup out of the per-forward time)")
+    p.add_argument("--compile", action="store_true",
+                   help="also measure every config compiled with ComfyUI's set_torch_compile_wrapper (what its "
+                        "TorchCompileModel node does), against compiled unpatched; warm-up passes (at least "
+                        "one) include compiling")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend for --compile (default inductor, as TorchCompileModel; "
+                        "eager: a fast check of the wiring)")
+    p.add_argument("--sample-steps", type=int, default=20,
+                   help="with --checkpoint: steps of the full sampling run per config for the image study")
+    p.add_argument("--tiny", action="store_true", help="tiny models (a smoke test of the benchmark itself)")
+    p.add_argument("--quick", action="store_true", help="SD15 at 512 px, 2 repeats")
+    p.add_argument("--out", type=Path, default=REPO / "out" / "benchmark")
+    return p
+
+
+def complete(p: argparse.ArgumentParser, args) -> None:
+    """Fill the defaults that depend on the device and check what argparse cannot."""
+    import torch
+
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    if args.quick:
+        args.families, args.sizes, args.repeats = ["SD15"], [512], 2
+    tiny_only = [f for f in args.families if FAMILIES[f].tiny_only]
+    if tiny_only and not args.tiny and not args.checkpoint:
+        p.error(f"{', '.join(tiny_only)}: only with --tiny")
+    if not args.sizes:
+        args.sizes = [512, 768, 1024] + ([2048] if torch.cuda.is_available() else [])
+    if args.dtype is None:
+        args.dtype = "float16" if torch.cuda.is_available() else "float32"
+    if args.evals is None:
+        args.evals = 4 if torch.cuda.is_available() else 1
+    if args.evals < 1:
+        p.error("--evals must be at least 1")
+
+
+def settings_line(args) -> str:
+    line = (f"Median of {args.repeats} timed passes after {args.warmup} warm-up pass(es), "
+            f"{args.evals} model forward(s) per pass; random-weight models in {args.dtype}.")
+    if args.compile:
+        line += (f" Compiled twins: torch.compile backend {args.compile_backend}, at least one warm-up pass "
+                 f"(compiling) each.")
+    return line
+
+
+def main(args) -> int:
+    """Run the benchmark for parsed, completed ``args`` and write results.md, results.json and the plots."""
+    from . import environment, plots, report
+    from .run import run
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows, skipped = run(args)
+    machine, settings = environment.machine(), settings_line(args)
+    report.write_json(args.out / "results.json", machine, settings, rows, skipped)
+    markdown = report.to_markdown(rows, machine, settings, skipped)
+    (args.out / "results.md").write_text(markdown + "\n")
+    written = plots.plot(rows, args.out)
+    print(markdown)
+    print("\nwrote", args.out / "results.md", args.out / "results.json", *written, sep="\n  ")
+    return 0

@@ -1,0 +1,166 @@
+"""The benchmark loop: for each model family, size and attention backend, every configuration
+(and with ``--compile`` its compiled twin) measured side by side, turned into result rows."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import amdahl, compiled, environment, study, timing
+from .configs import UNPATCHED, Config, select
+from .families import FAMILIES
+from .report import Row
+from .step import OneStep
+
+
+@dataclass
+class Loaded:
+    """A model to benchmark and what the harness needs to feed it."""
+
+    label: str  # the family's name in the results
+    model: object
+    conditioning: tuple
+    vae: object = None  # a checkpoint's VAE: the image study
+    downscale: int = 8
+    frames: int = 1
+
+
+def _load(args, family: str, dtype) -> Loaded:
+    if args.checkpoint:
+        import comfy.sd
+
+        model, clip, vae = comfy.sd.load_checkpoint_guess_config(str(args.checkpoint))[:3]
+        return Loaded(type(model.model.model_config).__name__, model, study.conditioning(clip), vae)
+    spec = FAMILIES[family]
+    return Loaded(family, spec.build(args.tiny, 0, dtype),
+                  (spec.conditioning(args.tiny, 1), spec.conditioning(args.tiny, 2)),
+                  downscale=spec.downscale, frames=spec.frames)
+
+
+def _patched(configs: list[Config], model, appliers) -> tuple[dict, dict]:
+    """{name: patched model} of the configurations the model takes, {name: reason} of those
+    a node refuses for this model (a DiT, say)."""
+    patched, refused = {}, {}
+    for config in configs:
+        try:
+            patched[config.name] = config.apply(model, appliers)
+        except ValueError as reason:
+            refused[config.name] = str(reason)
+    return patched, refused
+
+
+def _error(out, reference) -> float:
+    return float((out - reference).norm() / reference.norm())
+
+
+def _rows(where: dict, configs: list[Config], measured: dict, parts, scores: dict, backend: str | None) -> list[Row]:
+    """Eager rows, and with a compile ``backend`` the compiled ones (against compiled unpatched)."""
+    rows = []
+    reference = measured[UNPATCHED.name]
+    base_seconds = statistics.median(reference.times)
+    for config in configs:
+        entry = measured[config.name]
+        seconds = statistics.median(entry.times)
+        bounds = amdahl.amdahl(parts, config)
+        mse, psnr = scores.get(config.name, (None, None))
+        rows.append(Row(**where, config=config.name, method=config.method, reduction=config.reduction,
+                        seconds=seconds, speedup=base_seconds / seconds, rel_error=_error(entry.out, reference.out),
+                        peak_mib=entry.peak_mib, plan_seconds=entry.plan_seconds,
+                        share=bounds and bounds.share, bound=bounds and bounds.bound,
+                        bound_at=bounds and bounds.bound_at, repeats=entry.times,
+                        breakdown=amdahl.breakdown(parts) if config is UNPATCHED else None,
+                        image_mse=mse, image_psnr=psnr, attention_mib=entry.attention_mib,
+                        first_seconds=entry.first_seconds))
+    if backend is None:
+        return rows
+    compiled_reference = measured[compiled.name_of(UNPATCHED.name)]
+    compiled_base = statistics.median(compiled_reference.times)
+    for config in configs:
+        eager, entry = measured[config.name], measured[compiled.name_of(config.name)]
+        seconds = statistics.median(entry.times)
+        rows.append(Row(**where, config=compiled.name_of(config.name), method=config.method,
+                        reduction=config.reduction, seconds=seconds, speedup=compiled_base / seconds,
+                        rel_error=_error(entry.out, compiled_reference.out), peak_mib=entry.peak_mib,
+                        repeats=entry.times, compiled=backend, vs_eager=statistics.median(eager.times) / seconds,
+                        vs_eager_error=_error(entry.out, eager.out), first_seconds=entry.first_seconds,
+                        compiles_in_timed_passes=entry.compiles_in_timed_passes))
+    return rows
+
+
+def _one_setting(args, host, configs, loaded: Loaded, step, size: int, attention: str, backend, scores: dict,
+                 progress) -> tuple[list[Row], dict]:
+    base = environment.with_attention(loaded.model, backend)
+    layout = host.model_layout(base.get_model_object("diffusion_model"))
+    unet = layout if layout is not None and layout.kind == host.unet_kind else None
+    parts = amdahl.part_times(base, step, args.warmup, unet)
+    eager, refused = _patched(configs, base, host.appliers)
+    applied = [c for c in configs if c.name in eager]
+    models, warmup = dict(eager), dict.fromkeys(eager, args.warmup)
+    if args.compile:
+        compiled.make_room(len(eager))
+        for name, model in eager.items():
+            models[compiled.name_of(name)] = compiled.compiled(model, args.compile_backend)
+            warmup[compiled.name_of(name)] = max(1, args.warmup)  # the warm-up compiles
+    measured = timing.measure(step, models, repeats=args.repeats, warmup=warmup, compiled=frozenset(models) - set(eager),
+                              progress=lambda name: progress(f"{loaded.label} {size}px {attention}: {name}"))
+    for name, model in eager.items():
+        timing.profile(step, model, measured[name], host.sessions_of, attention)
+    where = dict(family=loaded.label, size=size, attention=attention)
+    rows = _rows(where, applied, measured, parts, scores, args.compile_backend if args.compile else None)
+    if args.compile:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    return rows, refused
+
+
+def passes_per_setting(args, configs: int) -> int:
+    """Timed and warm-up passes of one (family, size, attention), for the progress bar."""
+    eager = configs * (args.warmup + args.repeats)
+    return eager + (configs * (max(1, args.warmup) + args.repeats) if args.compile else 0)
+
+
+def run(args) -> tuple[list[Row], list[dict]]:
+    """The rows of every measured setting, and the configurations a family refused
+    (``{"family", "config", "reason"}``)."""
+    import torch
+    from tqdm import tqdm
+
+    host = environment.load(Path(args.comfyui))
+    configs = select(args.configs)
+    backends = environment.attention_backends(args.attention)
+    dtype = getattr(torch, args.dtype)
+    families = ["checkpoint"] if args.checkpoint else args.families
+    total = len(families) * len(args.sizes) * len(backends) * passes_per_setting(args, len(configs))
+    rows: list[Row] = []
+    skipped: dict[tuple, dict] = {}
+    with tqdm(total=total, desc="benchmark", unit="pass") as bar:
+        def progress(text: str) -> None:
+            bar.set_postfix_str(text)
+            bar.update()
+
+        for family in families:
+            loaded = _load(args, family, dtype)
+            for size in args.sizes:
+                step = OneStep(loaded.model, size, loaded.conditioning, evals=args.evals, downscale=loaded.downscale,
+                               frames=loaded.frames)
+                scores = {}
+                if loaded.vae is not None:
+                    bar.set_postfix_str(f"{loaded.label} {size}px: image study ({args.sample_steps} steps per config)")
+                    patched, _ = _patched(configs, loaded.model, host.appliers)
+                    scores = study.image_study(patched, {c.name: c.reduction for c in configs}, loaded.vae, size,
+                                               args.sample_steps, loaded.conditioning, args.out,
+                                               f"{loaded.label.lower()}_{size}")
+                for attention, backend in backends.items():
+                    measured, refused = _one_setting(args, host, configs, loaded, step, size, attention, backend,
+                                                     scores, progress)
+                    rows += measured
+                    for name, reason in refused.items():
+                        skipped[(loaded.label, name)] = {"family": loaded.label, "config": name, "reason": reason}
+            del loaded
+            import comfy.model_management as mm
+
+            mm.unload_all_models()
+            mm.soft_empty_cache()
+    return rows, list(skipped.values())
