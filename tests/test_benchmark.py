@@ -61,16 +61,15 @@ def test_the_benchmark_writes_side_by_side_figures(tmp_path):
 def test_compiled_twins_and_a_dit_without_a_unet_layout(tmp_path):
     """--compile (with the fast eager backend): every config also compiled through ComfyUI's
     set_torch_compile_wrapper, against compiled unpatched, with the compile in the warm-up even
-    when no warm-up is asked for. A DiT (tiny SD3): our nodes refuse it, which the report says,
-    and there is no UNet layout for the Amdahl breakdown."""
+    when no warm-up is asked for."""
     out = tmp_path / "bench"
     results = run_benchmark(out, "--families", "SD15", "SD3", "--repeats", "1", "--warmup", "0", "--evals", "1",
-                            "--attention", "sdpa", "--configs", "built-in ToMe 0.5", "ToDo 2", "--compile",
+                            "--attention", "sdpa", "--configs", "built-in ToMe 0.5", "ToDo 2", "ToMe 0.5", "--compile",
                             "--compile-backend", "eager")
     rows = {(r["family"], r["config"]): r for r in results["rows"]}
     assert {config for family, config in rows if family == "SD15"} == {
-        "unpatched", "built-in ToMe 0.5", "ToDo 2", "compiled unpatched", "compiled built-in ToMe 0.5",
-        "compiled ToDo 2"}
+        "unpatched", "built-in ToMe 0.5", "ToDo 2", "ToMe 0.5", "compiled unpatched", "compiled built-in ToMe 0.5",
+        "compiled ToDo 2", "compiled ToMe 0.5"}
     compiled_base = rows[("SD15", "compiled unpatched")]
     assert compiled_base["speedup"] == 1.0 and compiled_base["rel_error"] == 0.0
     for name in ("unpatched", "built-in ToMe 0.5", "ToDo 2"):
@@ -84,16 +83,20 @@ def test_compiled_twins_and_a_dit_without_a_unet_layout(tmp_path):
     assert rows[("SD15", "compiled ToDo 2")]["rel_error"] == pytest.approx(rows[("SD15", "ToDo 2")]["rel_error"],
                                                                            rel=1e-3)
 
+    # A DiT (tiny SD3, four blocks): ToDo reduces its middle blocks; the built-in ToMe finds no
+    # UNet attention to patch; there is no UNet layout for the Amdahl breakdown.
     assert {config for family, config in rows if family == "SD3"} == {
-        "unpatched", "built-in ToMe 0.5", "compiled unpatched", "compiled built-in ToMe 0.5"}
+        "unpatched", "built-in ToMe 0.5", "ToDo 2", "compiled unpatched", "compiled built-in ToMe 0.5",
+        "compiled ToDo 2"}
     dit = rows[("SD3", "unpatched")]
     assert dit["breakdown"] is None and dit["share"] is None and dit["seconds"] > 0
     assert rows[("SD3", "built-in ToMe 0.5")]["rel_error"] == 0.0  # nothing for it to patch
-    (skipped,) = results["skipped"]
-    assert skipped["family"] == "SD3" and skipped["config"] == "ToDo 2" and "no UNet" in skipped["reason"]
+    assert rows[("SD3", "ToDo 2")]["rel_error"] > 0
+    (skipped,) = results["skipped"]  # ToMe is UNet-only; its refusal points to ToDo
+    assert skipped["family"] == "SD3" and skipped["config"] == "ToMe 0.5" and "ToDo" in skipped["reason"]
     table = (out / "results.md").read_text()
     assert "| compiled ToDo 2 |" in table and "vs eager: speed" in table
-    assert "Not applicable: ToDo 2" in table and "No UNet layout" in table
+    assert "Not applicable: ToMe 0.5" in table and "No UNet layout" in table
     assert (out / "sd15_64_sdpa_compiled_pareto.png").exists() and (out / "sd3_64_sdpa.png").exists()
 
 

@@ -162,6 +162,8 @@ CONFIGS: tuple[Config, ...] = (
     Config("ToDo 2 + next 2", "todo-next", (todo(factor=2.0, factor_next=2.0),)),
     Config("ToDo 3 + next 2", "todo-next", (todo(factor=3.0, factor_next=2.0),)),
     Config("ToDo 4 + next 2", "todo-next", (todo(factor=4.0, factor_next=2.0),)),
+    Config("ToDo 2 + time 2", "todo-time", (todo(factor=2.0, temporal_factor=2.0),)),  # video DiTs
+    Config("ToDo 2 average", "todo-average", (todo(factor=2.0, method="average"),)),  # not on RoPE DiTs
     Config("ToMe 0.5 queries + ToDo 2", "combined", (tome(ratio=0.5, **QUERIES), todo(factor=2.0))),
     Config("ToMe 0.5 queries + ToDo 4", "combined", (tome(ratio=0.5, **QUERIES), todo(factor=4.0))),
 )

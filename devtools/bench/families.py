@@ -32,24 +32,38 @@ def _unet_conditioning(family: str, tiny: bool, seed: int) -> list:
     return random_models.conditioning(family, tiny, seed=seed)
 
 
-def _tiny_sd3(tiny: bool, seed: int, dtype):
-    import random_models
+# The DiTs: tiny random-weight models of the families ToDo supports (devtools/random_dits.py),
+# a few blocks deep so that blocks remain between the first and last ones ToDo leaves alone
+# (skip_first_blocks / skip_last_blocks). Their text is shorter than real prompts (12 tokens;
+# Wan's T5 pads to 512 as in ComfyUI), their widths a fraction of the real ones: the attention
+# share and the speed-up of a real model are larger (see docs/benchmarks.md).
+DIT_DEPTH = {"sd3": {"depth": 4, "context_embedder_config": {  # MMDiT's width is 64 per block
+                 "target": "torch.nn.Linear", "params": {"in_features": 32, "out_features": 256}}}, "flux_dev": {"depth": 2, "depth_single_blocks": 4}, "wan21_t2v": {"num_layers": 6}}
+WAN_LATENT_FRAMES = 5  # 17 video frames
 
-    return random_models.make_dit(seed)
+
+def _dit(family: str, tiny: bool, seed: int, dtype):
+    import random_dits
+
+    return random_dits.make_dit(family, seed=seed, dtype=dtype, **DIT_DEPTH[family])
 
 
-def _tiny_sd3_conditioning(tiny: bool, seed: int) -> list:
-    import random_models
+def _dit_conditioning(family: str, tiny: bool, seed: int) -> list:
+    import random_dits
 
-    return random_models.dit_conditioning(seed=seed)
+    positive, _ = random_dits.conditioning(family, seed=seed, frames=4 * WAN_LATENT_FRAMES - 3)
+    return positive
 
 
 FAMILIES: dict[str, Family] = {
-    name: Family(name, partial(_unet, name), partial(_unet_conditioning, name)) for name in ("SD15", "SD21", "SDXL")
+    name: Family(name, partial(_unet, name), partial(_unet_conditioning, name)) for name in ("SD15", "SDXL", "SD21")
 }
-# A DiT (MMDiT) with no UNet transformer blocks: our nodes refuse it, the built-in does
-# nothing; it keeps the harness honest about not assuming a UNet.
-FAMILIES["SD3"] = Family("SD3", _tiny_sd3, _tiny_sd3_conditioning, tiny_only=True)
+FAMILIES.update({
+    "SD3": Family("SD3", partial(_dit, "sd3"), partial(_dit_conditioning, "sd3"), tiny_only=True),
+    "Flux": Family("Flux", partial(_dit, "flux_dev"), partial(_dit_conditioning, "flux_dev"), tiny_only=True),
+    "Wan21": Family("Wan21", partial(_dit, "wan21_t2v"), partial(_dit_conditioning, "wan21_t2v"), tiny_only=True,
+                    frames=WAN_LATENT_FRAMES),
+})
 
 
 def latent_shape(model, batch: int, size: int, downscale: int = 8, frames: int = 1) -> tuple[int, ...]:

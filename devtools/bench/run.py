@@ -91,7 +91,8 @@ def _rows(where: dict, configs: list[Config], measured: dict, parts, scores: dic
 def _one_setting(args, host, configs, loaded: Loaded, step, size: int, attention: str, backend, scores: dict,
                  progress) -> tuple[list[Row], dict]:
     base = environment.with_attention(loaded.model, backend)
-    layout = host.model_layout(base.get_model_object("diffusion_model"))
+    config = getattr(base.model, "model_config", None)  # the host's name for the model type, as the nodes read it
+    layout = host.model_layout(base.get_model_object("diffusion_model"), type(config).__name__)
     unet = layout if layout is not None and layout.kind == host.unet_kind else None
     parts = amdahl.part_times(base, step, args.warmup, unet)
     eager, refused = _patched(configs, base, host.appliers)
