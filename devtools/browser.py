@@ -292,7 +292,7 @@ class Frontend:
     def overlay(self, node_id: int) -> dict | None:
         return self.evaluate("(id) => app.graph.getNodeById(id).tokenreduce ?? null", node_id)
 
-    def wait_for_overlay(self, node_id: int, condition: str, timeout_ms: int = 900_000) -> dict:
+    def wait_for_overlay(self, node_id: int, condition: str, timeout_ms: int = 300_000) -> dict:
         """Wait until the node's overlay state satisfies ``condition`` (a JS expression over
         ``state``, e.g. ``state.lines.length >= 3``)."""
         try:

@@ -84,19 +84,24 @@ def test_compiled_twins_and_a_dit_without_a_unet_layout(tmp_path):
                                                                            rel=1e-3)
 
     # A DiT (tiny SD3, four blocks): ToDo reduces its middle blocks; the built-in ToMe finds no
-    # UNet attention to patch; there is no UNet layout for the Amdahl breakdown.
+    # UNet attention to patch; the Amdahl breakdown times the attention over the grid per block.
     assert {config for family, config in rows if family == "SD3"} == {
         "unpatched", "built-in ToMe 0.5", "ToDo 2", "compiled unpatched", "compiled built-in ToMe 0.5",
         "compiled ToDo 2"}
     dit = rows[("SD3", "unpatched")]
-    assert dit["breakdown"] is None and dit["share"] is None and dit["seconds"] > 0
+    (attention_share,) = dit["breakdown"].values()
+    assert 0 < attention_share < 1 and dit["share"] == 0.0 and dit["seconds"] > 0
     assert rows[("SD3", "built-in ToMe 0.5")]["rel_error"] == 0.0  # nothing for it to patch
-    assert rows[("SD3", "ToDo 2")]["rel_error"] > 0
+    assert rows[("SD3", "built-in ToMe 0.5")]["share"] == 0.0
+    todo = rows[("SD3", "ToDo 2")]
+    assert todo["rel_error"] > 0
+    # Two of its four blocks reduced (skip_first_blocks 1, skip_last_blocks 1): about half the attention.
+    assert 0 < todo["share"] < attention_share and 1 < todo["bound_at"] < todo["bound"]
     (skipped,) = results["skipped"]  # ToMe is UNet-only; its refusal points to ToDo
     assert skipped["family"] == "SD3" and skipped["config"] == "ToMe 0.5" and "ToDo" in skipped["reason"]
     table = (out / "results.md").read_text()
     assert "| compiled ToDo 2 |" in table and "vs eager: speed" in table
-    assert "Not applicable: ToMe 0.5" in table and "No UNet layout" in table
+    assert "Not applicable: ToMe 0.5" in table and "attention over the token grid" in table
     assert (out / "sd15_64_sdpa_compiled_pareto.png").exists() and (out / "sd3_64_sdpa.png").exists()
 
 

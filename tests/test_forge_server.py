@@ -21,6 +21,8 @@ from tokenreduce_forge.settings import ARGS, HIRES_OWN, TITLE
 skip_without_forge()
 
 SD15 = "ToDo · SD15 · 5 of 16 blocks at downsample 1"
+# ToDo at its defaults against the plain image (random weights, 2 steps): the change is bounded.
+FORGE_ERROR_BOUND = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +40,13 @@ def plain(forge):
 
 def same(a, b) -> bool:
     return a.shape == b.shape and np.array_equal(a, b)
+
+
+def rel_error(a, b) -> float:
+    """Relative L2 distance of two images' pixels (each centred on its mean)."""
+    a, b = (np.asarray(x, dtype=np.float64) for x in (a, b))
+    a, b = a - a.mean(), b - b.mean()
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 # --- loading, controls, API -----------------------------------------------------------------------
@@ -60,6 +69,39 @@ def test_loads_in_both_tabs_with_one_control_per_declared_input(forge):
                 assert shown["choices"] == list(arg.options), arg.name
     log = forge.log()
     assert "tokenreduce_webui.py" not in log and "tokenreduce_forge" not in log, forge.log_tail()
+
+
+def test_the_accordion_in_the_browser(forge):
+    """What a user sees in txt2img: the TokenReduce accordion, closed and off; ticked, it opens
+    with both methods' inputs under their own names. The screenshot
+    (test-artifacts/forge/accordion_txt2img.png) is the README's picture."""
+    from playwright.sync_api import sync_playwright
+
+    from browser import chromium_path
+    from conftest import REPO
+
+    out = REPO / "test-artifacts" / "forge"
+    out.mkdir(parents=True, exist_ok=True)
+    accordion_id = "script_txt2img_tokenreduce_enabled"
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        try:
+            page = chromium.new_page(viewport={"width": 1400, "height": 1600})
+            page.goto(forge.url, timeout=600_000)
+            checkbox = page.locator(f"#{accordion_id}-checkbox input[type=checkbox]")
+            checkbox.wait_for(state="attached", timeout=600_000)
+            assert not checkbox.is_checked()
+            accordion = page.locator(f"#{accordion_id}")
+            accordion.locator(".label-wrap").first.click()  # opening it turns it on, as Forge's own do
+            page.wait_for_timeout(1000)
+            assert checkbox.is_checked()
+            text = accordion.inner_text()
+            for name in ("ToDo", "ToMe", "factor", "factor_next", "method", "ratio", "Hires. fix pass"):
+                assert name in text, name
+            assert page.locator(f"#{accordion_id} input[type=checkbox]").count() >= 2
+            accordion.screenshot(path=str(out / "accordion_txt2img.png"))
+        finally:
+            chromium.close()
 
 
 def test_xyz_plot_lists_the_axes(forge):
@@ -86,6 +128,9 @@ def test_install_py_under_forges_installer_is_quiet_and_cheap(forge):
 def test_todo_at_its_defaults_changes_the_image_and_reports_what_it_did(forge, plain):
     result = generate(forge, [True])
     assert not same(result.pixels, plain.pixels)
+    error = rel_error(result.pixels, plain.pixels)
+    print(f"ToDo defaults against plain, SD1.5 256 px 2 steps: relative pixel error {error:.4f}")
+    assert 0 < error < FORGE_ERROR_BOUND
     ours = result.ours()
     assert ours["TokenReduce ToDo factor"] == 2.0 and ours["TokenReduce ToDo method"] == "nearest"
     assert ours["TokenReduce ToDo report"] == f"{SD15} | ds 1 · 32×32 · q 1024→1024 · k/v 1024→256 | steps 1-2 of 2"

@@ -58,8 +58,8 @@ def resolve_target(layout: Layout | None, family: str, method: str, setting: str
     if not sites:
         where = (f"its transformer blocks are at downsample {', '.join(map(str, levels))}. Use {setting} auto or "
                  f"{levels[0]}" if layout.kind == UNET else
-                 f"its {len(layout.sites)} blocks attend over one token grid (downsample 1). Use {setting} auto or 1, "
-                 f"and leave fewer blocks unreduced than it has")
+                 f"its {len(layout.sites)} blocks attend over one token grid (downsample 1): use {setting} auto or 1, "
+                 f"and let skip_first_blocks + skip_last_blocks leave fewer than {len(layout.sites)} blocks unreduced")
         return Target(family, layout, level, None,
                       f"WARNING: {method} does nothing on this {family} model with {setting} {choice}: "
                       f"{where}. The model is returned unchanged.")

@@ -1,7 +1,9 @@
 """Where the unpatched forward's time goes, and the speed-up a configuration's reduction
-allows (Amdahl's law). UNets only: each transformer block's self-attention (its projections
-and the attention itself) and MLP are timed with forward hooks; models without a UNet layout
-(DiTs) get no breakdown and no bounds."""
+allows (Amdahl's law). UNets: each transformer block's self-attention (its projections and the
+attention itself) and MLP are timed with forward hooks. DiTs: each attention call over the
+token grid is timed through the host's attention override, per block (what ToDo reduces there:
+the keys of those calls; their projections run before the call and are not reduced). Models
+the pack has no layout for get no breakdown and no bounds."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from .configs import Config
 @dataclass(frozen=True)
 class Parts:
     times: dict  # (part, level) -> seconds per forward; parts as in configs.PARTS
-    levels: tuple[int, ...]  # the UNet's transformer levels, finest first
+    levels: tuple[int, ...]  # the UNet's transformer levels, finest first; a DiT's blocks, in order
     total: float  # seconds of the whole hooked forward
+    video: bool | None = None  # None: a UNet; a DiT: whether its grid has a time axis
 
 
 @dataclass(frozen=True)
@@ -25,16 +28,22 @@ class Amdahl:
     bound_at: float  # the speed-up if each reduced part cost in proportion to its remaining tokens
 
 
-def part_times(model, step, warmup: int, layout) -> Parts | None:
+def _sync():
+    import torch
+
+    return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+
+def part_times(model, step, warmup: int, layout, unet_kind: str) -> Parts | None:
     """Seconds of the unpatched forward per (part, level): self-attention split into its
     projections and the attention itself (what is left of the module), and the MLP; and the
     whole forward. Measured with device-synchronised forward hooks in one pass after
-    ``warmup`` passes. None without a UNet ``layout``."""
+    ``warmup`` passes. DiTs: see ``_dit_part_times``. None without a ``layout``."""
     if layout is None:
         return None
-    import torch
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    if layout.kind != unet_kind:
+        return _dit_part_times(model, step, warmup, layout)
+    sync = _sync()
     spent: dict = {}
     handles = []
 
@@ -72,10 +81,70 @@ def part_times(model, step, warmup: int, layout) -> Parts | None:
     return Parts(times, layout.levels, total)
 
 
+def _dit_part_times(model, step, warmup: int, layout) -> Parts:
+    """Seconds per block of a DiT's attention calls over its token grid (the family's call
+    plan says which calls those are, in the order the model makes them), timed around the
+    attention function through ComfyUI's ``optimized_attention_override`` on a clone, chained
+    to the override already there (the benchmark's backend choice); a model-function wrapper
+    restarts the call count at every model call."""
+    sync = _sync()
+    spent: dict = {}
+    calls = [0]
+    timed = model.clone()
+    options = timed.model_options.setdefault("transformer_options", {})
+    previous = options.get("optimized_attention_override")
+
+    def override(func, *args, **kwargs):
+        index = calls[0]
+        calls[0] = index + 1
+        slot = layout.plan[index] if index < len(layout.plan) else None
+        sync()
+        start = time.perf_counter()
+        out = previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
+        sync()
+        if slot is not None and slot.block >= 0 and slot.kind in ("joint", "image"):
+            key = ("core", slot.block)
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
+        return out
+
+    def restart(apply_model, args):
+        calls[0] = 0
+        return apply_model(args["input"], args["timestep"], **args["c"])
+
+    options["optimized_attention_override"] = override
+    timed.set_model_unet_function_wrapper(restart)
+    for _ in range(warmup):
+        step(timed)
+    spent.clear()
+    start = time.perf_counter()
+    step(timed)
+    total = (time.perf_counter() - start) / step.evals
+    blocks = tuple(site.key[1] for site in layout.sites)
+    return Parts({key: seconds / step.evals for key, seconds in spent.items()}, blocks, total, layout.family.video)
+
+
+def _dit_scales(config: Config, parts: Parts) -> dict[int, dict[str, float]]:
+    """{block: {"core": fraction left}}: ToDo keeps 1/factor^2 of the grid's keys (and
+    1/temporal_factor of the frames on video) in the blocks its skips leave; the attention
+    costs in proportion to its keys (the text keys, a few percent at most, counted as reduced
+    too). Nothing else of ours acts on a DiT (ToMe refuses it, the built-in finds nothing)."""
+    out: dict[int, dict[str, float]] = {}
+    for node in config.nodes:
+        if node.kind != "todo":
+            continue
+        s = node.settings
+        blocks = parts.levels
+        chosen = blocks[s["skip_first_blocks"]: max(s["skip_first_blocks"], len(blocks) - s["skip_last_blocks"])]
+        scale = 1 / (s["factor"] ** 2 * (s["temporal_factor"] if parts.video else 1.0))
+        for block in chosen:
+            out.setdefault(block, {})["core"] = out.get(block, {}).get("core", 1.0) * scale
+    return out
+
+
 def amdahl(parts: Parts | None, config: Config) -> Amdahl | None:
     if parts is None:
         return None
-    scales = config.scales(parts.levels)
+    scales = _dit_scales(config, parts) if parts.video is not None else config.scales(parts.levels)
     reduced = saved = 0.0
     for (part, level), seconds in parts.times.items():
         scale = scales.get(level, {}).get(part)
@@ -91,6 +160,8 @@ def breakdown(parts: Parts | None) -> dict | None:
     its projections) and the MLP, finest level first."""
     if parts is None:
         return None
+    if parts.video is not None:  # a DiT: only its attention over the grid is timed
+        return {"attention over the token grid (all blocks)": sum(parts.times.values()) / parts.total}
     names = {"core": "self-attention", "proj": "its projections", "ff": "MLP"}
     shares = {}
     for level in sorted({level for _, level in parts.times}):

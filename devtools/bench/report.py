@@ -68,7 +68,7 @@ def _eager_table(group: list[Row]) -> list[str]:
         goes = ("Where it goes (hooks): " + ", ".join(f"{name} {share:.0%}" for name, share in base.breakdown.items())
                 + ".")
     else:
-        goes = "No UNet layout: no Amdahl breakdown or bounds."
+        goes = "No layout of this model: no Amdahl breakdown or bounds."
     lines = ["", f"Unpatched: {base.seconds * 1000:.0f} ms per model forward. {goes}", "",
              "| config | s/forward | speed-up | rel. error | plan time | peak MiB | attention MiB | reduced share "
              "| bound if free | bound at its reduction | of that bound |" + (" image MSE | PSNR dB |" if images else ""),

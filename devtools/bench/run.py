@@ -93,8 +93,7 @@ def _one_setting(args, host, configs, loaded: Loaded, step, size: int, attention
     base = environment.with_attention(loaded.model, backend)
     config = getattr(base.model, "model_config", None)  # the host's name for the model type, as the nodes read it
     layout = host.model_layout(base.get_model_object("diffusion_model"), type(config).__name__)
-    unet = layout if layout is not None and layout.kind == host.unet_kind else None
-    parts = amdahl.part_times(base, step, args.warmup, unet)
+    parts = amdahl.part_times(base, step, args.warmup, layout, host.unet_kind)
     eager, refused = _patched(configs, base, host.appliers)
     applied = [c for c in configs if c.name in eager]
     models, warmup = dict(eager), dict.fromkeys(eager, args.warmup)
