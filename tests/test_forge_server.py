@@ -22,7 +22,7 @@ skip_without_forge()
 
 SD15 = "ToDo · SD15 · 5 of 16 blocks at downsample 1"
 # ToDo at its defaults against the plain image (random weights, 2 steps): the change is bounded.
-FORGE_ERROR_BOUND = 0.5
+FORGE_ERROR_BOUND = 0.1  # measured: 0.014 (Forge dfdcbab, CPU)
 
 
 @pytest.fixture(scope="module")
