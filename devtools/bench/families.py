@@ -35,10 +35,17 @@ def _unet_conditioning(family: str, tiny: bool, seed: int) -> list:
 # The DiTs: tiny random-weight models of the families ToDo supports (devtools/random_dits.py),
 # a few blocks deep so that blocks remain between the first and last ones ToDo leaves alone
 # (skip_first_blocks / skip_last_blocks). Their text is shorter than real prompts (12 tokens;
-# Wan's T5 pads to 512 as in ComfyUI), their widths a fraction of the real ones: the attention
-# share and the speed-up of a real model are larger (see docs/benchmarks.md).
-DIT_DEPTH = {"sd3": {"depth": 4, "context_embedder_config": {  # MMDiT's width is 64 per block
-                 "target": "torch.nn.Linear", "params": {"in_features": 32, "out_features": 256}}}, "flux_dev": {"depth": 2, "depth_single_blocks": 4}, "wan21_t2v": {"num_layers": 6}}
+# Wan's T5 pads to 512 as in ComfyUI) and their width (64 per head group) a fraction of the real
+# ones, so attention, whose cost grows with the tokens squared, takes a larger share of their
+# forward than of a real model's: read their speed-ups with their Amdahl columns.
+DIT_DEPTH = {
+    "sd3": {"depth": 4,  # MMDiT's width is 64 per block: the text projection must match it
+            "context_embedder_config": {"target": "torch.nn.Linear",
+                                        "params": {"in_features": 32, "out_features": 256}},
+            "pos_embed_max_size": 64, "num_patches": 64 * 64},  # positions for up to 1024 px
+    "flux_dev": {"depth": 2, "depth_single_blocks": 4},
+    "wan21_t2v": {"num_layers": 6},
+}
 WAN_LATENT_FRAMES = 5  # 17 video frames
 
 
