@@ -34,6 +34,17 @@ def _sync():
     return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
 
+def _timed_pass(model, step, warmup: int, spent: dict) -> float:
+    """Seconds per forward of one pass after ``warmup`` passes, with ``spent`` (what the hooks
+    record) holding that pass alone."""
+    for _ in range(warmup):
+        step(model)
+    spent.clear()
+    start = time.perf_counter()
+    step(model)
+    return (time.perf_counter() - start) / step.evals
+
+
 def part_times(model, step, warmup: int, layout, unet_kind: str) -> Parts | None:
     """Seconds of the unpatched forward per (part, level): self-attention split into its
     projections and the attention itself (what is left of the module), and the MLP; and the
@@ -65,12 +76,7 @@ def part_times(model, step, warmup: int, layout, unet_kind: str) -> Parts | None
             timed(getattr(block.attn1, name), (part, site.level))
         timed(block.ff, ("ff", site.level))
     try:
-        for _ in range(warmup):
-            step(model)
-        spent.clear()
-        start = time.perf_counter()
-        step(model)
-        total = (time.perf_counter() - start) / step.evals
+        total = _timed_pass(model, step, warmup, spent)
     finally:
         for handle in handles:
             handle.remove()
@@ -113,12 +119,7 @@ def _dit_part_times(model, step, warmup: int, layout) -> Parts:
 
     options["optimized_attention_override"] = override
     timed.set_model_unet_function_wrapper(restart)
-    for _ in range(warmup):
-        step(timed)
-    spent.clear()
-    start = time.perf_counter()
-    step(timed)
-    total = (time.perf_counter() - start) / step.evals
+    total = _timed_pass(timed, step, warmup, spent)
     blocks = tuple(site.key[1] for site in layout.sites)
     return Parts({key: seconds / step.evals for key, seconds in spent.items()}, blocks, total, layout.family.video)
 
