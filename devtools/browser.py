@@ -154,7 +154,7 @@ class Frontend:
         dialog.get_by_text(PACK_TEMPLATES, exact=True).click()
         return dialog
 
-    def thumbnails(self, dialog, names: list[str], timeout_ms: int = 30_000) -> dict[str, int]:
+    def thumbnails(self, dialog, names: list[str], timeout_ms: int = 120_000) -> dict[str, int]:
         """Natural width of the picture on each template's card (0: none loaded within the
         timeout). The browser fetches thumbnails itself and shows them as blob URLs, so the
         picture is found by its card's title."""
