@@ -259,7 +259,7 @@ def test_a_level_other_than_auto_or_1_does_nothing_and_says_so(comfy, dits, leve
     output = todo(comfy, base, level=level)
     assert output.result[0] is base
     assert output.result[1].startswith(f"WARNING: ToDo does nothing on this QwenImage model with level {level}: its 1 "
-                                       f"blocks attend over one token grid (downsample 1). Use level auto or 1")
+                                       f"blocks attend over one token grid (downsample 1): use level auto or 1")
     assert todo(comfy, base, level="1", **ALL_BLOCKS).result[0] is not base
 
 
