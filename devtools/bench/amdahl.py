@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .configs import Config
+from .configs import TODO_NODE, Config
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _dit_scales(config: Config, parts: Parts) -> dict[int, dict[str, float]]:
     too). Nothing else of ours acts on a DiT (ToMe refuses it, the built-in finds nothing)."""
     out: dict[int, dict[str, float]] = {}
     for node in config.nodes:
-        if node.kind != "todo":
+        if node.kind != TODO_NODE:
             continue
         s = node.settings
         blocks = parts.levels
