@@ -9,7 +9,10 @@ from comfy_api.latest import io
 
 from ..tokenreduce.inputs import Method
 from ..tokenreduce.layout import UNET, model_layout
+from ..tokenreduce.measure import UNetLevels
+from ..tokenreduce.pays import AutoRule, Decisions, auto_rule
 from ..tokenreduce.target import Target, resolve_target
+from .host import decisions_file
 from .report import publish_run, ui_output
 from .schema import v3_inputs
 from .session import PatchSession, sessions_of
@@ -105,6 +108,28 @@ def patched_clone(model, node_id: str, settings, header: str, graph_node: str | 
     session = PatchSession(node_id, settings.start_percent, settings.end_percent, preflight)
     session.header, session.node_id, session.on_report = header, graph_node, publish_run
     return clone, session
+
+
+_DECISIONS: dict = {}  # path -> Decisions: one store per file for the process (the rule's memory)
+
+
+def decisions() -> Decisions:
+    """The auto rule's decisions for this ComfyUI: kept in memory and in its user directory."""
+    path = decisions_file()
+    store = _DECISIONS.get(path)
+    if store is None:
+        store = _DECISIONS[path] = Decisions(path)
+    return store
+
+
+def reduce_rule(settings) -> AutoRule | None:
+    """What ``reduce_when`` asks for: the auto rule on this ComfyUI's decisions, or None (always)."""
+    return auto_rule(settings.reduce_when, decisions())
+
+
+def unet_levels(model, target: Target) -> UNetLevels:
+    """The patched UNet's levels as the auto rule times them."""
+    return UNetLevels(model.get_model_object("diffusion_model"), target.sites, target.family)
 
 
 def done(model, info: str, header: str, warnings: list[str] | None = None) -> io.NodeOutput:

@@ -6,11 +6,44 @@
   0.33 adds ``ModelPatcher.set_model_optimized_attention`` and may hand attention functions
   ``AttentionTensorContainer`` objects: it unwraps them into tensors before calling an override
   that, like ours, declares no ``container_function``; setting the slot directly works in both.
+- The dtype a model computes in: 0.33 names it (``BaseModel.get_dtype_inference``); 0.3.75
+  computes it inline in ``_apply_model`` (the manual-cast dtype, else the weights' dtype).
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import torch
+
 OVERRIDE = "optimized_attention_override"
+ATTENTION_MODULE = "comfy.ldm.modules.attention"
+
+
+def compute_dtype(base_model) -> torch.dtype | None:
+    """The dtype a model's activations have inside its diffusion model (what the auto rule times in)."""
+    inference = getattr(base_model, "get_dtype_inference", None)
+    if inference is not None:
+        return inference()
+    get_dtype = getattr(base_model, "get_dtype", None)
+    cast = getattr(base_model, "manual_cast_dtype", None)
+    return cast if cast is not None else (get_dtype() if get_dtype is not None else None)
+
+
+def attention_entry():
+    """The attention function ComfyUI's models call (the backend chosen at start-up, behind the
+    override slot): the auto rule times DiT attention calls through it. Read per call: it is a
+    module global that start-up options set."""
+    module = sys.modules.get(ATTENTION_MODULE)
+    return getattr(module, "optimized_attention", None)
+
+
+def decisions_file() -> Path:
+    """Where the auto rule keeps its measured decisions: ComfyUI's user directory (per machine, not per user)."""
+    import folder_paths
+
+    return Path(folder_paths.get_user_directory()) / "tokenreduce" / "auto_decisions.json"
 
 
 def install_attention_override(patcher, patch) -> None:

@@ -39,6 +39,9 @@ def run_message(session: PatchSession, report: RunReport) -> dict:
         "sampling_seconds": report.sampling_seconds,
         "levels": [{"downsample": lv.downsample, "grid": list(lv.grid),
                     "tokens": {stage: list(counts) for stage, counts in lv.tokens.items()}} for lv in report.levels],
+        "auto": [{"site": site, "reduce": d.reduce, "full_ms": d.full_ms, "reduced_ms": d.reduced_ms,
+                  "source": d.source} for site, d in report.decisions],
+        "measure_seconds": report.measure_seconds,
     }
 
 

@@ -17,8 +17,9 @@ import time
 
 from comfy.patcher_extension import WrappersMP
 
-from ..tokenreduce.run import ModelCall, RunReport, RunState
+from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from ..tokenreduce.window import SigmaWindow
+from .host import attention_entry, compute_dtype
 
 LOG = logging.getLogger("tokenreduce")
 WRAPPER_KEY = "tokenreduce"
@@ -35,7 +36,7 @@ class PatchSession:
 
     def __init__(self, label: str, start_percent: float, end_percent: float, preflight=None):
         self.label = label
-        self.context_key = f"tokenreduce.{label}"  # where each call's context travels in transformer_options
+        self.context_key = f"{CONTEXT_PREFIX}{label}"  # where each call's context travels in transformer_options
         # Checks the settings against the latent size before the first step: raises with a
         # message for the user, or returns warnings for the run's report; None: nothing
         # depends on the size.
@@ -100,7 +101,8 @@ class PatchSession:
         sigmas = options["sigmas"]
         context = run.open_call(sigmas)
         inputs = {k: v for k, v in kwargs.items() if k not in APPLY_MODEL_ARGS}
-        call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas)
+        call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas,
+                         compute_dtype(executor.class_obj), attention_entry())
         self.patch.prepare_call(context, run, call)
         options[self.context_key] = context  # a fresh dict per model call (ComfyUI copies it)
         try:

@@ -10,7 +10,8 @@ from ..tokenreduce.methods import DIT_METHODS, DIT_METHODS_WITH_ROPE, TODO, dit_
 from ..tokenreduce.preflight import dit_factor, todo_factors
 from ..tokenreduce.todo_dit import ToDoDiTPatch
 from ..tokenreduce.todo_patch import ToDoPatch
-from .common import PatchNode, done, find_target, patched_clone, refuse_or_unchanged, refuse_stacking
+from .common import (PatchNode, done, find_target, patched_clone, reduce_rule, refuse_or_unchanged, refuse_stacking,
+                     unet_levels)
 from .host import install_attention_override
 from .schema import validate_inputs_for
 
@@ -51,7 +52,7 @@ class ToDoPatchNode(PatchNode):
                                          preflight=todo_factors(cls.NODE_ID, [nf for nf in named
                                                                               if nf[1] in target.levels]))
         patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, session.context_key,
-                          cls.NODE_ID, auto=settings.reduce_when == "auto")
+                          cls.NODE_ID, unet_levels(model, target), reduce_rule(settings))
         session.attach(patched, patch)
         patched.set_model_attn1_patch(patch.attn1)
         info, warnings = todo_info(settings, target)
@@ -74,7 +75,7 @@ class ToDoPatchNode(PatchNode):
                                          preflight=dit_factor(cls.NODE_ID, patch_size, settings.factor))
         patch = ToDoDiTPatch(target.layout, frozenset(site.key[1] for site in target.sites), settings.factor,
                              settings.temporal_factor, settings.method, diffusion_model, session.context_key,
-                             cls.NODE_ID, auto=settings.reduce_when == "auto")
+                             cls.NODE_ID, reduce_rule(settings))
         session.attach(patched, patch)
         install_attention_override(patched, patch)
         info, warnings = todo_info(settings, target)

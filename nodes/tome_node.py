@@ -8,8 +8,8 @@ from ..tokenreduce.describe import header, tome_info
 from ..tokenreduce.methods import TOME
 from ..tokenreduce.preflight import tome_strides
 from ..tokenreduce.tome_patch import ToMePatch
-from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, refuse_or_unchanged,
-                     refuse_stacking)
+from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, reduce_rule,
+                     refuse_or_unchanged, refuse_stacking, unet_levels)
 from .schema import validate_inputs_for
 
 
@@ -39,7 +39,8 @@ class ToMePatchNode(PatchNode):
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node(),
                                          preflight=tome_strides(cls.NODE_ID, target.levels, settings.stride_x,
                                                                 settings.stride_y))
-        patch = ToMePatch(settings, target, session.context_key, cls.NODE_ID)
+        patch = ToMePatch(settings, target, session.context_key, cls.NODE_ID, unet_levels(model, target),
+                          reduce_rule(settings))
         session.attach(patched, patch)
         patched.set_model_attn1_patch(patch.attn1)
         if settings.merge_attn:

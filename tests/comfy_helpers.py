@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from tokenreduce.methods import TODO, TOME
@@ -40,10 +42,13 @@ def sample(comfy, model, family="SD15", *, steps=2, size=(32, 32), batch=1, cfg=
 
 def spy_attn1(model, records):
     """A clone of model with a probe after every other attn1 patch: it records what
-    self-attention receives in each block call."""
+    self-attention receives in each block call of sampling (not in the blocks the auto rule
+    times, which run every patch too)."""
     probe = model.clone()
 
     def record(n, context, value, extra):
+        if extra.get("tokenreduce:measuring"):
+            return n, context, value
         records.append({"block": extra["block"], "grid": tuple(extra["activations_shape"][-2:]),
                         "queries": n.shape[1], "keys": context.shape[1], "values": value.shape[1]})
         return n, context, value
@@ -86,3 +91,26 @@ def session_of(model):
 
     (session,) = sys.modules["tokenreduce_pack.nodes.session"].sessions_of(model)
     return session
+
+
+class ScriptedClock:
+    """A fake clock for the auto rule: the n-th kind measured takes the n-th (full ms, reduced
+    ms) of the script (the last one repeats); the work itself runs, as it would."""
+
+    def __init__(self, *script):
+        self.script = script
+        self.kinds = 0
+        self.runs = Counter()
+        self.compiling = []  # whether dynamo was tracing at each timed run (it must never be)
+
+    def __call__(self, device):  # the stopwatch for the next kind measured
+        full, reduced_ms = self.script[min(self.kinds, len(self.script) - 1)]
+        self.kinds += 1
+
+        def stopwatch(name, work):
+            self.compiling.append(torch.compiler.is_compiling())
+            work()
+            self.runs[name] += 1
+            return {"full": full, "reduced": reduced_ms}.get(name, 0.0) / 1000.0
+
+        return stopwatch

@@ -34,6 +34,8 @@ def comfyui_dir() -> Path:
 def pytest_addoption(parser) -> None:
     parser.addoption("--write-pins", action="store_true",
                      help="test_pins.py: write tests/data/pins.json from the current code instead of comparing")
+    parser.addoption("--pins-info-only", action="store_true",
+                     help="with --write-pins: rewrite only the info digests (after a deliberate change of wording)")
 
 
 def pytest_report_header(config) -> list[str]:
@@ -63,6 +65,12 @@ def comfy() -> types.SimpleNamespace:
     root = comfyui_dir()
     if not (root / "comfy").is_dir():
         pytest.fail(f"no ComfyUI at {root}: run `python3 devtools/run_tests.py`, which builds the pinned host")
+    return load_comfy(root)
+
+
+def load_comfy(root: Path) -> types.SimpleNamespace:
+    """Import the ComfyUI at ``root`` and this pack into this process (also used by scripts the
+    tests run as separate processes)."""
     sys.path.insert(0, str(root))
     from comfy.cli_args import args
 
@@ -94,3 +102,20 @@ def comfy() -> types.SimpleNamespace:
 def models(comfy):
     """Tiny random-weight models of each UNet family, shared by the in-process tests."""
     return {family: comfy.models.make_model(family, tiny=True, seed=0) for family in ("SD15", "SD21", "SDXL")}
+
+
+@pytest.fixture
+def measuring(comfy, monkeypatch, tmp_path):
+    """measuring(*script, path=...) -> a decisions store that measures on the CPU with a
+    scripted clock, made the nodes' store."""
+    common = sys.modules[f"{PACK_MODULE}.nodes.common"]
+
+    def make(*script, path=tmp_path / "auto_decisions.json"):
+        from comfy_helpers import ScriptedClock
+
+        pays = sys.modules[f"{PACK_MODULE}.tokenreduce.pays"]
+        store = pays.Decisions(path, measure_cpu=True, stopwatch=ScriptedClock(*script))
+        monkeypatch.setattr(common, "decisions", lambda: store)
+        return store
+
+    return make

@@ -94,14 +94,20 @@ def warnings_of(output):
     return output.ui["tokenreduce"][0]["warnings"]
 
 
-def with_probe(model, records):
+def with_probe(model, records, measured=None):
     """A clone with an attention override that records (q, k, v) sequence lengths and the noise
-    level of every attention call, then runs the backend."""
+    level of every attention call of sampling (those the auto rule times in ``measured``), then
+    runs the backend."""
+    measured = [] if measured is None else measured
     probed = model.clone()
 
     def probe(func, *args, **kwargs):
         dim = 2 if kwargs.get("skip_reshape") else 1
-        records.append((*(t.shape[dim] for t in args[:3]), float(kwargs["transformer_options"]["sigmas"].max())))
+        options = kwargs["transformer_options"]
+        if options.get("tokenreduce:measuring"):  # a call the auto rule times: kept apart
+            measured.append(tuple(t.shape[dim] for t in args[:3]))
+        else:
+            records.append((*(t.shape[dim] for t in args[:3]), float(options["sigmas"].max())))
         return func(*args, **kwargs)
 
     probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
@@ -368,3 +374,61 @@ def test_no_graph_break_and_no_graph_of_our_own_under_torch_compile(comfy, dits,
     assert session_of(model).last_report.levels  # it reduced under compile
     for compiled_out, settings in zip(ours["outputs"], COMPILE_RUNS):
         assert rel_error(compiled_out, run(comfy, model, variant, **settings)) < 1e-4
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+def test_the_auto_rule_measures_outside_the_compiled_model(comfy, dits, sdpa_attention, measuring, variant):
+    store = measuring((10.0, 8.0))
+    base = dits(variant)
+    unpatched = compiled_runs(comfy, base, variant)
+    model = todo(comfy, base, **ALL_BLOCKS).result[0]
+    measured = compiled_runs(comfy, model, variant)
+    assert store.measurements == 1 and not any(store.stopwatch.compiling)
+    kept = compiled_runs(comfy, model, variant)
+    assert store.measurements == 1 and measured["breaks"] == kept["breaks"] == 0
+    assert measured["graphs"] == kept["graphs"] <= unpatched["graphs"]
+    assert session_of(model).last_report.levels
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_auto_rule_times_grid_calls_in_the_shapes_the_model_passes(comfy, dits, variant):
+    """The auto rule times one grid call with random q, k, v shaped by the family's geometry:
+    heads, head size and argument layout must be what the model passes to attention."""
+    config, _, _, calls, _ = VARIANTS[variant]
+    model = dits(variant)
+    seen = []
+    probed = model.clone()
+
+    def probe(func, *args, **kwargs):
+        heads = args[3] if len(args) > 3 else kwargs["heads"]
+        seen.append((tuple(args[0].shape), bool(kwargs.get("skip_reshape")), heads))
+        return func(*args, **kwargs)
+
+    probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
+    run(comfy, probed, variant, steps=1, cfg=1.0)  # one model call
+    diffusion_model = model.get_model_object("diffusion_model")
+    heads, head_dim, heads_first = pack("tokenreduce.dit").dit_family(config, diffusion_model).geometry(diffusion_model)
+    grid_calls = [shape for shape, kind in zip(seen, calls) if kind == "g"]
+    assert len(seen) == len(calls) and grid_calls
+    for q_shape, skip_reshape, call_heads in grid_calls:
+        assert (skip_reshape, call_heads) == (heads_first, heads)
+        assert (q_shape[1], q_shape[3]) == (heads, head_dim) if heads_first else q_shape[2] == heads * head_dim
+
+
+@pytest.mark.parametrize("variant,kinds", [("wan21_t2v", 1), ("flux_dev", 1), ("sd35_medium", 2)])
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_times_grid_calls_through_the_override_chain(comfy, dits, measuring, variant, kinds, faster):
+    """On a DiT the rule times each kind of grid call (joint, image-only) through the host's
+    attention with our override and the one we chain (the probe, as SageAttention would be):
+    the probe sees the reduced keys while timing, and sampling follows the decision."""
+    store = measuring((10.0, 8.0 if faster else 11.0))
+    records, measured = [], []
+    model = todo(comfy, with_probe(dits(variant), records, measured), **ALL_BLOCKS).result[0]
+    run(comfy, model, variant)
+    report = session_of(model).last_report
+    assert store.measurements == kinds and [d.reduce for _, d in report.decisions] == [faster] * kinds
+    assert any(k < q for q, k, _ in measured)  # the chained override got our reduced keys while timing
+    reduced_calls = [r for r in records if r[1] < r[0]]
+    assert bool(reduced_calls) == faster
+    sites = [site for site, _ in report.decisions]
+    assert all(site.startswith(grid_text(VARIANTS[variant][4]) + " grid, ") for site in sites)

@@ -1,48 +1,149 @@
-"""The auto rule (``reduce_when``): where reduction cannot pay for itself it is left alone, and
-the run's report says so; ``always`` forces it. The measured threshold applies on CUDA GPUs; on
-the CPU the tests lower it to the tiny models' sizes."""
+"""The auto rule (``reduce_when``) in the real ComfyUI: each kind of call is timed on the device
+unreduced and reduced, through the real patch, and reduced only where it pays; the decision is
+kept (memory and file) and reported. The CPU is not measured by default; these tests switch
+measuring on for it and drive the decision with a scripted clock (the timed work still runs)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
+import torch
 
-from comfy_helpers import patched, reduced, sample, session_of, spy_attn1
+from comfy_helpers import apply, patched, reduced, sample, session_of, spy_attn1
 
-
-@pytest.fixture
-def threshold(comfy, monkeypatch):
-    """A minimum of 600 tokens per grid on this device: the tiny SD1.5's 32x32 grid (1024 tokens)
-    pays, its 16x16 next level (256) does not."""
-    pays = sys.modules["tokenreduce_pack.tokenreduce.pays"]
-    monkeypatch.setattr(pays, "min_grid_tokens", lambda device: 600)
+DEFAULT_LEVELS = {"todo": {"factor_next": 2.0}, "tome": {"max_downsample": "2"}}
 
 
-@pytest.mark.parametrize("node,settings", [("todo", {"factor_next": 2.0}), ("tome", {"max_downsample": "2"})])
-def test_auto_leaves_small_grids_alone_and_says_so(comfy, models, threshold, node, settings):
+def pays():
+    return sys.modules["tokenreduce_pack.tokenreduce.pays"]
+
+
+def lines_of(model):
+    describe = sys.modules["tokenreduce_pack.tokenreduce.describe"]
+    session = session_of(model)
+    return describe.run_lines(session.header, session.last_report)
+
+
+@pytest.mark.parametrize("node", ["todo", "tome"])
+def test_reduces_where_the_reduced_call_is_faster_and_leaves_the_rest_alone(comfy, models, measuring, node):
+    store = measuring((10.0, 8.0), (10.0, 11.0))  # downsample 1 gains, downsample 2 loses
     records = []
-    model = patched(comfy, node, models["SD15"], **settings)
-    sample(comfy, spy_attn1(model, records), steps=1)
-    field = "keys" if node == "todo" else "queries"
-    assert reduced(records, field) == {(32, 32)}
+    model = patched(comfy, node, models["SD15"], **DEFAULT_LEVELS[node])
+    sample(comfy, spy_attn1(model, records), steps=2)
+    assert reduced(records, "keys" if node == "todo" else "queries") == {(32, 32)}
+    assert store.measurements == 2 and store.stopwatch.runs == {"full": 10, "reduced": 10}  # 5 runs each, per kind
     report = session_of(model).last_report
-    assert [level.grid for level in report.levels] == [(32, 32)]
-    (warning,) = [w for w in report.warnings if "reduce_when auto" in w]
-    assert "downsample 2 (16×16) (256 tokens)" in warning and "always" in warning
+    assert [(site, d.reduce, d.full_ms, d.reduced_ms, d.source) for site, d in report.decisions] == [
+        ("downsample 1 (32×32)", True, 10.0, 8.0, "measured"), ("downsample 2 (16×16)", False, 10.0, 11.0, "measured")]
+    lines = lines_of(model)
+    assert "auto · downsample 1 (32×32) · 10.00 → 8.00 ms · reduced" in lines
+    assert "auto · downsample 2 (16×16) · 10.00 → 11.00 ms · left alone" in lines
+    assert any(line.startswith("auto · measured 2 kinds of call now in ") for line in lines)
+    assert not report.warnings
 
 
-@pytest.mark.parametrize("node,settings", [("todo", {"factor_next": 2.0}), ("tome", {"max_downsample": "2"})])
-def test_always_reduces_every_grid(comfy, models, threshold, node, settings):
+@pytest.mark.parametrize("reduced_ms,reduces", [(9.8, False), (9.6, True)])
+def test_the_reduced_call_must_be_three_percent_faster(comfy, models, measuring, reduced_ms, reduces):
+    measuring((10.0, reduced_ms))
     records = []
-    model = patched(comfy, node, models["SD15"], reduce_when="always", **settings)
+    model = patched(comfy, "todo", models["SD15"])
     sample(comfy, spy_attn1(model, records), steps=1)
-    assert reduced(records, "keys" if node == "todo" else "queries") == {(32, 32), (16, 16)}
-    assert not session_of(model).last_report.warnings
+    assert reduced(records, "keys") == ({(32, 32)} if reduces else set())
 
 
-def test_on_the_cpu_auto_reduces_every_size(comfy, models):
+def test_leaving_every_grid_alone_is_said_as_a_warning(comfy, models, measuring):
+    measuring((10.0, 12.0))
+    model = patched(comfy, "todo", models["SD15"])
+    sample(comfy, model, steps=1)
+    (warning,) = session_of(model).last_report.warnings
+    assert "reduce_when auto left every grid of this run unreduced" in warning and "always" in warning
+
+
+def test_a_decision_is_kept_for_the_process_and_in_the_file(comfy, models, measuring, tmp_path):
+    store = measuring((10.0, 8.0), (10.0, 11.0))
+    first = patched(comfy, "todo", models["SD15"], factor_next=2.0)
+    latent = sample(comfy, first)
+    assert store.measurements == 2
+    # Another node output in the same process: nothing is measured, the latent is bit-identical.
+    again = patched(comfy, "todo", models["SD15"], factor_next=2.0, method="nearest")
+    assert torch.equal(sample(comfy, again), latent) and store.measurements == 2
+    assert [d.source for _, d in session_of(again).last_report.decisions] == ["kept", "kept"]
+    assert not any("measured" in line for line in lines_of(again))
+    assert [line for line in lines_of(again) if line.startswith("auto")] == [
+        line for line in lines_of(first) if line.startswith("auto ·") and "measured" not in line]
+    # A new process reads the file (see test_comfy_pays_process.py for a real second process).
+    fresh = measuring((10.0, 20.0))
+    restarted = patched(comfy, "todo", models["SD15"], factor_next=2.0)
+    assert torch.equal(sample(comfy, restarted), latent) and fresh.measurements == 0
+
+
+def test_removing_the_file_measures_again(comfy, models, measuring, tmp_path):
+    store = measuring((10.0, 8.0), (10.0, 11.0))
+    sample(comfy, patched(comfy, "todo", models["SD15"]), steps=1)
+    (tmp_path / "auto_decisions.json").unlink()
+    model = patched(comfy, "todo", models["SD15"])
+    records = []
+    sample(comfy, spy_attn1(model, records), steps=1)
+    assert store.measurements == 2 and reduced(records, "keys") == set()  # the second script: slower
+    assert (tmp_path / "auto_decisions.json").exists()
+
+
+def test_measure_again_times_anew_once_and_replaces_the_kept_decision(comfy, models, measuring):
+    store = measuring((10.0, 8.0), (10.0, 11.0))
+    sample(comfy, patched(comfy, "todo", models["SD15"]), steps=1)
+    model = patched(comfy, "todo", models["SD15"], reduce_when="auto (measure again)")
+    records = []
+    sample(comfy, spy_attn1(model, records), steps=1)
+    assert store.measurements == 2 and reduced(records, "keys") == set()
+    sample(comfy, model, steps=1)  # the same node output again: kept, not measured
+    assert store.measurements == 2
+    kept = patched(comfy, "todo", models["SD15"])  # plain auto now finds the new decision
+    records = []
+    sample(comfy, spy_attn1(kept, records), steps=1)
+    assert store.measurements == 2 and reduced(records, "keys") == set()
+
+
+def test_always_measures_nothing_and_reduces_every_grid(comfy, models, measuring):
+    store = measuring((10.0, 20.0))
+    records = []
+    model = patched(comfy, "todo", models["SD15"], factor_next=2.0, reduce_when="always")
+    sample(comfy, spy_attn1(model, records), steps=1)
+    assert reduced(records, "keys") == {(32, 32), (16, 16)} and store.measurements == 0
+    assert not session_of(model).last_report.decisions
+
+
+def test_on_the_cpu_auto_reduces_every_size_without_measuring(comfy, models):
     records = []
     model = patched(comfy, "todo", models["SD15"], factor_next=2.0)
     sample(comfy, spy_attn1(model, records), steps=1)
     assert reduced(records, "keys") == {(32, 32), (16, 16)}
+    assert not session_of(model).last_report.decisions
+    assert "reduce_when auto" in apply(comfy, "todo", models["SD15"]).result[1]
+
+
+@pytest.mark.parametrize("family", ["SD15", "SDXL"])
+@pytest.mark.parametrize("node", ["todo", "tome"])
+def test_real_timing_on_the_cpu_runs_the_real_blocks(comfy, models, monkeypatch, tmp_path, family, node):
+    """With the real clock: the timed work runs the model's own blocks through the patch, the
+    times are positive, what measuring cost is reported."""
+    store = pays().Decisions(tmp_path / "d.json", measure_cpu=True)
+    monkeypatch.setattr(sys.modules["tokenreduce_pack.nodes.common"], "decisions", lambda: store)
+    settings = {"share_plans": True, "merge_mlp": True, "merge_crossattn": True} if node == "tome" else {}
+    model = patched(comfy, node, models[family], **settings)
+    sample(comfy, model, family, steps=1)
+    report = session_of(model).last_report
+    assert report.decisions and all(d.full_ms > 0 and d.reduced_ms > 0 for _, d in report.decisions)
+    assert 0 < report.measure_seconds < 10 and store.measurements == len(report.decisions)
+
+
+def test_stacked_nodes_each_measure_their_own_reduction_and_warn_nothing(comfy, models, measuring, caplog):
+    store = measuring((10.0, 8.0))
+    model = patched(comfy, "tome", patched(comfy, "todo", models["SD15"]), mode="queries only (ComfyUI built-in)")
+    with caplog.at_level(logging.WARNING, logger="tokenreduce"):
+        sample(comfy, model, steps=1)
+    assert store.measurements == 2  # one kind each (downsample 1), ToDo's and ToMe's
+    assert not [r for r in caplog.records if "outside a sampling run" in r.getMessage()]
+    assert all(session.last_report.levels for session in sys.modules["tokenreduce_pack.nodes.session"]
+               .sessions_of(model))

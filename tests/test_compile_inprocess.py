@@ -111,3 +111,20 @@ def test_inductor_compiles_both_nodes_stacked(comfy, models, sdpa_attention):
     for compiled_out, eager_out in zip(ours["outputs"], eager):
         assert rel_error(compiled_out, eager_out) < 1e-3
     assert torch.isfinite(ours["outputs"][0]).all()
+
+
+def test_the_auto_rule_measures_outside_the_compiled_model(comfy, models, sdpa_attention, unpatched_counts,
+                                                          measuring):
+    """The rule times its blocks before the model call, eagerly: a compiled run that measures has
+    the counters of one whose decisions are kept, no graph break, and no graph of our own."""
+    store = measuring((10.0, 8.0), (10.0, 11.0))  # downsample 1 reduced, downsample 2 left alone
+    model = apply(comfy, "todo", models["SD15"], factor_next=2.0).result[0]
+    model = apply(comfy, "tome", model, mode="queries only (ComfyUI built-in)", max_downsample="2").result[0]
+    unpatched = _unpatched(comfy, models, unpatched_counts, "SD15")
+    measured = compiled_runs(comfy, model, "SD15")
+    assert store.measurements == 4 and not any(store.stopwatch.compiling)
+    kept = compiled_runs(comfy, model, "SD15")
+    assert store.measurements == 4
+    assert measured["breaks"] == kept["breaks"] == 0
+    assert measured["graphs"] == kept["graphs"] <= unpatched["graphs"]
+    assert all(torch.equal(a, b) for a, b in zip(measured["outputs"], kept["outputs"]))

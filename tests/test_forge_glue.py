@@ -14,10 +14,12 @@ import types
 import pytest
 import torch
 
-from comfy_helpers import patched, sample
+from comfy_helpers import ScriptedClock, patched, sample
 from conftest import REPO
+from tokenreduce.describe import run_lines
 from tokenreduce.grid import grid_at
 from tokenreduce.methods import MODE_QUERIES, TODO
+from tokenreduce.pays import Decisions
 from tokenreduce_forge import hooks, patching
 from tokenreduce_forge import settings as S
 from tokenreduce_forge.grid import grid_of
@@ -365,3 +367,22 @@ def test_xyz_axis_values_go_to_the_cell_only_and_bad_values_stop_the_plot():
     xyz.confirm_values("ToMe", "ratio")(grid, [0.0, 0.75])
     with pytest.raises(RuntimeError, match=r"\[TokenReduce\] ToDo factor: factor 9 is out of range"):
         xyz.confirm_values("ToDo", "factor")(grid, [2.0, 9.0])
+
+
+def test_the_auto_rule_measures_once_and_the_infotext_repeats(comfy, models, tmp_path):
+    """reduce_when auto under Forge: the pass measures into the store it is given (Forge's data
+    directory in the WebUI), the next pass keeps the decisions, and the report written into the
+    infotext (without timing) is the same both times."""
+    store = Decisions(tmp_path / "auto_decisions.json", measure_cpu=True,
+                      stopwatch=ScriptedClock((10.0, 8.0), (10.0, 11.0)))
+    infotexts = []
+    for _ in range(2):
+        settings = {"ToDo": S.method_settings("ToDo", S.FIRST, {"factor_next": 2.0})}
+        unet, run = patching.install(forge_like(models["SD15"]), "SD15", S.FIRST, settings, (1, 4, 32, 32),
+                                     decisions=store)
+        sample(comfy, unet, "SD15", steps=1)
+        ((method, report),) = run.finish(True)
+        infotexts.append(" | ".join(run_lines(method.header, report, timing=False)))
+    assert store.measurements == 2 and infotexts[0] == infotexts[1]
+    assert "auto · downsample 1 (32×32) · 10.00 → 8.00 ms · reduced" in infotexts[0]
+    assert "auto · downsample 2 (16×16) · 10.00 → 11.00 ms · left alone" in infotexts[0]

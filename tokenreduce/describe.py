@@ -5,7 +5,8 @@ host says the same thing."""
 from __future__ import annotations
 
 from .layout import DIT
-from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, todo_level_factors
+from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
+from .pays import MEASURED
 from .run import RunReport
 from .target import Target
 
@@ -16,6 +17,15 @@ def header(method: str, target: Target) -> str:
     if target.layout.kind == DIT:
         return blocks
     return f"{blocks} at downsample {', '.join(str(level) for level in target.levels)}"
+
+
+def reduce_when_text(settings) -> str:
+    """How the node decides where to reduce, for its info text."""
+    if settings.reduce_when == REDUCE_ALWAYS:
+        return "reduce_when always: reduced wherever set."
+    again = " (measure again: timed anew once)" if settings.reduce_when == REDUCE_REMEASURE else ""
+    return (f"reduce_when auto{again}: each kind of call is reduced only where timing it on the device shows that "
+            f"it pays, decided once and kept; on the CPU everywhere. The report shows the times.")
 
 
 def tome_info(settings, target: Target) -> str:
@@ -31,7 +41,8 @@ def tome_info(settings, target: Target) -> str:
             f"active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
             + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
             + f"; matching in the {'whole grid' if s.matching == MATCH_WHOLE_GRID else s.matching}"
-            + ("; one plan per level and model call." if s.share_plans else "; one plan per block call."))
+            + ("; one plan per level and model call. " if s.share_plans else "; one plan per block call. ")
+            + reduce_when_text(s))
 
 
 def todo_info(settings, target: Target) -> tuple[str, list[str]]:
@@ -52,7 +63,8 @@ def todo_info(settings, target: Target) -> tuple[str, list[str]]:
         warnings.append(f"WARNING: temporal_factor {settings.temporal_factor:g} does nothing: {target.family} is not a "
                         f"video model.")
     info = (f"ToDo on {target.family}: {'; '.join(described)}; {settings.method} pooling; "
-            f"active from {settings.start_percent:g} to {settings.end_percent:g} of sampling.")
+            f"active from {settings.start_percent:g} to {settings.end_percent:g} of sampling. "
+            + reduce_when_text(settings))
     return info, warnings
 
 
@@ -77,7 +89,8 @@ def _todo_dit_info(settings, target: Target) -> tuple[str, list[str]]:
     info = (f"ToDo on {target.family} ({family.name}, DiT): keys/values of the {'video' if family.video else 'image'} "
             f"tokens of self-attention downsampled {s.factor:g}x per side{time} (about {reduction:.3g}x fewer), "
             f"{s.method}, in blocks {_block_ranges(target)} of {len(target.layout.sites)}; queries, text and "
-            f"reference tokens untouched; active from {s.start_percent:g} to {s.end_percent:g} of sampling.")
+            f"reference tokens untouched; active from {s.start_percent:g} to {s.end_percent:g} of sampling. "
+            + reduce_when_text(s))
     return info, warnings
 
 
@@ -92,11 +105,33 @@ def _ranges(steps: tuple[int, ...]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
-def _grid_text(grid: tuple[int, ...]) -> str:
+def grid_text(grid: tuple[int, ...]) -> str:
     """(h, w) -> 'w×h'; a video grid (t, h, w) -> 't frames × w×h'."""
     if len(grid) == 3:
         return f"{grid[0]} frames × {grid[2]}×{grid[1]}"
     return f"{grid[1]}×{grid[0]}"
+
+
+def level_text(level: int, grid: tuple[int, int]) -> str:
+    """A UNet level as the report names it: 'downsample 1 (96×96)'."""
+    return f"downsample {level} ({grid_text(grid)})"
+
+
+def decision_lines(report: RunReport, timing: bool = True) -> list[str]:
+    """What the auto rule measured and decided in a run, one line per level or kind of DiT call
+    (``timing`` False: without what measuring cost and whether it happened now, which differ
+    between identical runs)."""
+    lines = []
+    for site, decision in report.decisions:
+        if decision.full_ms is None:
+            continue  # could not be measured: the warnings say so
+        verdict = "reduced" if decision.reduce else "left alone"
+        lines.append(f"auto · {site} · {decision.full_ms:.2f} → {decision.reduced_ms:.2f} ms · {verdict}")
+    measured = sum(1 for _, decision in report.decisions if decision.source == MEASURED)
+    if timing and measured:
+        lines.append(f"auto · measured {measured} kind{'s' if measured > 1 else ''} of call now in "
+                     f"{report.measure_seconds:.2f} s; kept for the next runs")
+    return lines
 
 
 def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[str]:
@@ -108,7 +143,8 @@ def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[
         return lines  # the warnings say why
     for level in report.levels:
         stages = " · ".join(f"{stage} {before}→{after}" for stage, (before, after) in level.tokens.items())
-        lines.append(f"ds {level.downsample} · {_grid_text(level.grid)} · {stages}")
+        lines.append(f"ds {level.downsample} · {grid_text(level.grid)} · {stages}")
+    lines += decision_lines(report, timing)
     active = f"steps {_ranges(report.active_steps)} of {report.steps}" if report.active_steps else \
         f"no step of {report.steps}"
     lines.append(active + (f" · {report.sampling_seconds:.1f} s sampling" if timing else "")

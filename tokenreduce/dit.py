@@ -30,6 +30,14 @@ class Slot(NamedTuple):
     block: int  # the block it belongs to (-1: none)
 
 
+class Geometry(NamedTuple):
+    """How a family passes q, k and v of its grid calls to the host's attention."""
+
+    heads: int
+    head_dim: int
+    heads_first: bool  # [B, heads, N, head_dim] (the host's skip_reshape); else [B, N, heads * head_dim]
+
+
 class TokenLayout(NamedTuple):
     grid: tuple[int, int, int]  # (t, h, w) of the main image/video tokens
     joint: tuple[int, int] | None  # (key sequence length, start of the grid) of joint calls
@@ -46,6 +54,7 @@ class Family(NamedTuple):
     plan: Callable  # diffusion model -> tuple[Slot, ...]
     patch: Callable  # diffusion model -> (pt, ph, pw)
     tokens: Callable  # (diffusion model, its patch, x, context, kwargs) -> TokenLayout | None
+    geometry: Callable  # diffusion model -> Geometry of its grid calls (the auto rule times one)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -70,6 +79,10 @@ def _flux_patch(model) -> tuple[int, int, int]:
     return (1, model.patch_size, model.patch_size)
 
 
+def _flux_geometry(model) -> Geometry:
+    return Geometry(model.num_heads, model.hidden_size // model.num_heads, True)
+
+
 def _text_first_tokens(model, patch, x, context, kwargs) -> TokenLayout:
     """[text, main image, reference images...]: Flux, Chroma, Flux.2, Qwen-Image."""
     _, ph, pw = patch
@@ -85,6 +98,11 @@ def _qwen_plan(model) -> tuple[Slot, ...]:
     return tuple(Slot(JOINT, i) for i in range(len(model.transformer_blocks)))
 
 
+def _qwen_geometry(model) -> Geometry:
+    attention = model.transformer_blocks[0].attn
+    return Geometry(attention.heads, attention.dim_head, True)
+
+
 # --- Lumina 2 and Z-Image (NextDiT) --------------------------------------------------------------
 
 def _lumina_plan(model) -> tuple[Slot, ...]:
@@ -92,6 +110,11 @@ def _lumina_plan(model) -> tuple[Slot, ...]:
     return (tuple(Slot(OTHER, -1) for _ in model.context_refiner)  # text only
             + tuple(Slot(IMAGE, i) for i in range(refiners))
             + tuple(Slot(JOINT, refiners + i) for i in range(len(model.layers))))
+
+
+def _lumina_geometry(model) -> Geometry:
+    attention = model.layers[0].attention  # keys are repeated to every query head before the call
+    return Geometry(attention.n_local_heads, attention.head_dim, True)
 
 
 def _lumina_tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
@@ -121,6 +144,11 @@ def _sd3_patch(model) -> tuple[int, int, int]:
     return (1, p[0], p[1]) if isinstance(p, (tuple, list)) else (1, p, p)
 
 
+def _sd3_geometry(model) -> Geometry:
+    attention = model.joint_blocks[0].x_block.attn
+    return Geometry(attention.num_heads, attention.head_dim, False)
+
+
 def _sd3_tokens(model, patch, x, context, kwargs) -> TokenLayout:
     _, ph, pw = patch
     h, w = _ceil(x.shape[-2], ph), _ceil(x.shape[-1], pw)
@@ -141,6 +169,11 @@ def _wan_plan(model) -> tuple[Slot, ...]:
 
 def _wan_patch(model) -> tuple[int, int, int]:
     return tuple(model.patch_size)
+
+
+def _wan_geometry(model) -> Geometry:
+    attention = model.blocks[0].self_attn
+    return Geometry(attention.num_heads, attention.head_dim, False)
 
 
 def _wan_tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
@@ -186,23 +219,27 @@ def _hunyuan_tokens(model, patch, x, context, kwargs) -> TokenLayout:
 
 FAMILIES = (
     Family("Flux.1", ("Flux", "FluxSchnell", "FluxInpaint"), "Flux", True, False,
-           lambda m: _paths(m, "double_blocks", "single_blocks"), _flux_plan, _flux_patch, _text_first_tokens),
+           lambda m: _paths(m, "double_blocks", "single_blocks"), _flux_plan, _flux_patch, _text_first_tokens,
+           _flux_geometry),
     Family("Flux.2", ("Flux2",), "Flux", True, False,
-           lambda m: _paths(m, "double_blocks", "single_blocks"), _flux_plan, _flux_patch, _text_first_tokens),
+           lambda m: _paths(m, "double_blocks", "single_blocks"), _flux_plan, _flux_patch, _text_first_tokens,
+           _flux_geometry),
     Family("Chroma", ("Chroma",), "Chroma", True, False,
-           lambda m: _paths(m, "double_blocks", "single_blocks"), _flux_plan, _flux_patch, _text_first_tokens),
+           lambda m: _paths(m, "double_blocks", "single_blocks"), _flux_plan, _flux_patch, _text_first_tokens,
+           _flux_geometry),
     Family("Qwen-Image", ("QwenImage",), "QwenImageTransformer2DModel", True, False,
            lambda m: _paths(m, "transformer_blocks"), _qwen_plan, lambda m: (1, m.patch_size, m.patch_size),
-           _text_first_tokens),
+           _text_first_tokens, _qwen_geometry),
     Family("Lumina 2 / Z-Image", ("Lumina2", "ZImage"), "NextDiT", True, False,
            lambda m: _paths(m, "noise_refiner", "layers"), _lumina_plan, lambda m: (1, m.patch_size, m.patch_size),
-           _lumina_tokens),
+           _lumina_tokens, _lumina_geometry),
     Family("SD3 / SD3.5", ("SD3",), "OpenAISignatureMMDITWrapper", False, False,
-           lambda m: _paths(m, "joint_blocks"), _sd3_plan, _sd3_patch, _sd3_tokens),
+           lambda m: _paths(m, "joint_blocks"), _sd3_plan, _sd3_patch, _sd3_tokens, _sd3_geometry),
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V"), "WanModel", True, True,
-           lambda m: _paths(m, "blocks"), _wan_plan, _wan_patch, _wan_tokens),
+           lambda m: _paths(m, "blocks"), _wan_plan, _wan_patch, _wan_tokens, _wan_geometry),
     Family("HunyuanVideo", ("HunyuanVideo", "HunyuanVideoI2V", "HunyuanVideo15"), "HunyuanVideo", True, True,
-           lambda m: _paths(m, "double_blocks", "single_blocks"), _hunyuan_plan, _hunyuan_patch, _hunyuan_tokens),
+           lambda m: _paths(m, "double_blocks", "single_blocks"), _hunyuan_plan, _hunyuan_patch, _hunyuan_tokens,
+           _flux_geometry),
 )
 
 

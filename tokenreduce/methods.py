@@ -16,12 +16,19 @@ MATCH_WHOLE_GRID = "whole grid (tomesd)"
 MATCHING_REACH = {MATCH_WHOLE_GRID: None, "3x3 cells": 1, "5x5 cells": 2}  # option -> reach in cells
 
 
+REDUCE_AUTO, REDUCE_ALWAYS, REDUCE_REMEASURE = "auto", "always", "auto (measure again)"
+
+
 def reduce_when_input() -> Input:
-    return Input("reduce_when", CHOICE, "auto", options=("auto", "always"), optional=True,
-                 tooltip="auto: on a CUDA GPU leave a grid smaller than 128x128 tokens alone: our measurements show "
-                         "the reduction costs more than it saves there (the GPU waits on kernel launches, not on "
-                         "tokens); CPUs reduce every size. The node's report says what was left alone. always: "
-                         "reduce wherever the other settings say.")
+    return Input("reduce_when", CHOICE, REDUCE_AUTO, options=(REDUCE_AUTO, REDUCE_ALWAYS, REDUCE_REMEASURE),
+                 optional=True,
+                 tooltip="auto: reduce only where it pays on this device. The first time a kind of attention call is "
+                         "met, it is timed on the device unreduced and reduced (milliseconds) and reduced only where "
+                         "that is at least 3 % faster; the decision is kept in a file, so identical runs give "
+                         "identical images, also after a restart. CPUs reduce every size without measuring (it paid "
+                         "at every size measured). The node's report shows the times. always: reduce wherever the "
+                         "other settings say. auto (measure again): as auto, but time each kind anew once and replace "
+                         "the kept decisions.")
 
 
 def window_inputs(what: str) -> tuple[Input, Input]:

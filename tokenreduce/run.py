@@ -20,16 +20,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
-from .grid import grid_at
-from .pays import skipped_message, too_small
+from .pays import CPU, FAILED, MEASURED, AutoRule, Decision, Work
 from .window import SigmaWindow, steps_of
 
 LOG = logging.getLogger("tokenreduce")
 SKIPPED = "skipped"
+CONTEXT_PREFIX = "tokenreduce."  # every call context's key in the host's options starts so
+MEASURING = "tokenreduce:measuring"  # in the options of a call the auto rule times: patches without a context pass
 
 
 class ModelCall(NamedTuple):
@@ -40,6 +41,8 @@ class ModelCall(NamedTuple):
     kwargs: dict  # the model's other inputs (reference latents, pooled text, ...)
     options: dict  # the host's per-call options (ComfyUI: transformer_options)
     sigmas: torch.Tensor  # the noise level, as a tensor (not read unless needed)
+    dtype: torch.dtype | None = None  # the dtype the model computes in (None: the latent's)
+    attention: Callable | None = None  # the host's attention entry (the auto rule times DiT calls through it)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,13 @@ class LevelTokens:
     downsample: int
     grid: tuple[int, int]
     tokens: dict  # stage ("q", "k/v", "cross q", "mlp") -> (tokens before, tokens after)
+
+
+class SiteDecision(NamedTuple):
+    """What the auto rule decided for one level or kind of DiT call in a run."""
+
+    site: str  # "downsample 1 (96×96)", "21 frames × 52×30 grid, image attention (32760 keys)"
+    decision: Decision
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,8 @@ class RunReport:
     levels: tuple[LevelTokens, ...] = ()
     warnings: tuple[str, ...] = ()
     refused: bool = False  # the settings do not fit this latent: the run stopped before its first step
+    decisions: tuple[SiteDecision, ...] = ()  # reduce_when auto, in the order first met
+    measure_seconds: float = 0.0  # what measuring for the auto rule cost in this run
 
 
 @dataclass
@@ -80,6 +92,7 @@ class RunState:
     # The noise-level tensor of every call that reduced tokens; read once, at the end.
     reduced_sigmas: list = field(default_factory=list)
     cache: dict = field(default_factory=dict)  # per-run values patches compute once (partitions, ...)
+    decisions: dict = field(default_factory=dict)  # site -> Decision of the auto rule, first met first
     _sigmas: torch.Tensor | None = None
     _sigma: float = 0.0
     _generators: dict = field(default_factory=dict)
@@ -141,7 +154,13 @@ class RunState:
         seen = torch.stack([s.max() for s in self.reduced_sigmas]).float().cpu().tolist() if self.reduced_sigmas else []
         active = steps_of(sigmas, set(seen))
         warnings = list(self.warnings)
-        if completed and steps and not active:
+        decided = tuple(SiteDecision(site, decision) for site, decision in self.decisions.items())
+        all_left = bool(decided) and not any(d.decision.reduce for d in decided)
+        if all_left:
+            warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: on this device the "
+                            f"reduced calls were not at least 3 % faster (the times are in the report). Set "
+                            f"reduce_when to always to reduce anyway.")
+        elif completed and steps and not active:
             warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
                             f"between start_percent {start_percent:g} and end_percent {end_percent:g}, "
                             f"or no block could be reduced.")
@@ -152,9 +171,12 @@ class RunState:
                             f"it received were not the block's grid: an attention patch applied before it reshaped "
                             f"them (HyperTile tiles the queries; ToMe in its q, k, v mode merges keys and values). "
                             f"Apply {label} before that patch (closer to the checkpoint loader).")
+        warnings += [f"{label}: could not measure {d.site} ({d.decision.error}); reduced as set."
+                     for d in decided if d.decision.source == FAILED]
         levels = tuple(sorted(self.levels.values(), key=lambda lv: (lv.downsample, -lv.grid[0] * lv.grid[1])))
         return RunReport(seconds, self.plan_seconds, self.skipped_calls, completed, steps, active, levels,
-                         tuple(warnings))
+                         tuple(warnings), decisions=decided,
+                         measure_seconds=sum(d.decision.seconds for d in decided if d.decision.source == MEASURED))
 
 
 def note_reduced(context: dict, grid: tuple[int, int], level: int, stages) -> None:
@@ -176,10 +198,10 @@ class CallPatch:
     patched model (ComfyUI's clone() deep-copies model options), finding its call context
     under ``context_key`` in the options the host passes to each patch call."""
 
-    def __init__(self, context_key: str, label: str, auto: bool = False):
+    def __init__(self, context_key: str, label: str, rule: AutoRule | None = None):
         self.context_key = context_key
         self.label = label
-        self.auto = auto  # reduce_when auto: leave grids alone where reduction does not pay (pays.py)
+        self.rule = rule  # reduce_when auto: reduce only where it pays on the device (pays.py); None: always
         self._warned_outside_sampler = False
 
     def __deepcopy__(self, memo):
@@ -193,23 +215,29 @@ class CallPatch:
         """Called by the host when a sampling run ends, before its report: nothing of the run
         may outlive it."""
 
-    def small_levels(self, run: RunState, latent_hw: tuple[int, int], levels, device: torch.device) -> frozenset:
-        """The UNet levels the auto rule leaves alone in this call (said once per run)."""
-        if not self.auto:
-            return frozenset()
-        small = set()
-        for level in levels:
-            h, w = grid_at(latent_hw, level)
-            if too_small(h * w, device):
-                small.add(level)
-                run.warn_once(skipped_message(self.label, f"downsample {level} ({w}×{h})", h * w, device))
-        return frozenset(small)
+    def pays(self, run: RunState, device: torch.device, kind: tuple,
+             describe: Callable[[], tuple[str, Callable[[], Work]]]) -> bool:
+        """Whether to reduce this kind of call in this run: always without an auto rule, else the
+        rule's decision, the same for the whole run and said in its report. ``describe()`` gives
+        the site's name and the builder of the work that times it; asked only the first time the
+        run meets the kind (the rest of the run's calls pay a lookup)."""
+        if self.rule is None:
+            return True
+        key = ("auto", device, kind)
+        decision = run.cache.get(key)
+        if decision is None:
+            site, work = describe()
+            decision = run.cache[key] = self.rule.decide(device, kind, work, site)
+            if decision.source != CPU:
+                run.decisions.setdefault(site, decision)
+        return decision.reduce
 
     def call_context(self, options: dict) -> dict | None:
         """This call's context, or None when the model is called outside a sampling run (then
-        the patch passes everything through, and says so once)."""
+        the patch passes everything through, and says so once) or while the auto rule of another
+        TokenReduce node times a block."""
         context = options.get(self.context_key)
-        if context is None and not self._warned_outside_sampler:
+        if context is None and not self._warned_outside_sampler and not options.get(MEASURING):
             self._warned_outside_sampler = True
             LOG.warning("%s: the model was called outside a sampling run; this patch does nothing there "
                         "(it is active only inside sampling runs).", self.label)

@@ -20,9 +20,11 @@ from typing import NamedTuple
 
 import torch
 
+from .describe import grid_text
 from .dit import OTHER, TokenLayout
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
-from .pays import skipped_message, too_small
+from .measure import backend_of, compute_dtype, dit_attention_work
+from .pays import AutoRule
 from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
 
 OVERRIDE = "optimized_attention_override"
@@ -57,8 +59,8 @@ class ToDoDiTPatch(CallPatch):
     """The attention override of one ToDo node output on a DiT."""
 
     def __init__(self, layout, blocks: frozenset, factor: float, temporal_factor: float, method: str,
-                 diffusion_model, context_key: str, label: str, auto: bool = False, previous=None):
-        super().__init__(context_key, label, auto)
+                 diffusion_model, context_key: str, label: str, rule: AutoRule | None = None, previous=None):
+        super().__init__(context_key, label, rule)
         self.family = layout.family
         self.plan = layout.plan
         self.blocks = blocks  # indices of the blocks it reduces
@@ -67,6 +69,12 @@ class ToDoDiTPatch(CallPatch):
         self.method = method
         self.model = diffusion_model  # read for its structure only (reference inputs, token order)
         self.patch = self.family.patch(diffusion_model)
+        # The auto rule times a kind of grid call at the first slot of a reduced block making it.
+        self.first_slot = {}
+        for index, slot in enumerate(self.plan):
+            if slot.kind != OTHER and slot.block in blocks:
+                self.first_slot.setdefault(slot.kind, index)
+        self._geometry = None  # of the grid calls (dit.Geometry), read from the model when first timed
         self.previous = previous  # the override installed before ours, called with our keys
 
     # --- before each model call (outside any compiled region) ------------------------------
@@ -81,15 +89,35 @@ class ToDoDiTPatch(CallPatch):
             run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token layout ToDo "
                           f"does not know (reference streams it cannot place); those calls were left alone.")
             return
-        grid_tokens = math.prod(tokens.grid)
-        if self.auto and too_small(grid_tokens, call.x.device):
-            context["active"] = False
-            t, h, w = tokens.grid
-            run.warn_once(skipped_message(self.label, f"the {w}×{h}" + (f"×{t} frames" if t > 1 else "") + " grid",
-                                          grid_tokens, call.x.device))
+        plans = self._keep_plans(run, tokens, call.x.device)
+        left = frozenset(kind for kind, length in plans if not self._pays(run, call, tokens, kind, length, plans))
+        if len(left) == len({kind for kind, _ in plans}):
+            context["active"] = False  # nothing of this call pays: the override passes every call through
             return
-        context["keep"] = self._keep_plans(run, tokens, call.x.device)
+        context["keep"] = plans
+        context["left"] = left
         context["calls"] = 0
+
+    def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict) -> bool:
+        """reduce_when auto for one kind of grid call (joint or image-only) of this layout."""
+        if self.rule is None:
+            return True
+        slot = self.first_slot.get(kind)
+        if slot is None:
+            return False  # no reduced block makes calls of this kind
+        if self._geometry is None:
+            self._geometry = self.family.geometry(self.model)
+        signature = ("dit", self.family.name, kind, length, plans[(kind, length)].kept, *self._geometry,
+                     str(compute_dtype(call)), backend_of(call, self.previous), self.method)
+
+        def describe():
+            grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]  # an image: no frames to name
+            context = {"active": True, "notes": {}, "timer": None, "keep": plans, "left": frozenset(), "calls": slot}
+            return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
+                    dit_attention_work(call.attention, self._geometry, length, call, self.override, self.context_key,
+                                       context, slot))
+
+        return self.pays(run, call.x.device, signature, describe)
 
     def end_run(self, run: RunState) -> None:
         if run.cache.get("todo override replaced") and not run.reduced_sigmas:
@@ -125,7 +153,7 @@ class ToDoDiTPatch(CallPatch):
         index = call["calls"]
         call["calls"] = index + 1
         slot = self.plan[index] if index < len(self.plan) else None
-        if slot is None or slot.kind == OTHER or slot.block not in self.blocks:
+        if slot is None or slot.kind == OTHER or slot.block not in self.blocks or slot.kind in call["left"]:
             return args, kwargs
         dim = 2 if kwargs.get("skip_reshape") else 1  # [B, H, N, D], else [B, N, H*D] (SD3's v: [B, N, H, D])
         q, k, v = args[:3]

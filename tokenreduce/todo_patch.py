@@ -9,22 +9,45 @@ cross-attention does). Nothing to unmerge.
 
 from __future__ import annotations
 
+from .describe import level_text
 from .downsample import downsample_tokens
+from .grid import grid_at
 from .layout import unet_call_grid
+from .measure import UNetLevels
+from .pays import AutoRule
 from .run import CallPatch, note_reduced, note_skipped
 
 
 class ToDoPatch(CallPatch):
     """The patch function of one ToDo node output on a UNet."""
 
-    def __init__(self, factors: dict, method: str, context_key: str, label: str, auto: bool = False):
-        super().__init__(context_key, label, auto)
+    def __init__(self, factors: dict, method: str, context_key: str, label: str, unet: UNetLevels,
+                 rule: AutoRule | None = None):
+        super().__init__(context_key, label, rule)
         self.factors = factors  # level -> pooling factor per side (> 1)
         self.method = method
+        self.unet = unet
 
     def prepare_call(self, context: dict, run, call) -> None:
-        if context["active"]:
-            context["small"] = self.small_levels(run, tuple(call.x.shape[-2:]), self.factors, call.x.device)
+        if not context["active"]:
+            return
+        left = set()
+        if self.rule is not None:
+            latent_hw = tuple(call.x.shape[-2:])
+            for level, factor in self.factors.items():
+                if level not in self.unet.first:
+                    continue  # no blocks there (said when the node ran)
+                grid = grid_at(latent_hw, level)
+                kind = self.unet.kind(call, level, grid, ("ToDo", factor, self.method))
+                if not self.pays(run, call.x.device, kind, lambda: (
+                        level_text(level, grid),
+                        self.unet.work(call, level, grid, self.context_key, self._measuring_context))):
+                    left.add(level)
+        context["left"] = frozenset(left)
+
+    @staticmethod
+    def _measuring_context() -> dict:
+        return {"active": True, "notes": {}, "timer": None, "left": frozenset()}
 
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)
@@ -35,7 +58,7 @@ class ToDoPatch(CallPatch):
             return n, context, value
         (h, w), level = located
         factor = self.factors.get(level)
-        if factor is None or level in call["small"]:
+        if factor is None or level in call["left"]:
             return n, context, value
         if context.shape[1] != h * w or value.shape[1] != h * w:
             note_skipped(call)  # another patch changed the keys/values; reported at run end

@@ -23,9 +23,12 @@ from __future__ import annotations
 import torch
 
 from .bipartite import MergePlan, partition_grid, plan_merge
+from .describe import level_text
 from .grid import grid_at
 from .layout import unet_call_grid, unet_call_key
+from .measure import UNetLevels, sample, compute_dtype
 from .methods import MODE_QUERIES, tome_reach
+from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
 from .seeding import derive_seed
 
@@ -36,9 +39,11 @@ SHARED = ("shared",)  # the key shared plans are drawn under
 class ToMePatch(CallPatch):
     """The patch functions of one ToMe node output, for the sites of ``target``."""
 
-    def __init__(self, settings, target, context_key: str, label: str):
-        super().__init__(context_key, label, auto=settings.reduce_when == "auto")
+    def __init__(self, settings, target, context_key: str, label: str, unet: UNetLevels,
+                 rule: AutoRule | None = None):
+        super().__init__(context_key, label, rule)
         self.settings = settings
+        self.unet = unet
         self.max_level = target.level
         self.sites = target.sites
         self.queries_only = settings.mode == MODE_QUERIES
@@ -53,15 +58,46 @@ class ToMePatch(CallPatch):
             return
         latent_hw, device, sigmas = tuple(call.x.shape[-2:]), call.x.device, call.sigmas
         s = self.settings
-        context["small"] = small = self.small_levels(run, latent_hw, {site.level for site in self.sites}, device)
+        levels = sorted({site.level for site in self.sites if site.level <= self.max_level})
+        context["left"] = left = frozenset(level for level in levels if not self._pays(run, call, level, latent_hw))
         keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
-                if site.level <= self.max_level and site.level not in small}
+                if site.level in levels and site.level not in left}
         sigma = run.sigma(sigmas) if s.use_rand else None
         context["partitions"] = {key: self._partition(run, key[0], key[1], device, sigma) for key in keys}
         # A grid the latent does not predict (a model that rescales inside, Kohya Deep Shrink)
         # is drawn when met: correct everywhere, a graph break under torch.compile.
         context["draw_partition"] = lambda key, grid: self._partition(run, key, grid, device, sigma)
         context["shared"] = {}  # share_plans: grid -> the plan of this call
+
+    # --- reduce_when auto ----------------------------------------------------------------------
+    def _pays(self, run: RunState, call: ModelCall, level: int, latent_hw: tuple[int, int]) -> bool:
+        if self.rule is None:
+            return True
+        s = self.settings
+        grid = grid_at(latent_hw, level)
+        reduction = ("ToMe", s.ratio, s.stride_x, s.stride_y, s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp,
+                     s.matching, s.share_plans)
+        kind = self.unet.kind(call, level, grid, reduction)
+        return self.pays(run, call.x.device, kind,
+                         lambda: (level_text(level, grid), lambda: self._work(call, level, grid)))
+
+    def _work(self, call: ModelCall, level: int, grid: tuple[int, int]) -> Work:
+        """A block of the level unmerged and merged (plan, merge, the smaller calls, unmerge).
+        With share_plans one plan serves the level's blocks: the block is timed with its plan
+        made once, and the plan's own time, shared by the level's blocks, is added."""
+        s = self.settings
+        h, w = grid
+        partition = partition_grid(h, w, s.stride_x, s.stride_y, None, call.x.device)  # timing only: no RNG
+        context = {"active": True, "notes": {}, "timer": None, "left": frozenset(), "shared": {},
+                   "partitions": {}, "draw_partition": lambda key, grid: partition}
+        block = self.unet.work(call, level, grid, self.context_key, lambda: context)()
+        if not s.share_plans:
+            return block
+        tokens = sample((call.x.shape[0], h * w, self.unet.block_dim(level)), call.x.device, compute_dtype(call))
+        blocks = sum(1 for site in self.sites if site.level == level)
+        r = int(h * w * s.ratio)
+        plan = lambda: plan_merge(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
+        return Work({**block.runs, "plan": plan}, block.full_ms, lambda t: t["reduced"] + t["plan"] / blocks)
 
     def _partition(self, run: RunState, key: tuple, grid: tuple[int, int], device: torch.device, sigma):
         s = self.settings
@@ -86,7 +122,7 @@ class ToMePatch(CallPatch):
         alone: a level above max_downsample, a step outside the window, or tokens that are not
         the block's grid (another patch reshaped them, or temporal attention)."""
         located = unet_call_grid(extra_options)
-        if located is None or not context["active"] or located[1] > self.max_level or located[1] in context["small"]:
+        if located is None or not context["active"] or located[1] > self.max_level or located[1] in context["left"]:
             return None
         grid = located[0]
         if n.shape[1] != grid[0] * grid[1]:

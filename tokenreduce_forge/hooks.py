@@ -16,8 +16,11 @@ refusal at the first model call, so a setting is never silently ignored.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tokenreduce.describe import run_lines
 from tokenreduce.methods import MODE_QUERIES
+from tokenreduce.pays import Decisions
 
 from . import patching
 from .settings import FIRST, HIRES, PREFIX, STAGE_WORDS, WARNINGS_KEY, Job, job_from_args, report_key
@@ -50,6 +53,33 @@ def _state():
     except ImportError:
         return None
     return shared.state
+
+
+_DECISIONS: dict = {}  # path -> the auto rule's decisions, one store per file for the process
+
+
+def decisions() -> Decisions:
+    """The auto rule's decisions, kept in Forge's data directory (``--data-dir``, per machine)."""
+    try:
+        from modules import paths_internal
+
+        path = Path(paths_internal.data_path) / "tokenreduce" / "auto_decisions.json"
+    except ImportError:  # no WebUI (unit tests): memory only
+        path = None
+    store = _DECISIONS.get(path)
+    if store is None:
+        store = _DECISIONS[path] = Decisions(path)
+    return store
+
+
+def attention_function():
+    """Forge's attention function (chosen by its start-up flags): names the backend in what the
+    auto rule keeps."""
+    try:
+        from backend import attention
+    except ImportError:
+        return None
+    return getattr(attention, "attention_function", None)
 
 
 def hires_runs(p) -> bool:
@@ -134,7 +164,8 @@ def before_sampling(p, args, kwargs) -> None:
     try:
         latent = kwargs.get("x")
         patched, run = patching.install(unet, family_of(p.sd_model), stage, job.stage(stage) if job.enabled else {},
-                                        tuple(latent.shape) if latent is not None else (), refusal=job.problem)
+                                        tuple(latent.shape) if latent is not None else (), refusal=job.problem,
+                                        decisions=decisions(), attention=attention_function())
         if patched is not unet and patching.strip_builtin_tome(patched):
             run.warnings.append(f"Forge's built-in Token merging was applied to the {STAGE_WORDS[stage]} although "
                                 f"{PREFIX} turned it off for this generation; {PREFIX} took it out.")

@@ -24,9 +24,11 @@ from dataclasses import replace
 
 from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.layout import UNET, model_layout
+from tokenreduce.measure import UNetLevels
 from tokenreduce.methods import todo_level_factors
+from tokenreduce.pays import Decisions, auto_rule
 from tokenreduce.preflight import todo_factors, tome_strides
-from tokenreduce.run import ModelCall, RunReport, RunState
+from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from tokenreduce.target import resolve_target
 from tokenreduce.todo_patch import ToDoPatch
 from tokenreduce.tome_patch import ToMePatch
@@ -72,11 +74,16 @@ class MethodRun:
         self.run = RunState(window, always_active=always, warnings=list(warnings))
 
 
+MEMORY_ONLY = Decisions(None)  # the auto rule's decisions where the caller keeps no file (tests)
+
+
 class PassRun:
     """A pass's patched methods, the warnings about what does nothing, and its model calls."""
 
-    def __init__(self, stage: str):
+    def __init__(self, stage: str, dtype=None, attention=None):
         self.stage = stage
+        self.dtype = dtype  # the UNet's computation dtype, and the attention function: for the auto rule
+        self.attention = attention
         self.methods: list[MethodRun] = []
         self.warnings: list[str] = []  # settings that do nothing for this model (said, not refused)
         self.refusal: str | None = None
@@ -99,7 +106,7 @@ class PassRun:
             sigmas = options["sigmas"]
             call = ModelCall(args["input"], c.get("c_crossattn"),
                              {k: v for k, v in c.items() if k not in ("c_crossattn", "transformer_options")},
-                             options, sigmas)
+                             options, sigmas, self.dtype, self.attention)
             contexts = []
             for method in self.methods:
                 context = method.run.open_call(sigmas)
@@ -206,12 +213,15 @@ def _target(layout, family: str, method: str, settings):
                           lambda layout, level: layout.within(level))
 
 
-def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, refusal: str | None = None):
+def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, refusal: str | None = None,
+            decisions: Decisions | None = None, attention=None):
     """A clone of ``unet`` (a Forge UnetPatcher) patched for one pass with ``methods``
     ({method: settings}, in patch order) for a latent of ``latent_shape``, and the pass's run.
-    ``refusal``: refuse the pass with this message. Returns ``(unet, run)``; ``unet`` is the
-    input itself where there is nothing to do."""
-    run = PassRun(stage)
+    ``refusal``: refuse the pass with this message. ``decisions``: where the auto rule keeps
+    what it measured (None: in memory); ``attention``: Forge's attention function (names the
+    backend in what the rule keeps). Returns ``(unet, run)``; ``unet`` is the input itself where
+    there is nothing to do."""
+    run = PassRun(stage, getattr(unet.model, "computation_dtype", None), attention)
     if not methods and refusal is None and not has_ours(unet):
         return unet, run
     clone = unet.clone()
@@ -222,7 +232,8 @@ def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, r
     if refusal is None and methods:
         diffusion_model = clone.get_model_object("diffusion_model")
         layout = model_layout(diffusion_model, family)
-        run.refusal = _patch(clone, run, layout, family, stage, methods, tuple(latent_shape))
+        run.refusal = _patch(clone, run, layout, family, stage, methods, tuple(latent_shape),
+                             decisions if decisions is not None else MEMORY_ONLY)
     if run.refusal is None and not run.methods:
         return clone, run  # only warnings (settings that do nothing here): nothing to call
     functions, object_keys = [], []
@@ -233,7 +244,8 @@ def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, r
     return clone, run
 
 
-def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, latent_shape: tuple) -> str | None:
+def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, latent_shape: tuple,
+           decisions: Decisions) -> str | None:
     """Decide each method's sites and patch (registered by ``_register``); a refusal or None."""
     if layout is None or layout.kind != UNET or not layout.sites:
         return not_a_unet(family)
@@ -246,16 +258,18 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
             run.warnings.append(f"{label(stage, method)}: {target.message}")
             continue
         who = label(stage, method)
-        context_key = f"tokenreduce.forge.{stage}.{method}"
-        auto = settings.reduce_when == "auto"
+        context_key = f"{CONTEXT_PREFIX}forge.{stage}.{method}"
+        unet_levels = UNetLevels(clone.get_model_object("diffusion_model"), target.sites, family)
+        rule = auto_rule(settings.reduce_when, decisions)
         if method == "ToDo":
             named = todo_level_factors(target.level, settings)
             check = todo_factors(who, [nf for nf in named if nf[1] in target.levels])
-            patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, context_key, who, auto)
+            patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, context_key, who,
+                              unet_levels, rule)
             warnings = [f"{who}: {warning}" for warning in todo_info(settings, target)[1]]
         else:
             check = tome_strides(who, target.levels, settings.stride_x, settings.stride_y)
-            patch = ToMePatch(settings, target, context_key, who)
+            patch = ToMePatch(settings, target, context_key, who, unet_levels, rule)
             warnings = []
         try:
             warnings = warnings + check(latent_shape)  # before any step: refused, or what it misses

@@ -35,6 +35,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                         "eager: a fast check of the wiring)")
     p.add_argument("--sample-steps", type=int, default=20,
                    help="with --checkpoint: steps of the full sampling run per config for the image study")
+    p.add_argument("--measure-cpu", action="store_true",
+                   help="on a CPU, let reduce_when auto time each kind of call and decide, as it does on a GPU (by "
+                        "default the CPU reduces everywhere): shows its decisions and what timing them costs")
     p.add_argument("--tiny", action="store_true", help="tiny models (a smoke test of the benchmark itself)")
     p.add_argument("--quick", action="store_true", help="SD15 at 512 px, 2 repeats")
     p.add_argument("--out", type=Path, default=REPO / "out" / "benchmark")
@@ -60,11 +63,15 @@ def complete(p: argparse.ArgumentParser, args) -> None:
         args.evals = 4 if torch.cuda.is_available() else 1
     if args.evals < 1:
         p.error("--evals must be at least 1")
+    if args.measure_cpu and torch.cuda.is_available():
+        p.error("--measure-cpu is for a CPU run: on a GPU reduce_when auto measures anyway")
 
 
 def settings_line(args) -> str:
     line = (f"Median of {args.repeats} timed passes after {args.warmup} warm-up pass(es), "
             f"{args.evals} model forward(s) per pass; random-weight models in {args.dtype}.")
+    if args.measure_cpu:
+        line += " reduce_when auto times and decides on the CPU (--measure-cpu)."
     if args.compile:
         line += (f" Compiled twins: torch.compile backend {args.compile_backend}, at least one warm-up pass "
                  f"(compiling) each.")

@@ -24,16 +24,17 @@ class Host:
     sessions_of: Callable  # patched model -> its TokenReduce sessions (plan-time profiling)
     model_layout: Callable  # diffusion model -> the pack's Layout, or None
     unet_kind: str  # Layout.kind of UNets (the only layout the Amdahl breakdown knows)
+    auto_measures: bool  # whether reduce_when auto times calls here (a GPU, or --measure-cpu)
 
 
-def load(comfyui: Path) -> Host:
+def load(comfyui: Path, measure_cpu: bool = False) -> Host:
     import torch
 
     sys.path.insert(0, str(comfyui))
     from comfy.cli_args import args
 
     args.cpu = not torch.cuda.is_available()
-    import comfy.model_management  # noqa: F401
+    import comfy.model_management
 
     if PACK not in sys.modules:
         spec = importlib.util.spec_from_file_location(PACK, REPO / "__init__.py", submodule_search_locations=[str(REPO)])
@@ -45,6 +46,12 @@ def load(comfyui: Path) -> Host:
     tome = importlib.import_module(f"{PACK}.nodes.tome_node").ToMePatchNode
     todo = importlib.import_module(f"{PACK}.nodes.todo_node").ToDoPatchNode
     layout = importlib.import_module(f"{PACK}.tokenreduce.layout")
+    pays = importlib.import_module(f"{PACK}.tokenreduce.pays")
+    # Every node the benchmark applies gets a decisions store of its own, in memory: each
+    # configuration's auto rule measures for itself (and says what that cost), nothing is kept
+    # between benchmark runs, nothing is written into the ComfyUI tree.
+    importlib.import_module(f"{PACK}.nodes.common").decisions = lambda: pays.Decisions(None, measure_cpu=measure_cpu)
+    device = comfy.model_management.get_torch_device()
 
     return Host(
         appliers={TOME_NODE: partial(_run_node, tome), TODO_NODE: partial(_run_node, todo),
@@ -52,12 +59,19 @@ def load(comfyui: Path) -> Host:
         sessions_of=importlib.import_module(f"{PACK}.nodes.session").sessions_of,
         model_layout=layout.model_layout,
         unet_kind=layout.UNET,
+        auto_measures=pays.Decisions(None, measure_cpu=measure_cpu).measures(device),
     )
 
 
 def _run_node(node, model, settings: dict):
     """A V3 node's MODEL output, executed as ComfyUI does."""
     return node.execute(model, **settings).result[0]
+
+
+def auto_log(model, sessions_of: Callable) -> list:
+    """What the auto rule of a patched model's nodes measured: (site, Decision) in order."""
+    return [entry for session in sessions_of(model) if session.patch.rule is not None
+            for entry in session.patch.rule.decisions.log]
 
 
 def attention_backends(names: list[str]) -> dict[str, Callable]:

@@ -36,6 +36,10 @@ class Row:
     vs_eager_error: float | None = None  # compiled rows: relative difference from the eager output
     first_seconds: float | None = None  # seconds of the whole first warm-up pass (compiled: compiling included)
     compiles_in_timed_passes: int | None = None  # compiled rows: graphs compiled after warm-up (0 expected)
+    # Added with the measured auto rule (issue #20): what reduce_when auto timed and decided for this
+    # configuration, in its first (warm-up) pass, and what timing cost; None where it measured nothing.
+    auto: list | None = None  # [{"site", "reduce", "full_ms", "reduced_ms"}]
+    auto_seconds: float | None = None
 
 
 def groups(rows: list[Row]) -> dict[tuple, list[Row]]:
@@ -82,6 +86,23 @@ def _eager_table(group: list[Row]) -> list[str]:
     return lines
 
 
+def _auto_table(group: list[Row]) -> list[str]:
+    """What reduce_when auto decided per configuration, and its cost against one model forward."""
+    measured = [r for r in group if r.auto]
+    if not measured:
+        return []
+    base = group[0].seconds
+    lines = ["", "reduce_when auto (timed in the first warm-up pass; the timed passes use the kept decisions): "
+                 "per level or kind of DiT call, unreduced → reduced ms and the decision; what timing cost, in "
+                 "seconds and in unpatched model forwards.", "",
+             "| config | decisions | timing cost | in forwards |", "|---|---|---|---|"]
+    for r in measured:
+        decisions = "; ".join(f"{a['site']}: {a['full_ms']:.2f} → {a['reduced_ms']:.2f} ms, "
+                              f"{'reduced' if a['reduce'] else 'left alone'}" for a in r.auto)
+        lines.append(f"| {r.config} | {decisions} | {r.auto_seconds:.3f} s | {r.auto_seconds / base:.2f} |")
+    return lines
+
+
 def _compiled_table(group: list[Row]) -> list[str]:
     backend = group[0].compiled
     lines = ["", f"Compiled (`torch.compile`, backend {backend}, through ComfyUI's `set_torch_compile_wrapper`): "
@@ -111,7 +132,7 @@ def to_markdown(rows: list[Row], machine: str, settings: str = "", skipped: list
             refused = [s for s in skipped if s["family"] == family]
             if refused:
                 lines += ["", "Not applicable: " + "; ".join(f"{s['config']} ({s['reason']})" for s in refused)]
-            lines += _eager_table(group)
+            lines += _eager_table(group) + _auto_table(group)
         else:
             lines += [f"#### {family}, {size}x{size} px, {attention} attention, compiled"] + _compiled_table(group)
         lines.append("")

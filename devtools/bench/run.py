@@ -54,7 +54,8 @@ def _error(out, reference) -> float:
     return float((out - reference).norm() / reference.norm())
 
 
-def _rows(where: dict, configs: list[Config], measured: dict, parts, scores: dict, backend: str | None) -> list[Row]:
+def _rows(where: dict, configs: list[Config], measured: dict, parts, scores: dict, backend: str | None,
+          auto: dict) -> list[Row]:
     """Eager rows, and with a compile ``backend`` the compiled ones (against compiled unpatched)."""
     rows = []
     reference = measured[UNPATCHED.name]
@@ -71,7 +72,7 @@ def _rows(where: dict, configs: list[Config], measured: dict, parts, scores: dic
                         bound_at=bounds and bounds.bound_at, repeats=entry.times,
                         breakdown=amdahl.breakdown(parts) if config is UNPATCHED else None,
                         image_mse=mse, image_psnr=psnr, attention_mib=entry.attention_mib,
-                        first_seconds=entry.first_seconds))
+                        first_seconds=entry.first_seconds, **auto.get(config.name, {})))
     if backend is None:
         return rows
     compiled_reference = measured[compiled.name_of(UNPATCHED.name)]
@@ -97,6 +98,8 @@ def _one_setting(args, host, configs, loaded: Loaded, step, size: int, attention
     eager, refused = _patched(configs, base, host.appliers)
     applied = [c for c in configs if c.name in eager]
     models, warmup = dict(eager), dict.fromkeys(eager, args.warmup)
+    if host.auto_measures:  # reduce_when auto times its calls in the first pass: a warm-up pass, not a timed one
+        warmup = dict.fromkeys(eager, max(1, args.warmup))
     if args.compile:
         compiled.make_room(len(eager))
         for name, model in eager.items():
@@ -104,15 +107,26 @@ def _one_setting(args, host, configs, loaded: Loaded, step, size: int, attention
             warmup[compiled.name_of(name)] = max(1, args.warmup)  # the warm-up compiles
     measured = timing.measure(step, models, repeats=args.repeats, warmup=warmup, compiled=frozenset(models) - set(eager),
                               progress=lambda name: progress(f"{loaded.label} {size}px {attention}: {name}"))
+    # Before the profiling pass: its attention hook is another override, so another kind of call to the rule.
+    auto = {name: _auto_fields(environment.auto_log(model, host.sessions_of)) for name, model in eager.items()}
     for name, model in eager.items():
         timing.profile(step, model, measured[name], host.sessions_of, attention)
     where = dict(family=loaded.label, size=size, attention=attention)
-    rows = _rows(where, applied, measured, parts, scores, args.compile_backend if args.compile else None)
+    rows = _rows(where, applied, measured, parts, scores, args.compile_backend if args.compile else None, auto)
     if args.compile:
         import torch._dynamo
 
         torch._dynamo.reset()
     return rows, refused
+
+
+def _auto_fields(log: list) -> dict:
+    """What reduce_when auto measured for one configuration (nothing where it measured nothing)."""
+    if not log:
+        return {}
+    return {"auto": [{"site": site, "reduce": d.reduce, "full_ms": d.full_ms, "reduced_ms": d.reduced_ms}
+                     for site, d in log],
+            "auto_seconds": sum(d.seconds for _, d in log)}
 
 
 def passes_per_setting(args, configs: int) -> int:
@@ -127,7 +141,7 @@ def run(args) -> tuple[list[Row], list[dict]]:
     import torch
     from tqdm import tqdm
 
-    host = environment.load(Path(args.comfyui))
+    host = environment.load(Path(args.comfyui), measure_cpu=args.measure_cpu)
     configs = select(args.configs)
     backends = environment.attention_backends(args.attention)
     dtype = getattr(torch, args.dtype)

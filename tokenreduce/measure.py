@@ -1,0 +1,143 @@
+"""The work the auto rule times (``pays.py``): a unit of the model, run as it would run unreduced
+and as it runs reduced, through the real patch.
+
+- UNets: the first transformer block of a level, called as the host calls it (norms, self- and
+  cross-attention, feed-forward, every attention patch and override in the model's options), once
+  with the patch's call context switched off and once with a context that reduces. Everything
+  the reduction changes in a block is inside, the patch's own Python included.
+- DiTs: one attention call over the grid, through the host's attention entry with our override
+  in place (so whatever override we chain, e.g. SageAttention, runs too), unreduced and reduced.
+  The projections before and after are the same both ways, so they are left out.
+
+Inputs are random tensors of the call's shapes, from a private generator, in the model's compute
+dtype on its device; the call's own text tokens are used where a block reads them. Other
+TokenReduce patches in the model pass their calls through while we measure (each node decides for
+its own reduction), and say nothing of it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .pays import Work, pair
+from .run import CONTEXT_PREFIX, MEASURING, ModelCall
+
+OVERRIDE = "optimized_attention_override"
+
+
+def sample(shape: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Random values for timing (never the global RNG); drawn on the device where it can."""
+    try:
+        generator = torch.Generator(device=device).manual_seed(0)
+        return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    except (RuntimeError, TypeError):  # a device without its own generator
+        return torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=dtype).to(device)
+
+
+def compute_dtype(call: ModelCall) -> torch.dtype:
+    return call.dtype if call.dtype is not None else call.x.dtype
+
+
+def inactive_context() -> dict:
+    return {"active": False, "notes": {}, "timer": None}
+
+
+def measuring_options(call: ModelCall, **extra) -> dict:
+    """The call's options without any TokenReduce call context, marked as a measurement."""
+    options = {k: v for k, v in call.options.items() if not (isinstance(k, str) and k.startswith(CONTEXT_PREFIX))}
+    options[MEASURING] = True
+    options.update(extra)
+    return options
+
+
+def backend_of(call: ModelCall, override=None) -> str:
+    """The attention backend as the kind of a call names it: the host's function, and the override
+    (another pack's) that runs it."""
+    names = [getattr(call.attention, "__name__", "") if call.attention is not None else ""]
+    if override is not None:
+        names.append(getattr(override, "__qualname__", type(override).__name__))
+    return "+".join(names)
+
+
+def unet_block_work(block: torch.nn.Module, site, grid: tuple[int, int], call: ModelCall, context_key: str,
+                    reducing: Callable[[], dict]) -> Callable[[], Work]:
+    """The work of the UNet transformer block ``block`` (at ``site``) at ``grid``: unreduced, and
+    reduced with the call context ``reducing()`` makes."""
+
+    def build() -> Work:
+        h, w = grid
+        batch, dim = call.x.shape[0], int(block.norm1.normalized_shape[0])  # the block's width
+        device, dtype = call.x.device, compute_dtype(call)
+        x = sample((batch, h * w, dim), device, dtype)
+        text = call.context.to(device, dtype) if call.context is not None else None
+        options = measuring_options(call, activations_shape=[batch, dim, h, w], original_shape=list(call.x.shape),
+                                    block=tuple(site.key[:2]), block_index=site.key[2])
+        full = {**options, context_key: inactive_context()}
+        reduced = {**options, context_key: reducing()}
+        return pair(lambda: block(x, context=text, transformer_options=full),
+                    lambda: block(x, context=text, transformer_options=reduced))
+
+    return build
+
+
+def dit_attention_work(attention: Callable, geometry, length: int, call: ModelCall, override: Callable,
+                       context_key: str, reducing: dict, slot: int) -> Callable[[], Work]:
+    """The work of one DiT attention call over ``length`` tokens: through the host's attention
+    entry with ``override`` (ours) in the options, with our context off, and with ``reducing``
+    (a context whose call counter is set to ``slot`` before each run)."""
+
+    def build() -> Work:
+        heads, head_dim, heads_first = geometry
+        batch, device, dtype = call.x.shape[0], call.x.device, compute_dtype(call)
+        shape = (batch, heads, length, head_dim) if heads_first else (batch, length, heads * head_dim)
+        q, k, v = (sample(shape, device, dtype) for _ in range(3))
+        options = measuring_options(call, **{OVERRIDE: override})
+        full = {**options, context_key: inactive_context()}
+        reduced = {**options, context_key: reducing}
+
+        def run_reduced():
+            reducing["calls"] = slot
+            return attention(q, k, v, heads, skip_reshape=heads_first, transformer_options=reduced)
+
+        return pair(lambda: attention(q, k, v, heads, skip_reshape=heads_first, transformer_options=full),
+                    run_reduced)
+
+    return build
+
+
+class UNetLevels:
+    """A patched UNet as the auto rule sees it: the first block of each level (all blocks of a
+    level have the same shapes), the kind of a call at a level, the work that times it."""
+
+    def __init__(self, diffusion_model: torch.nn.Module, sites, family: str):
+        self.model = diffusion_model
+        self.family = family
+        self.first = {}  # level -> its first site
+        for site in sites:
+            self.first.setdefault(site.level, site)
+        self._blocks: dict = {}
+
+    def block(self, level: int) -> torch.nn.Module:
+        block = self._blocks.get(level)
+        if block is None:
+            path = self.first[level].path.removeprefix("diffusion_model.")
+            block = self._blocks[level] = self.model.get_submodule(path)
+        return block
+
+    def block_dim(self, level: int) -> int:
+        return int(self.block(level).norm1.normalized_shape[0])
+
+    def kind(self, call: ModelCall, level: int, grid: tuple[int, int], reduction: tuple) -> tuple:
+        """What decides the speed of a block call at this level (the batch does not: a kind is
+        decided once, whatever batches the sampler forms later)."""
+        weights = next(self.block(level).parameters(), None)
+        text = tuple(call.context.shape[1:]) if call.context is not None else ()
+        return ("unet", self.family, level, *grid, *text, str(compute_dtype(call)),
+                str(weights.dtype) if weights is not None else "", backend_of(call, call.options.get(OVERRIDE)),
+                *reduction)
+
+    def work(self, call: ModelCall, level: int, grid: tuple[int, int], context_key: str,
+             reducing: Callable[[], dict]) -> Callable[[], Work]:
+        return unet_block_work(self.block(level), self.first[level], grid, call, context_key, reducing)
