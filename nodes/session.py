@@ -101,8 +101,9 @@ class PatchSession:
         sigmas = options["sigmas"]
         context = run.open_call(sigmas)
         inputs = {k: v for k, v in kwargs.items() if k not in APPLY_MODEL_ARGS}
+        base_model = executor.class_obj  # the BaseModel this call runs (a device's own copy under multi-GPU)
         call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas,
-                         compute_dtype(executor.class_obj), attention_entry())
+                         compute_dtype(base_model), attention_entry(), getattr(base_model, "diffusion_model", None))
         self.patch.prepare_call(context, run, call)
         options[self.context_key] = context  # a fresh dict per model call (ComfyUI copies it)
         try:

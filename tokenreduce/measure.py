@@ -109,30 +109,29 @@ def dit_attention_work(attention: Callable, geometry, length: int, call: ModelCa
 
 class UNetLevels:
     """A patched UNet as the auto rule sees it: the first block of each level (all blocks of a
-    level have the same shapes), the kind of a call at a level, the work that times it."""
+    level have the same shapes), the kind of a call at a level, the work that times it. The
+    block is looked up in the diffusion model the call runs: under ComfyUI's multi-GPU split a
+    call may run another device's copy of the model."""
 
     def __init__(self, diffusion_model: torch.nn.Module, sites, family: str):
-        self.model = diffusion_model
+        self.model = diffusion_model  # the model at patch time: where a call names none
         self.family = family
         self.first = {}  # level -> its first site
         for site in sites:
             self.first.setdefault(site.level, site)
-        self._blocks: dict = {}
 
-    def block(self, level: int) -> torch.nn.Module:
-        block = self._blocks.get(level)
-        if block is None:
-            path = self.first[level].path.removeprefix("diffusion_model.")
-            block = self._blocks[level] = self.model.get_submodule(path)
-        return block
+    def block(self, call: ModelCall, level: int) -> torch.nn.Module:
+        model = call.model if call.model is not None else self.model
+        model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the module it compiled
+        return model.get_submodule(self.first[level].path.removeprefix("diffusion_model."))
 
-    def block_dim(self, level: int) -> int:
-        return int(self.block(level).norm1.normalized_shape[0])
+    def block_dim(self, call: ModelCall, level: int) -> int:
+        return int(self.block(call, level).norm1.normalized_shape[0])
 
     def kind(self, call: ModelCall, level: int, grid: tuple[int, int], reduction: tuple) -> tuple:
         """What decides the speed of a block call at this level (the batch does not: a kind is
         decided once, whatever batches the sampler forms later)."""
-        weights = next(self.block(level).parameters(), None)
+        weights = next(self.block(call, level).parameters(), None)
         text = tuple(call.context.shape[1:]) if call.context is not None else ()
         return ("unet", self.family, level, *grid, *text, str(compute_dtype(call)),
                 str(weights.dtype) if weights is not None else "", backend_of(call, call.options.get(OVERRIDE)),
@@ -140,4 +139,4 @@ class UNetLevels:
 
     def work(self, call: ModelCall, level: int, grid: tuple[int, int], context_key: str,
              reducing: Callable[[], dict]) -> Callable[[], Work]:
-        return unet_block_work(self.block(level), self.first[level], grid, call, context_key, reducing)
+        return unet_block_work(self.block(call, level), self.first[level], grid, call, context_key, reducing)

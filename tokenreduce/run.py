@@ -43,6 +43,7 @@ class ModelCall(NamedTuple):
     sigmas: torch.Tensor  # the noise level, as a tensor (not read unless needed)
     dtype: torch.dtype | None = None  # the dtype the model computes in (None: the latent's)
     attention: Callable | None = None  # the host's attention entry (the auto rule times DiT calls through it)
+    model: torch.nn.Module | None = None  # the diffusion model this call runs (another device's copy under multi-GPU)
 
 
 @dataclass(frozen=True)

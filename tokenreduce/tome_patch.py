@@ -93,7 +93,7 @@ class ToMePatch(CallPatch):
         block = self.unet.work(call, level, grid, self.context_key, lambda: context)()
         if not s.share_plans:
             return block
-        tokens = sample((call.x.shape[0], h * w, self.unet.block_dim(level)), call.x.device, compute_dtype(call))
+        tokens = sample((call.x.shape[0], h * w, self.unet.block_dim(call, level)), call.x.device, compute_dtype(call))
         blocks = sum(1 for site in self.sites if site.level == level)
         r = int(h * w * s.ratio)
         plan = lambda: plan_merge(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
