@@ -311,12 +311,15 @@ def _image_extras(family: str, generator: torch.Generator, shape: list[int]) -> 
 
 
 def conditioning(family: str, batch: int = 1, seed: int = 1, frames: int = 9, height_px: int = 128,
-                 width_px: int = 128, text_mask: bool = False):
+                 width_px: int = 128, text_mask: bool = False, text_dim: int | None = None,
+                 pooled_dim: int | None = None):
     """Random (positive, negative) in ComfyUI's ``[[context, extras]]`` form with the extras the
     family's model reads. Image inputs (reference latents, i2v images, CLIP vision) are sized
     for ``latent(family, batch, height_px, width_px, frames)`` and shared by both, as the
     conditioning nodes do; the text differs. ``text_mask``: a HunyuanVideo text mask with 6
-    padded positions (ComfyUI crashes with it at batch > 1)."""
+    padded positions (ComfyUI crashes with it at batch > 1). ``text_dim``, ``pooled_dim``: the
+    widths of the text tokens and the pooled text where the model is not the tiny one (the model
+    files: T5-XXL's 4096, CLIP-L's 768)."""
     generator = torch.Generator().manual_seed(seed)
     shape = latent_shape(family, batch, height_px, width_px, frames)
     shared = _image_extras(family, generator, shape)
@@ -324,8 +327,8 @@ def conditioning(family: str, batch: int = 1, seed: int = 1, frames: int = 9, he
     def text() -> list:
         extras = dict(shared)
         if family.startswith("wan"):
-            return [[torch.randn(batch, WAN_TEXT_TOKENS, _tiny_config(family)["text_dim"], generator=generator),
-                     extras]]
+            width = text_dim or _tiny_config(family)["text_dim"]
+            return [[torch.randn(batch, WAN_TEXT_TOKENS, width, generator=generator), extras]]
         if family.startswith("hunyuan"):
             config = _tiny_config(family)
             context = torch.randn(batch, HY_TEXT_TOKENS, config["context_in_dim"], generator=generator)
@@ -341,9 +344,9 @@ def conditioning(family: str, batch: int = 1, seed: int = 1, frames: int = 9, he
                 mask[:, HY_TEXT_TOKENS - 6:] = 0
                 extras["attention_mask"] = mask
             return [[context, extras]]
-        context = torch.randn(batch, TEXT_TOKENS, CONTEXT_DIM, generator=generator)
+        context = torch.randn(batch, TEXT_TOKENS, text_dim or CONTEXT_DIM, generator=generator)
         if family in ("flux_dev", "flux_schnell", "flux_kontext", "sd3", "sd35_medium"):
-            extras["pooled_output"] = torch.randn(batch, POOLED_DIM, generator=generator)
+            extras["pooled_output"] = torch.randn(batch, pooled_dim or POOLED_DIM, generator=generator)
         elif family in ("chroma", "flux2"):
             # T5 / Mistral give no pooled output; CLIPTextEncode still stores the key (None), and
             # 0.3.75's Flux.encode_adm reads kwargs["pooled_output"] unconditionally.
@@ -359,9 +362,9 @@ def conditioning(family: str, batch: int = 1, seed: int = 1, frames: int = 9, he
 
 # --- model files ComfyUI's loader detects ---------------------------------------------------------
 
-def write_flux_diffusion_model(path: str, seed: int = 0, dtype: torch.dtype = torch.float16, variant: str = "dev",
-                               context_dim: int = 4096, pooled_dim: int = 768) -> None:
-    """The smallest random-weight Flux.1 diffusion-model file (BFL key names, no prefix) that
+def flux_file_state_dict(seed: int = 0, dtype: torch.dtype = torch.float16, variant: str = "dev",
+                         context_dim: int = 4096, pooled_dim: int = 768) -> dict:
+    """The smallest random-weight Flux.1 diffusion model (BFL key names, no prefix) that
     ``comfy.sd.load_diffusion_model`` detects as Flux.1 in 0.3.75 and 0.33.0; text widths as
     the real encoders give (T5-XXL 4096, CLIP-L pooled 768).
 
@@ -371,8 +374,6 @@ def write_flux_diffusion_model(path: str, seed: int = 0, dtype: torch.dtype = to
     be 0. About 0.4 G parameters (~0.8 GB in float16). Norm scales are saved as ``*.scale``, as
     in BFL's files (0.33 renames them on load). "dev" (also Kontext: the same keys) has
     ``guidance_in`` (-> Flux), "schnell" none (-> FluxSchnell)."""
-    import comfy.utils
-
     hidden, mlp = 3072, 4 * 3072
     generator = torch.Generator().manual_seed(seed)
     sd = {}
@@ -399,6 +400,15 @@ def write_flux_diffusion_model(path: str, seed: int = 0, dtype: torch.dtype = to
         linear(f"{block}.{stream}_mlp.2", hidden, mlp)
     linear("final_layer.adaLN_modulation.1", 2 * hidden, hidden)
     linear("final_layer.linear", 64, hidden)
+    return sd
+
+
+def write_flux_diffusion_model(path: str, seed: int = 0, dtype: torch.dtype = torch.float16, variant: str = "dev",
+                               context_dim: int = 4096, pooled_dim: int = 768) -> None:
+    """``flux_file_state_dict`` as a diffusion-model file (``UNETLoader`` detects it as Flux.1)."""
+    import comfy.utils
+
+    sd = flux_file_state_dict(seed, dtype, variant, context_dim, pooled_dim)
     comfy.utils.save_torch_file({k: v.contiguous() for k, v in sd.items()}, path)
 
 
@@ -439,6 +449,44 @@ def write_wan_diffusion_model(path: str, variant: str = "t2v", seed: int = 0) ->
     import comfy.utils
 
     comfy.utils.save_torch_file(wan_file_state_dict(variant, seed), path)
+
+
+def write_wan_scaled_fp8(path: str, seed: int = 0) -> None:
+    """The Wan file above as an "fp8_scaled" file, the format of the scaled fp8 models users
+    download: every linear weight in float8_e4m3fn with its ``scale_weight``, and the
+    ``scaled_fp8`` marker ComfyUI's loader looks for (0.3.75 runs it with its scaled fp8 ops,
+    0.33 converts it to its mixed-precision quantised layers)."""
+    import comfy.utils
+
+    sd = {}
+    for key, tensor in wan_file_state_dict("t2v", seed, torch.float32).items():
+        if key.endswith(".weight") and tensor.dim() == 2:
+            scale = tensor.abs().max().clamp(min=1e-8) / 448.0  # float8_e4m3fn's largest value
+            sd[key] = (tensor / scale).to(torch.float8_e4m3fn)
+            sd[f"{key[:-len('.weight')]}.scale_weight"] = scale.reshape(())
+        else:
+            sd[key] = tensor.to(torch.bfloat16)
+    sd["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    comfy.utils.save_torch_file(sd, path)
+
+
+def write_attention_lora(path: str, model: str = "wan21_t2v", seed: int = 0, rank: int = 4,
+                         scale: float = 0.05) -> None:
+    """A random LoRA on every attention projection of the Wan 2.1 or Flux.1 diffusion-model file
+    above (``model``: "wan21_t2v" or "flux"), in ComfyUI's generic key format
+    (``diffusion_model.<key>.lora_up/lora_down.weight``), as the few-step distillation LoRAs
+    users stack on those models touch them."""
+    import comfy.utils
+
+    state = wan_file_state_dict("t2v") if model == "wan21_t2v" else flux_file_state_dict()
+    generator = torch.Generator().manual_seed(seed)
+    sd = {}
+    for key, weight in state.items():
+        if key.endswith(".weight") and weight.dim() == 2 and "attn" in key:
+            base = f"diffusion_model.{key[:-len('.weight')]}"
+            sd[f"{base}.lora_down.weight"] = torch.randn(rank, weight.shape[1], generator=generator) * scale
+            sd[f"{base}.lora_up.weight"] = torch.randn(weight.shape[0], rank, generator=generator) * scale
+    comfy.utils.save_torch_file(sd, path)
 
 
 def write_unsupported_dit(path: str, seed: int = 0) -> None:

@@ -12,6 +12,11 @@ installed into that environment when missing; torch and everything else in it is
 against that Forge tree, started as a server with ``--forge-python`` (default ``PATH/venv``)
 in a throwaway data dir, so the tree is not modified; without it they are skipped, saying so.
 ``python3 devtools/run_tests.py --forge PATH tests/test_forge_*.py`` runs only the Forge tests.
+
+``--gguf PATH`` (city96's ComfyUI-GGUF) and ``--kjnodes PATH`` (kijai's ComfyUI-KJNodes) run the
+tests of our nodes beside those packs (tests/test_gguf_inprocess.py, tests/test_kjnodes_inprocess.py),
+loaded from the trees named; the Python packages a pack needs (``gguf``) are installed when missing.
+Without them those tests are skipped, naming the flag.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "devtools"))
 
+import custom_packs  # noqa: E402
 import host  # noqa: E402
 
 TEST_TOOLS = {"pytest": "pytest", "playwright": "playwright", "tomesd": "tomesd", "matplotlib": "matplotlib",
@@ -49,7 +55,12 @@ def _python_of(comfyui: Path, explicit: str | None) -> str:
 def _prepare_other_tree(comfyui: Path, python: str, install: bool) -> None:
     if not (comfyui / "comfy").is_dir() or not (comfyui / "main.py").exists():
         raise SystemExit(f"{comfyui} is not a ComfyUI tree (no comfy/ or main.py)")
-    missing = [pip_name for module, pip_name in TEST_TOOLS.items() if not _imports(python, module)]
+    _install_missing(python, TEST_TOOLS, install)
+
+
+def _install_missing(python: str, packages: dict, install: bool) -> None:
+    """Install into ``python`` the packages (import name -> what pip installs) it lacks, its torch pinned."""
+    missing = [pip_name for module, pip_name in packages.items() if not _imports(python, module)]
     if not missing:
         return
     if not install:
@@ -70,6 +81,9 @@ def main() -> int:
     parser.add_argument("--no-install", action="store_true", help="do not install missing test tools into --python")
     parser.add_argument("--forge", type=Path, help="a Stable Diffusion WebUI Forge tree: also run the Forge tests")
     parser.add_argument("--forge-python", help="that tree's Python (default: PATH/venv)")
+    for name, pack in custom_packs.PACKS.items():
+        parser.add_argument(pack.flag, type=Path, dest=f"pack_{name}", metavar="PATH",
+                            help=f"a {pack.name} tree: also run our nodes beside it")
     args, pytest_args = parser.parse_known_args()
     if args.forge_python and not args.forge:
         parser.error("--forge-python goes with --forge")
@@ -83,6 +97,11 @@ def main() -> int:
         python = _python_of(comfyui, args.python)
         _prepare_other_tree(comfyui, python, install=not args.no_install)
     env = {**os.environ, "TOKENREDUCE_COMFYUI": str(comfyui), "PYTHONUNBUFFERED": "1"}
+    for name, pack in custom_packs.PACKS.items():
+        folder = getattr(args, f"pack_{name}")
+        if folder is not None:
+            env[pack.variable] = str(folder.expanduser().resolve())
+            _install_missing(python, {module: module for module in pack.requirements}, not args.no_install)
     if args.forge:
         env["TOKENREDUCE_FORGE"] = str(args.forge.expanduser().resolve())
         if args.forge_python:

@@ -42,6 +42,7 @@ def run_message(session: PatchSession, report: RunReport) -> dict:
         "auto": [{"site": site, "reduce": d.reduce, "full_ms": d.full_ms, "reduced_ms": d.reduced_ms,
                   "source": d.source} for site, d in report.decisions],
         "measure_seconds": report.measure_seconds,
+        "notes": list(report.notes),
     }
 
 

@@ -40,6 +40,36 @@ def sample(comfy, model, family="SD15", *, steps=2, size=(32, 32), batch=1, cfg=
                                    denoise=denoise, disable_pbar=True, seed=seed)
 
 
+# ToDo on the DiT model files (random_dits' Wan 2.1 and Flux.1 files): they have one or two blocks.
+ALL_FILE_BLOCKS = {"temporal_factor": 1.0, "skip_first_blocks": 0, "skip_last_blocks": 0}
+
+
+def sample_dit_file(comfy, model, variant: str, steps: int = 2, seed: int = 0):
+    """Sample a model loaded from one of random_dits' Wan 2.1 / Flux.1 files (their text as the real
+    encoders give it: T5-XXL 4096 wide, CLIP-L's pooled 768) at 128 px, 9 frames for Wan, CFG 2."""
+    import random_dits
+
+    size = dict(height_px=128, width_px=128, **({"frames": 9} if variant.startswith("wan") else {}))
+    positive, negative = random_dits.conditioning(variant, text_dim=4096, pooled_dim=768, **size)
+    latent = random_dits.latent(variant, **size)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, 2.0, "euler", "simple", positive, negative, latent, seed=seed,
+                                   disable_pbar=True)
+
+
+def check_todo_on_file_model(comfy, model, variant: str) -> None:
+    """ToDo on a model loaded from a file (GGUF, fp8, ...): it acts in every step, reruns repeat bit
+    for bit, and the result stays near the same model unpatched."""
+    base = sample_dit_file(comfy, model, variant)
+    todo = apply(comfy, "todo", model, **ALL_FILE_BLOCKS).result[0]
+    first, second = sample_dit_file(comfy, todo, variant), sample_dit_file(comfy, todo, variant)
+    assert torch.equal(first, second) and torch.isfinite(first).all()
+    report = session_of(todo).last_report
+    assert report.levels and report.active_steps == (1, 2) and not report.warnings
+    assert 0 < rel_error(first, base) < 0.3
+
+
 def spy_attn1(model, records):
     """A clone of model with a probe after every other attn1 patch: it records what
     self-attention receives in each block call of sampling (not in the blocks the auto rule

@@ -46,6 +46,12 @@ def pytest_report_header(config) -> list[str]:
     lines = [f"ComfyUI {comfyui_version(root)} at {root}; torch {torch.__version__}; Python {sys.version.split()[0]}"]
     from forge_server import FLAG_HELP, forge_python, forge_tree, forge_version
 
+    import custom_packs
+
+    for name, pack in custom_packs.PACKS.items():
+        folder = custom_packs.tree(name)
+        lines.append(f"{pack.name}: " + (f"{folder} at {custom_packs.commit(name)}" if folder else
+                                         f"not named ({pack.flag} PATH): its tests are skipped"))
     tree = forge_tree()
     if tree is None:
         lines.append(f"Forge tests: skipped (no Forge tree; {FLAG_HELP})")

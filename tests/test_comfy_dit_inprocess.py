@@ -432,3 +432,64 @@ def test_auto_times_grid_calls_through_the_override_chain(comfy, dits, measuring
     assert bool(reduced_calls) == faster
     sites = [site for site, _ in report.decisions]
     assert all(site.startswith(grid_text(VARIANTS[variant][4]) + " grid, ") for site in sites)
+
+
+# --- another attention override applied after ToDo --------------------------------------------------
+
+def replacing_override(seen):
+    """An override as KJNodes' SageAttention patch and ComfyUI's set_model_optimized_attention
+    install one: it replaces the slot and runs its own backend, calling neither the override it
+    replaced nor the ``func`` it is handed. Records the key lengths it gets."""
+    import comfy.ldm.modules.attention as attention
+
+    def backend_choice(func, *args, **kwargs):
+        dim = 2 if kwargs.get("skip_reshape") else 1
+        if not kwargs["transformer_options"].get("tokenreduce:measuring"):
+            seen.append((args[0].shape[dim], args[1].shape[dim]))
+        return attention.attention_pytorch(*args, **kwargs)
+
+    return backend_choice
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+def test_an_override_applied_after_todo_gets_todos_keys(comfy, dits, variant):
+    """Applied after ToDo, such an override would shut ToDo out; ToDo runs in front of it, says so
+    in a note, and computes exactly what it computes when the override is applied before it."""
+    after_seen, before_seen = [], []
+    after = todo(comfy, dits(variant), **ALL_BLOCKS).result[0].clone()
+    after.model_options["transformer_options"]["optimized_attention_override"] = replacing_override(after_seen)
+    before = dits(variant).clone()
+    before.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = \
+        replacing_override(before_seen)
+    before = todo(comfy, before, **ALL_BLOCKS).result[0]
+    out_after, out_before = run(comfy, after, variant), run(comfy, before, variant)
+    assert torch.equal(out_after, out_before) and after_seen == before_seen
+    assert any(k < q for q, k in after_seen)  # the reduced keys reached the backend it chose
+    report = session_of(after).last_report
+    assert not report.warnings and report.levels
+    (note,) = report.notes
+    assert "applied after this node (replacing_override.<locals>.backend_choice)" in note and "both act" in note
+    assert not session_of(before).last_report.notes
+
+
+def test_comfyuis_own_attention_choice_after_todo_keeps_todo(comfy, dits):
+    """ComfyUI 0.33's ModelPatcher.set_model_optimized_attention (what its attention nodes use)."""
+    import comfy.ldm.modules.attention as attention
+
+    base = todo(comfy, dits("flux_dev"), **ALL_BLOCKS).result[0].clone()
+    if not hasattr(base, "set_model_optimized_attention"):
+        pytest.skip("this ComfyUI has no ModelPatcher.set_model_optimized_attention (it came after 0.3.75)")
+    base.set_model_optimized_attention(attention.attention_pytorch)
+    run(comfy, base, "flux_dev")
+    report = session_of(base).last_report
+    assert report.levels and not report.warnings and "both act" in report.notes[0]
+
+
+def test_an_override_after_todo_compiles_without_a_graph_of_its_own(comfy, dits, sdpa_attention):
+    base = todo(comfy, dits("wan21_t2v"), **ALL_BLOCKS).result[0].clone()
+    base.model_options["transformer_options"]["optimized_attention_override"] = replacing_override([])
+    plain = dits("wan21_t2v").clone()
+    plain.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = replacing_override([])
+    unpatched, ours = compiled_runs(comfy, plain, "wan21_t2v"), compiled_runs(comfy, base, "wan21_t2v")
+    assert ours["breaks"] == unpatched["breaks"] == 0 and ours["graphs"] <= unpatched["graphs"]
+    assert session_of(base).last_report.levels

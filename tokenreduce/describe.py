@@ -145,6 +145,7 @@ def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[
         stages = " · ".join(f"{stage} {before}→{after}" for stage, (before, after) in level.tokens.items())
         lines.append(f"ds {level.downsample} · {grid_text(level.grid)} · {stages}")
     lines += decision_lines(report, timing)
+    lines += list(report.notes)
     active = f"steps {_ranges(report.active_steps)} of {report.steps}" if report.active_steps else \
         f"no step of {report.steps}"
     lines.append(active + (f" · {report.sampling_seconds:.1f} s sampling" if timing else "")

@@ -77,6 +77,7 @@ class RunReport:
     refused: bool = False  # the settings do not fit this latent: the run stopped before its first step
     decisions: tuple[SiteDecision, ...] = ()  # reduce_when auto, in the order first met
     measure_seconds: float = 0.0  # what measuring for the auto rule cost in this run
+    notes: tuple[str, ...] = ()  # what the patch did about its surroundings (not warnings: it works)
 
 
 @dataclass
@@ -87,6 +88,7 @@ class RunState:
     always_active: bool = False  # the window spans the whole run: no noise level needs reading
     profile: bool = False
     warnings: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
     plan_seconds: float = 0.0
     skipped_calls: int = 0
     levels: dict = field(default_factory=dict)  # grid -> LevelTokens
@@ -127,6 +129,11 @@ class RunState:
         """A warning for the run's report, said once however many calls meet it."""
         if message not in self.warnings:
             self.warnings.append(message)
+
+    def note_once(self, message: str) -> None:
+        """A note for the run's report (something the patch handled), said once."""
+        if message not in self.notes:
+            self.notes.append(message)
 
     def timed(self, device: torch.device, work):
         """Run work() and add its duration (device-synchronised) to plan_seconds: benchmarks only."""
@@ -177,7 +184,8 @@ class RunState:
         levels = tuple(sorted(self.levels.values(), key=lambda lv: (lv.downsample, -lv.grid[0] * lv.grid[1])))
         return RunReport(seconds, self.plan_seconds, self.skipped_calls, completed, steps, active, levels,
                          tuple(warnings), decisions=decided,
-                         measure_seconds=sum(d.decision.seconds for d in decided if d.decision.source == MEASURED))
+                         measure_seconds=sum(d.decision.seconds for d in decided if d.decision.source == MEASURED),
+                         notes=tuple(self.notes))
 
 
 def note_reduced(context: dict, grid: tuple[int, int], level: int, stages) -> None:

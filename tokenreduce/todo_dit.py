@@ -10,13 +10,17 @@ positions to keep; in the call, a grid call of a selected block whose key length
 one reads its keys and values through that index (nearest: strided, each kept key keeps its
 own rotary position) or pooled (average, only where keys carry no rotated positions). Everything
 else passes through. An override that was installed before ours is called with our keys
-instead of the backend, so the two stack.
+instead of the backend, so the two stack. One installed after ours (a backend choice such as
+KJNodes' SageAttention patch or ComfyUI's own ``set_model_optimized_attention``: they replace the
+slot and call neither what was there nor the backend they are handed) would shut ToDo out; at each
+model call ToDo then puts itself in front of it, so both act, and the report says so.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -75,12 +79,12 @@ class ToDoDiTPatch(CallPatch):
             if slot.kind != OTHER and slot.block in blocks:
                 self.first_slot.setdefault(slot.kind, index)
         self._geometry = None  # of the grid calls (dit.Geometry), read from the model when first timed
+        self._fronts: dict = {}  # an override found installed after ours -> ours in front of it (one object each)
         self.previous = previous  # the override installed before ours, called with our keys
 
     # --- before each model call (outside any compiled region) ------------------------------
     def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
-        if call.options.get(OVERRIDE) != self.override:
-            run.cache["todo override replaced"] = True  # said at the end if nothing was reduced
+        installed, after = self._in_front(run, call.options)
         if not context["active"]:
             return
         tokens = self.family.tokens(self.model, self.patch, call.x, call.context, call.kwargs)
@@ -90,7 +94,8 @@ class ToDoDiTPatch(CallPatch):
                           f"does not know (reference streams it cannot place); those calls were left alone.")
             return
         plans = self._keep_plans(run, tokens, call.x.device)
-        left = frozenset(kind for kind, length in plans if not self._pays(run, call, tokens, kind, length, plans))
+        left = frozenset(kind for kind, length in plans
+                         if not self._pays(run, call, tokens, kind, length, plans, installed, after))
         if len(left) == len({kind for kind, _ in plans}):
             context["active"] = False  # nothing of this call pays: the override passes every call through
             return
@@ -98,8 +103,29 @@ class ToDoDiTPatch(CallPatch):
         context["left"] = left
         context["calls"] = 0
 
-    def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict) -> bool:
-        """reduce_when auto for one kind of grid call (joint or image-only) of this layout."""
+    def _in_front(self, run: RunState, options: dict) -> tuple[Callable, Callable | None]:
+        """The override this call runs ours as, and the one ours hands its keys to. Where another
+        node set the override after ours, ours goes in front of it in this call's options (their
+        own dict): the same object for the same found override every call, so a compiled model
+        sees no new value."""
+        current = options.get(OVERRIDE)
+        if current == self.override:
+            return current, self.previous
+        if any(current is front for front in self._fronts.values()):  # options kept from an earlier call
+            return current, current.args[0]
+        front = self._fronts.get(current)
+        if front is None:
+            front = self._fronts[current] = functools.partial(self._run_before, current)
+        options[OVERRIDE] = front
+        name = getattr(current, "__qualname__", type(current).__name__)
+        run.note_once(f"{self.label}: an attention override applied after this node ({name}) had replaced its own; "
+                      f"{self.label} runs in front of it, so both act.")
+        return front, current
+
+    def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
+              installed: Callable, after: Callable | None) -> bool:
+        """reduce_when auto for one kind of grid call (joint or image-only) of this layout, timed
+        through ``installed`` (our override, as this call runs it), which calls ``after``."""
         if self.rule is None:
             return True
         slot = self.first_slot.get(kind)
@@ -108,22 +134,16 @@ class ToDoDiTPatch(CallPatch):
         if self._geometry is None:
             self._geometry = self.family.geometry(self.model)
         signature = ("dit", self.family.name, kind, length, plans[(kind, length)].kept, *self._geometry,
-                     str(compute_dtype(call)), backend_of(call, self.previous), self.method)
+                     str(compute_dtype(call)), backend_of(call, after), self.method)
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]  # an image: no frames to name
             context = {"active": True, "notes": {}, "timer": None, "keep": plans, "left": frozenset(), "calls": slot}
             return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
-                    dit_attention_work(call.attention, self._geometry, length, call, self.override, self.context_key,
+                    dit_attention_work(call.attention, self._geometry, length, call, installed, self.context_key,
                                        context, slot))
 
         return self.pays(run, call.x.device, signature, describe)
-
-    def end_run(self, run: RunState) -> None:
-        if run.cache.get("todo override replaced") and not run.reduced_sigmas:
-            run.warn_once(f"{self.label}: another node replaced the attention override after this one and did not "
-                          f"call it: {self.label} did nothing. Apply {self.label} after that node (closer to the "
-                          f"sampler).")
 
     def _keep_plans(self, run: RunState, tokens: TokenLayout, device) -> dict:
         """(call kind, key length) -> KeepPlan, the same for every call with this layout."""
@@ -141,12 +161,17 @@ class ToDoDiTPatch(CallPatch):
 
     # --- in the model call ----------------------------------------------------------------
     def override(self, func, *args, **kwargs):
+        return self._run_before(self.previous, func, *args, **kwargs)
+
+    def _run_before(self, after, func, *args, **kwargs):
+        """Reduce this call's keys and values where it is a grid call of a reduced block, then
+        hand them to ``after`` (another override) or to the backend ``func``."""
         options = kwargs.get("transformer_options")
         call = self.call_context(options) if isinstance(options, dict) else None
         if call is not None and call["active"]:
             args, kwargs = self._reduce(call, args, kwargs)
-        if self.previous is not None:
-            return self.previous(func, *args, **kwargs)
+        if after is not None:
+            return after(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def _reduce(self, call: dict, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
