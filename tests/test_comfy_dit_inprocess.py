@@ -347,7 +347,7 @@ def sdpa_attention(comfy, monkeypatch):
 COMPILE_RUNS = [dict(steps=2), dict(steps=3, seed=4)]
 
 
-def compiled_runs(comfy, model, variant) -> dict:
+def compiled_runs(comfy, model, variant, backend="eager") -> dict:
     import torch._dynamo
     from comfy_api.torch_helpers import set_torch_compile_wrapper
     from torch._dynamo.utils import counters
@@ -355,7 +355,7 @@ def compiled_runs(comfy, model, variant) -> dict:
     torch._dynamo.reset()
     counters.clear()
     compiled = model.clone()
-    set_torch_compile_wrapper(compiled, backend="eager")
+    set_torch_compile_wrapper(compiled, backend=backend)
     outputs = [run(comfy, compiled, variant, **settings) for settings in COMPILE_RUNS]
     result = {"graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values()),
               "outputs": outputs}
@@ -374,6 +374,16 @@ def test_no_graph_break_and_no_graph_of_our_own_under_torch_compile(comfy, dits,
     assert session_of(model).last_report.levels  # it reduced under compile
     for compiled_out, settings in zip(ours["outputs"], COMPILE_RUNS):
         assert rel_error(compiled_out, run(comfy, model, variant, **settings)) < 1e-4
+
+
+def test_inductor_compiles_todo_on_wan(comfy, dits, sdpa_attention):
+    """The backend ComfyUI's TorchCompileModel uses: generated kernels, no graph break, and the
+    eager result (the other DiT compile tests use dynamo's eager backend, which checks graphs only)."""
+    model = todo(comfy, dits("wan21_t2v"), **ALL_BLOCKS).result[0]
+    ours = compiled_runs(comfy, model, "wan21_t2v", backend="inductor")
+    assert ours["breaks"] == 0 and session_of(model).last_report.levels
+    for compiled_out, settings in zip(ours["outputs"], COMPILE_RUNS):
+        assert rel_error(compiled_out, run(comfy, model, "wan21_t2v", **settings)) < 1e-3
 
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
@@ -493,3 +503,24 @@ def test_an_override_after_todo_compiles_without_a_graph_of_its_own(comfy, dits,
     unpatched, ours = compiled_runs(comfy, plain, "wan21_t2v"), compiled_runs(comfy, base, "wan21_t2v")
     assert ours["breaks"] == unpatched["breaks"] == 0 and ours["graphs"] <= unpatched["graphs"]
     assert session_of(base).last_report.levels
+
+
+def test_a_forward_that_drops_the_transformer_options_is_said(comfy, dits):
+    """TeaCache's and MagCache's replacement forwards call the blocks without ComfyUI's transformer
+    options, so no attention override is reached. Stand-in: a diffusion-model wrapper that calls
+    the model with empty options. ToDo cannot act there; it says why, not that its window was empty."""
+    import inspect
+
+    from comfy.patcher_extension import WrappersMP
+
+    def without_options(executor, *args, **kwargs):
+        bound = inspect.signature(executor.original).bind(*args, **kwargs)
+        bound.arguments["transformer_options"] = {}
+        return executor(*bound.args, **bound.kwargs)
+
+    model = todo(comfy, dits("flux_dev"), **ALL_BLOCKS).result[0].clone()
+    model.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "test_forward_without_options", without_options)
+    run(comfy, model, "flux_dev")
+    (warning,) = session_of(model).last_report.warnings
+    assert "did nothing: in 2 model calls the model's attention never reached" in warning
+    assert "TeaCache and MagCache" in warning and "EasyCache or LazyCache" in warning

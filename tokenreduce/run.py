@@ -12,7 +12,9 @@ Call context keys (every patch may add its own):
 - ``active``: reduce in this call (the step is inside the window);
 - ``notes``: written by the patches during the call: ``notes[grid] = (level, stages)`` the first
   time a grid is reduced, ``notes["skipped"]`` the number of block calls left alone because their
-  tokens were not the block's grid; read back by ``close_call``.
+  tokens were not the block's grid; read back by ``close_call``;
+- ``calls``: set to 0 by a patch the model's attention must call (the DiT override, which counts
+  its calls there): still 0 at the end, the model ran without reaching it.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class RunState:
     notes: list = field(default_factory=list)
     plan_seconds: float = 0.0
     skipped_calls: int = 0
+    unreached_calls: int = 0  # model calls in which the attention never reached the patch's override
     levels: dict = field(default_factory=dict)  # grid -> LevelTokens
     # The noise-level tensor of every call that reduced tokens; read once, at the end.
     reduced_sigmas: list = field(default_factory=list)
@@ -115,6 +118,8 @@ class RunState:
         """Fold what the patches noted during the call into the run."""
         notes = context["notes"]
         self.skipped_calls += notes.get(SKIPPED, 0)
+        if context.get("calls") == 0:
+            self.unreached_calls += 1
         reduced = False
         for grid, noted in notes.items():
             if grid == SKIPPED:
@@ -168,6 +173,14 @@ class RunState:
             warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: on this device the "
                             f"reduced calls were not at least 3 % faster (the times are in the report). Set "
                             f"reduce_when to always to reduce anyway.")
+        elif self.unreached_calls and not self.reduced_sigmas:
+            # Never a silent no-op: step caches that replace the model's forward (TeaCache's and
+            # MagCache's) call its blocks without ComfyUI's transformer options.
+            warnings.append(f"{label} did nothing: in {self.unreached_calls} model calls the model's attention never "
+                            f"reached its attention override. Another node replaced the model's forward with one that "
+                            f"does not pass ComfyUI's transformer options to its blocks (the TeaCache and MagCache "
+                            f"nodes do), so no attention override can act there (nor a SageAttention patch). For a "
+                            f"step cache that keeps the model's forward, use ComfyUI's EasyCache or LazyCache.")
         elif completed and steps and not active:
             warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
                             f"between start_percent {start_percent:g} and end_percent {end_percent:g}, "
