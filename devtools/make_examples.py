@@ -1,7 +1,8 @@
 """Write the UI-format example workflows in ``example_workflows/``: txt2img graphs for SD1.5 and
 SDXL with each patch node between the checkpoint loader and the sampler, and ToDo on the DiTs
 most users run: Wan 2.1 text to video and Flux.1 [dev] text to image, with the loaders, file
-names and sizes of ComfyUI's own templates for them.
+names and sizes of ComfyUI's own templates for them, and a long Wan 2.1 clip sampled in
+ComfyUI's context windows.
 
     python3 devtools/make_examples.py
 
@@ -122,9 +123,12 @@ def _todo_node(graph, model_source, pos):
                      [("model", "MODEL", model_source)], color="#233", bgcolor="#355")
 
 
-def wan_workflow() -> dict:
+def wan_workflow(frames: int = 33, windows: bool = False) -> dict:
     """Wan 2.1 1.3B text to video at 832x480, 33 frames (ComfyUI's Wan 2.1 template), with ToDo
-    at its defaults between the diffusion-model loader and the sampler."""
+    at its defaults between the diffusion-model loader and the sampler. ``windows``: a long clip
+    (``frames``) sampled in context windows of 81 frames overlapping by 30 (the defaults of
+    ComfyUI's WAN Context Windows node: the length Wan 2.1 was trained on), each window one
+    model call that ToDo reduces as its own."""
     g = Graph()
     unet = g.add(1, "UNETLoader", [40, 60], [340, 82], ["wan2.1_t2v_1.3B_fp16.safetensors", "default"],
                  [("MODEL", "MODEL")])
@@ -135,17 +139,24 @@ def wan_workflow() -> dict:
                      [("clip", "CLIP", (clip, 0))], title="Positive prompt")
     negative = g.add(5, "CLIPTextEncode", [420, 590], [420, 130], [WAN_NEGATIVE], [("CONDITIONING", "CONDITIONING")],
                      [("clip", "CLIP", (clip, 0))], title="Negative prompt")
-    latent = g.add(6, "EmptyHunyuanLatentVideo", [40, 440], [340, 130], [832, 480, 33, 1], [("LATENT", "LATENT")])
-    patch = _todo_node(g, (unet, 0), [420, 60])
+    latent = g.add(6, "EmptyHunyuanLatentVideo", [40, 440], [340, 130], [832, 480, frames, 1], [("LATENT", "LATENT")])
+    model = patch = _todo_node(g, (unet, 0), [420, 60])
+    if windows:
+        # The first six inputs, which ComfyUI 0.3.75 and 0.33 share (0.33 adds more, at their defaults).
+        model = g.add(12, "WanContextWindowsManual", [880, 380], [315, 200],
+                      [81, 30, "standard_static", 1, False, "pyramid"], [("MODEL", "MODEL")],
+                      [("model", "MODEL", (patch, 0))])
     sampler = g.add(7, "KSampler", [880, 60], [315, 262], [42, "fixed", 30, 6.0, "uni_pc", "simple", 1.0],
                     [("LATENT", "LATENT")],
-                    [("model", "MODEL", (patch, 0)), ("positive", "CONDITIONING", (positive, 0)),
+                    [("model", "MODEL", (model, 0)), ("positive", "CONDITIONING", (positive, 0)),
                      ("negative", "CONDITIONING", (negative, 0)), ("latent_image", "LATENT", (latent, 0))])
     decode = g.add(8, "VAEDecode", [1240, 60], [210, 46], [], [("IMAGE", "IMAGE")],
                    [("samples", "LATENT", (sampler, 0)), ("vae", "VAE", (vae, 0))])
-    g.add(9, "SaveAnimatedWEBP", [1240, 160], [480, 420], ["TokenReduce_wan21_t2v_todo", 16.0, False, 90, "default"], [],
+    name = "wan21_t2v_long_context_windows_todo" if windows else "wan21_t2v_todo"
+    g.add(9, "SaveAnimatedWEBP", [1240, 160], [480, 420], [f"TokenReduce_{name}", 16.0, False, 90, "default"], [],
           [("images", "IMAGE", (decode, 0))])
-    return g.flow("Wan 2.1 text to video with ToDo")
+    return g.flow("Wan 2.1 long clip (161 frames) in context windows with ToDo" if windows else
+                  "Wan 2.1 text to video with ToDo")
 
 
 def flux_workflow() -> dict:
@@ -178,6 +189,7 @@ def flux_workflow() -> dict:
 def examples() -> dict[str, dict]:
     flows = {f"{family}_txt2img_{patch}.json": workflow(family, patch) for family in FAMILIES for patch in PATCHES}
     flows["wan21_t2v_todo.json"] = wan_workflow()
+    flows["wan21_t2v_long_context_windows_todo.json"] = wan_workflow(frames=161, windows=True)
     flows["flux_txt2img_todo.json"] = flux_workflow()
     return flows
 

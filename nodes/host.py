@@ -6,6 +6,10 @@
   0.33 adds ``ModelPatcher.set_model_optimized_attention`` and may hand attention functions
   ``AttentionTensorContainer`` objects: it unwraps them into tensors before calling an override
   that, like ours, declares no ``container_function``; setting the slot directly works in both.
+- Other devices' copies of a model: 0.33's multi-GPU split (``MultiGPU_WorkUnits``) runs each
+  extra device's work on a copy loaded afresh from the model's loader; an object patch bound to a
+  module of the first copy must be bound again to each copy's own module. 0.33 calls
+  ``ON_MATCH_MULTIGPU_CLONES`` callbacks when it makes the copies; 0.3.75 has no such split.
 - The dtype a model computes in: 0.33 names it (``BaseModel.get_dtype_inference``); 0.3.75
   computes it inline in ``_apply_model`` (the manual-cast dtype, else the weights' dtype).
 """
@@ -19,6 +23,20 @@ import torch
 
 OVERRIDE = "optimized_attention_override"
 ATTENTION_MODULE = "comfy.ldm.modules.attention"
+
+
+def bind_to_device_copies(patcher, key: str, bind) -> None:
+    """Have ``bind(copy)`` applied to every other-device copy of ``patcher``'s model: now, where the
+    multi-GPU split was applied before this node (its copies are made again from ``patcher``), and
+    whenever the host makes them later. Nothing where the host has no multi-GPU split."""
+    from comfy.patcher_extension import CallbacksMP
+
+    event = getattr(CallbacksMP, "ON_MATCH_MULTIGPU_CLONES", None)
+    if event is None:
+        return
+    patcher.add_callback_with_key(event, key, lambda main, copy: bind(copy))
+    if patcher.get_additional_models_with_key("multigpu"):
+        patcher.match_multigpu_clones()
 
 
 def compute_dtype(base_model) -> torch.dtype | None:

@@ -43,6 +43,7 @@ def run_message(session: PatchSession, report: RunReport) -> dict:
                   "source": d.source} for site, d in report.decisions],
         "measure_seconds": report.measure_seconds,
         "notes": list(report.notes),
+        "windows": [list(window) for window in report.windows],
     }
 
 

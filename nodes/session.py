@@ -99,7 +99,7 @@ class PatchSession:
         if run is None or options is None or self.patch is None:
             return executor(*args, **kwargs)
         sigmas = options["sigmas"]
-        context = run.open_call(sigmas)
+        context = run.open_call(sigmas, options)
         inputs = {k: v for k, v in kwargs.items() if k not in APPLY_MODEL_ARGS}
         base_model = executor.class_obj  # the BaseModel this call runs (a device's own copy under multi-GPU)
         call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas,

@@ -10,6 +10,7 @@ from ..tokenreduce.preflight import tome_strides
 from ..tokenreduce.tome_patch import ToMePatch
 from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, reduce_rule,
                      refuse_or_unchanged, refuse_stacking, unet_levels)
+from .host import bind_to_device_copies
 from .schema import validate_inputs_for
 
 
@@ -49,7 +50,11 @@ class ToMePatchNode(PatchNode):
             patched.set_model_attn2_patch(patch.attn2)
             patched.set_model_attn2_output_patch(patch.unmerge_output)
         if settings.merge_mlp:
-            for site in target.sites:
-                feed_forward = patched.get_model_object(f"{site.path}.ff")
-                patched.add_object_patch(f"{site.path}.ff.forward", patch.mlp_forward(site.key, feed_forward))
+            def merge_mlps(patcher):
+                for site in target.sites:
+                    feed_forward = patcher.get_model_object(f"{site.path}.ff")  # this copy's own module
+                    patcher.add_object_patch(f"{site.path}.ff.forward", patch.mlp_forward(site.key, feed_forward))
+
+            merge_mlps(patched)
+            bind_to_device_copies(patched, session.context_key, merge_mlps)
         return done(patched, tome_info(settings, target), title)

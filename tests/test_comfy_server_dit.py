@@ -36,8 +36,14 @@ GRAPHS = {
     "flux": ("flux_txt2img_todo.json", "EmptySD3LatentImage", dict(width=128, height=128),
              "ToDo · Flux · 1 of 1 blocks", "ds 1 · 8×8 · q 64→64 · k/v 64→16",
              "ToDo on Flux (Flux.1, DiT): keys/values of the image tokens"),
+    # 33 frames (9 latent) in windows of 17 (5 latent) overlapping by 9 (3): each window one call.
+    "wan_long": ("wan21_t2v_long_context_windows_todo.json", "EmptyHunyuanLatentVideo",
+                 dict(width=128, height=96, length=33), "ToDo · WAN21_T2V · 1 of 1 blocks",
+                 "ds 1 · 5 frames × 8×6 · q 240→240 · k/v 240→60",
+                 "ToDo on WAN21_T2V (Wan 2.1 / 2.2, DiT): keys/values of the video tokens"),
 }
-MODEL_FILES = {"wan": "wan21_t2v", "flux": "flux"}
+MODEL_FILES = {"wan": "wan21_t2v", "flux": "flux", "wan_long": "wan21_t2v"}
+CONTEXT_WINDOWS = dict(context_length=17, context_overlap=9)  # the stand-in for the long clip's 81 / 30
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +76,7 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
             del prompt[nid]
         elif kind == "CLIPTextEncode":
             prompt[nid] = {"class_type": "TokenReduceTestDiTConditioning",
-                           "inputs": {"family": family, "seed": int(nid), "tokens": 16}}
+                           "inputs": {"family": family.split("_")[0], "seed": int(nid), "tokens": 16}}
         elif kind == "VAEDecode":
             prompt[nid] = {"class_type": "SaveLatent", "inputs": {"samples": node["inputs"]["samples"],
                                                                   "filename_prefix": f"latents/{family}"}}
@@ -78,13 +84,18 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
     workflow.find(prompt, latent_node).update(size)
     workflow.find(prompt, "KSampler")["steps"] = steps
     workflow.find(prompt, TODO).update({"skip_first_blocks": 0, "skip_last_blocks": 0, **todo_settings})
+    if family == "wan_long":
+        workflow.find(prompt, "WanContextWindowsManual").update(CONTEXT_WINDOWS)
     return prompt
 
 
 def without_todo(prompt: dict) -> dict:
+    """The prompt with ToDo taken out: what took its output takes its input."""
     plain = copy.deepcopy(prompt)
     ours = node_id(plain, TODO)
-    plain[node_id(plain, "KSampler")]["inputs"]["model"] = plain[ours]["inputs"]["model"]
+    for node in plain.values():
+        if node["inputs"].get("model") == [ours, 0]:
+            node["inputs"]["model"] = plain[ours]["inputs"]["model"]
     del plain[ours]
     return plain
 
@@ -111,7 +122,9 @@ def test_the_example_graph_runs_reports_repeats_and_acts(server, object_info, fi
     assert executed["output"]["tokenreduce"] == [{"lines": [header], "warnings": []}]
     (run,) = [data for kind, data in messages if kind == RUN_EVENT]
     assert run["node"] == ours and run["completed"] and run["warnings"] == []
-    assert run["lines"][:2] == [header, tokens] and run["lines"][2].startswith("steps 1-2 of 2 · ")
+    assert run["lines"][:2] == [header, tokens] and run["lines"][-1].startswith("steps 1-2 of 2 · ")
+    windows = [line for line in run["lines"] if line.startswith("context windows · ")]
+    assert len(windows) == (family == "wan_long") and len(run["windows"]) == (3 if family == "wan_long" else 0)
     assert run["active_steps"] == [1, 2]
     latent = latent_of(server, entry)
     assert torch.isfinite(latent).all()

@@ -134,6 +134,14 @@ def decision_lines(report: RunReport, timing: bool = True) -> list[str]:
     return lines
 
 
+def window_line(windows: tuple[tuple[int, ...], ...]) -> str:
+    """'context windows · 3 of 5 frames (frames 0-4, 3-7, 6-10)': each reduced as its own call."""
+    sizes = sorted({len(w) for w in windows})
+    size = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+    spans = ", ".join(f"{w[0]}-{w[-1]}" for w in windows[:6] if w) + (", ..." if len(windows) > 6 else "")
+    return f"context windows · {len(windows)} of {size} frames (frames {spans}), each its own call"
+
+
 def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[str]:
     """The node's lines after a run: what it patched, tokens per level, steps and time
     (``timing`` False: without the time, for a record of the image such as the WebUI's
@@ -145,6 +153,8 @@ def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[
         stages = " · ".join(f"{stage} {before}→{after}" for stage, (before, after) in level.tokens.items())
         lines.append(f"ds {level.downsample} · {grid_text(level.grid)} · {stages}")
     lines += decision_lines(report, timing)
+    if report.windows:
+        lines.append(window_line(report.windows))
     lines += list(report.notes)
     active = f"steps {_ranges(report.active_steps)} of {report.steps}" if report.active_steps else \
         f"no step of {report.steps}"

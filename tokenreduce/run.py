@@ -8,6 +8,10 @@ partitions drawn beforehand) and note there what they did. The patches read no t
 and keep no Python state of their own: a compiled model sees the same code and the same kinds
 of values at every step, and nothing of a run outlives it.
 
+Model calls of one run may come from several threads at once (ComfyUI's multi-GPU split runs
+each device's work unit in a worker thread): the run keeps no per-call value in shared
+attributes, and folds what the calls noted under a lock.
+
 Call context keys (every patch may add its own):
 - ``active``: reduce in this call (the step is inside the window);
 - ``notes``: written by the patches during the call: ``notes[grid] = (level, stages)`` the first
@@ -20,6 +24,7 @@ Call context keys (every patch may add its own):
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -80,6 +85,7 @@ class RunReport:
     decisions: tuple[SiteDecision, ...] = ()  # reduce_when auto, in the order first met
     measure_seconds: float = 0.0  # what measuring for the auto rule cost in this run
     notes: tuple[str, ...] = ()  # what the patch did about its surroundings (not warnings: it works)
+    windows: tuple[tuple[int, ...], ...] = ()  # ComfyUI context windows seen, as their frame indices, in order
 
 
 @dataclass
@@ -99,23 +105,35 @@ class RunState:
     reduced_sigmas: list = field(default_factory=list)
     cache: dict = field(default_factory=dict)  # per-run values patches compute once (partitions, ...)
     decisions: dict = field(default_factory=dict)  # site -> Decision of the auto rule, first met first
-    _sigmas: torch.Tensor | None = None
-    _sigma: float = 0.0
-    _generators: dict = field(default_factory=dict)
+    windows: dict = field(default_factory=dict)  # context windows seen: frames of the window -> model calls
+    _last_sigma: tuple | None = None  # (sigmas tensor, its value): one device read per call
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sigma(self, sigmas: torch.Tensor) -> float:
         """The noise level of a model call, read from the device once per call."""
-        if sigmas is not self._sigmas:
-            self._sigmas, self._sigma = sigmas, float(sigmas.max())
-        return self._sigma
+        last = self._last_sigma  # one tuple, replaced whole: safe when calls come from several threads
+        if last is not None and last[0] is sigmas:
+            return last[1]
+        value = float(sigmas.max())
+        self._last_sigma = (sigmas, value)
+        return value
 
-    def open_call(self, sigmas: torch.Tensor) -> dict:
-        """The context of one model call at noise level ``sigmas``."""
+    def open_call(self, sigmas: torch.Tensor, options: dict | None = None) -> dict:
+        """The context of one model call at noise level ``sigmas`` with the host's ``options``."""
+        window = (options or {}).get("context_window")  # ComfyUI's context windows: one model call per window
+        if window is not None:
+            frames = tuple(getattr(window, "index_list", ()))
+            with self._lock:
+                self.windows[frames] = self.windows.get(frames, 0) + 1
         active = self.always_active or self.window.contains(self.sigma(sigmas))
         return {"active": active, "notes": {}, "timer": self if self.profile else None}
 
     def close_call(self, context: dict, sigmas: torch.Tensor) -> None:
         """Fold what the patches noted during the call into the run."""
+        with self._lock:
+            self._fold(context, sigmas)
+
+    def _fold(self, context: dict, sigmas: torch.Tensor) -> None:
         notes = context["notes"]
         self.skipped_calls += notes.get(SKIPPED, 0)
         if context.get("calls") == 0:
@@ -151,13 +169,10 @@ class RunState:
         return result
 
     def generator(self, device: torch.device, seed: int) -> torch.Generator:
-        """A private generator seeded with ``seed``; never the global torch RNG."""
+        """A private generator seeded with ``seed``; never the global torch RNG. A new one per
+        draw: calls on other threads (several devices, or two work units on one) share none."""
         # On CUDA draw on the device (no host round trip); elsewhere on the CPU.
-        where = device if device.type == "cuda" else torch.device("cpu")
-        generator = self._generators.get(where)
-        if generator is None:
-            generator = self._generators[where] = torch.Generator(device=where)
-        return generator.manual_seed(seed)
+        return torch.Generator(device=device if device.type == "cuda" else "cpu").manual_seed(seed)
 
     def report(self, label: str, start_percent: float, end_percent: float, seconds: float, completed: bool,
                schedule) -> RunReport:
@@ -198,7 +213,7 @@ class RunState:
         return RunReport(seconds, self.plan_seconds, self.skipped_calls, completed, steps, active, levels,
                          tuple(warnings), decisions=decided,
                          measure_seconds=sum(d.decision.seconds for d in decided if d.decision.source == MEASURED),
-                         notes=tuple(self.notes))
+                         notes=tuple(self.notes), windows=tuple(sorted(self.windows)))
 
 
 def note_reduced(context: dict, grid: tuple[int, int], level: int, stages) -> None:

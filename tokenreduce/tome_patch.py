@@ -6,7 +6,9 @@ with keys and values still ``n``), the attention output before the residual add
 (``attn1_output_patch``) and the same pair for cross-attention; all four get the same
 ``extra_options`` dict within one block call, so the plan made on entry travels there to the
 unmerge. There is no hook around the feed-forward, so MLP merging replaces that block's
-``ff.forward`` (an object patch the host restores when the model is unpatched).
+``ff.forward`` (an object patch the host restores when the model is unpatched); the plan reaches
+it through a slot of the thread running the model call (ComfyUI's multi-GPU split runs several
+model calls at once, each device's in its own thread).
 
 Per block call the self-attention patch plans the merge once on ``n`` (ComfyUI's built-in
 does the same; tomesd plans on the block input ``x``) and every stage of that block reuses
@@ -19,6 +21,8 @@ do tensor work on what the call context holds.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -48,12 +52,12 @@ class ToMePatch(CallPatch):
         self.sites = target.sites
         self.queries_only = settings.mode == MODE_QUERIES
         self.reach = tome_reach(settings)
-        self.mlp_plans: dict = {}  # site key -> this call's plan, for the MLP object patches
+        self._per_thread = threading.local()  # .mlp_plans: site key -> this thread's call's plan (MLP patches)
 
     # --- before each model call (outside any compiled region) ------------------------------
     def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
         """Draw this call's partitions of every selected block's grid."""
-        self.mlp_plans.clear()
+        self.mlp_plans().clear()
         if not context["active"]:
             return
         latent_hw, device, sigmas = tuple(call.x.shape[-2:]), call.x.device, call.sigmas
@@ -99,6 +103,14 @@ class ToMePatch(CallPatch):
         plan = lambda: plan_merge(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
         return Work({**block.runs, "plan": plan}, block.full_ms, lambda t: t["reduced"] + t["plan"] / blocks)
 
+    def mlp_plans(self) -> dict:
+        """This thread's site key -> plan of its current model call, for the MLP object patches.
+        Made outside any compiled region (prepare_call) so a compiled model always finds it."""
+        plans = getattr(self._per_thread, "mlp_plans", None)
+        if plans is None:
+            plans = self._per_thread.mlp_plans = {}
+        return plans
+
     def _partition(self, run: RunState, key: tuple, grid: tuple[int, int], device: torch.device, sigma):
         s = self.settings
         h, w = grid
@@ -114,7 +126,7 @@ class ToMePatch(CallPatch):
         return partition_grid(h, w, s.stride_x, s.stride_y, generator, device)
 
     def end_run(self, run: RunState) -> None:
-        self.mlp_plans.clear()  # a host that keeps object patches after the run must find no plan
+        self.mlp_plans().clear()  # a host that keeps object patches after the run must find no plan
 
     # --- in the model call ----------------------------------------------------------------
     def _locate(self, context: dict, n: torch.Tensor, extra_options: dict) -> tuple[tuple[int, int], int] | None:
@@ -160,7 +172,7 @@ class ToMePatch(CallPatch):
         plan = None if located is None else self._plan(call, key, located[0], n)
         extra_options[PLAN] = plan
         if self.settings.merge_mlp:
-            self.mlp_plans[key] = plan
+            self.mlp_plans()[key] = plan
         if plan is None:
             return n, context, value
         s = self.settings
@@ -201,12 +213,12 @@ class ToMePatch(CallPatch):
     def mlp_forward(self, site_key: tuple, feed_forward: torch.nn.Module):
         """A replacement ``forward`` for the feed-forward module of the block ``site_key``."""
         original = type(feed_forward).forward
-        plans = self.mlp_plans
 
         def forward(x):
-            plan = plans.get(site_key)
+            plan = self.mlp_plans().get(site_key)
             if plan is None or plan.tokens != x.shape[1]:
                 return original(feed_forward, x)
             return plan.unmerge(original(feed_forward, plan.merge(x)))
 
+        forward.feed_forward = feed_forward  # the module it runs (each device copy gets its own)
         return forward

@@ -109,7 +109,7 @@ class PassRun:
                              options, sigmas, self.dtype, self.attention)
             contexts = []
             for method in self.methods:
-                context = method.run.open_call(sigmas)
+                context = method.run.open_call(sigmas, options)
                 method.patch.prepare_call(context, method.run, call)
                 options[method.patch.context_key] = context
                 contexts.append(context)
