@@ -29,6 +29,7 @@ PACK_TEMPLATES = "ComfyUI-TokenReduce"  # the pack's folder name, under which th
 CLASSIC, VUE = "classic", "vue"  # node renderers: the LiteGraph canvas, and Nodes 2.0 (Vue components)
 MODES = (CLASSIC, VUE)
 VUE_NODES_SETTING = "Comfy.VueNodes.Enabled"
+LOCALE_SETTING = "Comfy.Locale"  # the UI language: en, zh, ja, ko, ...
 OVERLAY_SETTING = "TokenReduce.Overlay.Show"
 OVERLAY_SETTING_NAME = "Show what TokenReduce did on its nodes"
 REPORT_CLASS = "tokenreduce-report"  # our report's element in Nodes 2.0 (js/tokenreduce.js)
@@ -46,20 +47,33 @@ RECORD_CANVAS_TEXT = """
 """
 
 
+def _may_apt() -> bool:
+    return bool(shutil.which("apt-get")) and hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _apt_install(*packages: str, check: bool = True) -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", *packages]
+    if subprocess.run(install, env=env).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=check)
+        subprocess.run(install, env=env, check=check)
+
+
 def chromium_path() -> str:
-    """The system Chromium; installed with apt-get (Debian's ``chromium``) if missing and root."""
+    """The system Chromium; installed with apt-get (Debian's ``chromium``) if missing and root.
+    Also a font with Chinese, Japanese and Korean glyphs (Debian's ``fonts-wqy-microhei``, 5 MB)
+    where there is none, so that screenshots of a translated UI show text, not boxes."""
     explicit = os.environ.get("TOKENREDUCE_CHROMIUM")
     if explicit:
         return explicit
+    if _may_apt() and shutil.which("fc-list") and not subprocess.run(
+            ["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip():
+        _apt_install("fonts-wqy-microhei", check=False)  # screenshots only: the tests read text, not pixels
     found = next((shutil.which(name) for name in CANDIDATES if shutil.which(name)), None)
     if found:
         return found
-    if shutil.which("apt-get") and hasattr(os, "geteuid") and os.geteuid() == 0:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "-q", "chromium"]
-        if subprocess.run(install, env=env).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, check=True)
-            subprocess.run(install, env=env, check=True)
+    if _may_apt():
+        _apt_install("chromium", "fonts-wqy-microhei")
         found = shutil.which("chromium")
         if found:
             return found
@@ -97,6 +111,7 @@ class Frontend:
         self.url = url
         self.mode = mode
         self.responses: dict[str, int] = {}  # path -> HTTP status of what the page fetched
+        self._recording = False
         page.on("response", lambda response: self.responses.__setitem__(
             response.url.removeprefix(url), response.status))
 
@@ -105,7 +120,9 @@ class Frontend:
         user who switched it earlier). Raises ``Unsupported`` for Nodes 2.0 on a frontend
         without it."""
         save_user_setting(self.url, VUE_NODES_SETTING, self.mode == VUE)
-        self.page.add_init_script(RECORD_CANVAS_TEXT)
+        if not self._recording:
+            self.page.add_init_script(RECORD_CANVAS_TEXT)  # on every later load of the page too
+            self._recording = True
         self.page.goto(self.url)
         self.page.wait_for_function(
             f"window.app?.graph && window.app.extensionManager?.setting && "
@@ -343,6 +360,59 @@ class Frontend:
             const hidden = new Set(lines(report));
             return all.filter(line => !hidden.has(line));
         }""", [node_id, REPORT_CLASS])
+
+    # --- language and help ------------------------------------------------------------------
+    def use_language(self, lang: str) -> None:
+        """Switch the UI language (the frontend's setting ``Comfy.Locale``, as chosen in its
+        settings) and load the page again, as the frontend does after the switch."""
+        save_user_setting(self.url, LOCALE_SETTING, lang)
+        self.open()
+
+    def add_node(self, node_type: str, pos=(200, 200)) -> int:
+        """A new node on an empty graph at zoom 1 (the canvas's origin at the window's corner),
+        drawn once; returns its id."""
+        self.page.keyboard.press("Escape")  # a dialog the frontend opened on load
+        node_id = self.evaluate("""([type, pos]) => {
+            app.graph.clear();
+            const node = LiteGraph.createNode(type);
+            node.pos = pos;
+            app.graph.add(node);
+            app.canvas.ds.scale = 1;
+            app.canvas.ds.offset = [0, 0];
+            app.canvas.setDirty(true, true);
+            return node.id;
+        }""", [node_type, list(pos)])
+        self.page.wait_for_timeout(500)  # drawn: widgets know where they are
+        return node_id
+
+    def hover_widget(self, node_id: int, name: str, timeout_ms: int = 10_000) -> str:
+        """Rest the mouse on a widget of a node (classic canvas) and return the tooltip the
+        frontend shows for it."""
+        x, y = self.evaluate("""([id, name]) => {
+            const node = app.graph.getNodeById(id), ds = app.canvas.ds;
+            const widget = node.widgets.find(w => w.name === name);
+            const box = app.canvas.canvas.getBoundingClientRect();
+            return [box.left + (node.pos[0] + node.size[0] / 2 + ds.offset[0]) * ds.scale,
+                    box.top + (node.pos[1] + widget.y + LiteGraph.NODE_WIDGET_HEIGHT / 2 + ds.offset[1]) * ds.scale];
+        }""", [node_id, name])
+        self.page.mouse.move(x - 5, y)
+        self.page.mouse.move(x, y)  # the frontend waits for the mouse to rest, then shows it
+        tooltip = self.page.locator(".node-tooltip")
+        tooltip.wait_for(state="visible", timeout=timeout_ms)
+        return tooltip.inner_text()
+
+    def open_help(self, node_id: int) -> dict:
+        """Select the node and open its help page with the selection toolbox's info button; returns
+        the page's first heading and the pictures it shows (src -> natural width, 0: not loaded)."""
+        self.evaluate("(id) => { app.canvas.selectNode(app.graph.getNodeById(id)); app.canvas.setDirty(true, true); }",
+                      node_id)
+        self.page.get_by_test_id("info-button").click()
+        heading = self.page.locator("h1").first
+        heading.wait_for(state="visible", timeout=30_000)
+        self.page.wait_for_function("[...document.querySelectorAll('img')].every(i => i.complete)")
+        return {"heading": heading.inner_text(),
+                "pictures": self.evaluate("() => Object.fromEntries([...document.querySelectorAll('img')]"
+                                          ".filter(i => i.src.includes('/docs/')).map(i => [i.src, i.naturalWidth]))")}
 
     def set_overlay_setting(self, shown: bool) -> None:
         """Flip the pack's setting in ComfyUI's settings dialog, as a user does (Ctrl+, or the

@@ -7,6 +7,7 @@ import logging
 
 from comfy_api.latest import io
 
+from ..tokenreduce.catalog import OUTPUTS, NodeText
 from ..tokenreduce.inputs import Method
 from ..tokenreduce.layout import UNET, model_layout
 from ..tokenreduce.measure import UNetLevels
@@ -23,25 +24,23 @@ LOG = logging.getLogger("tokenreduce")
 class PatchNode(io.ComfyNode):
     """A node MODEL -> (MODEL, info) whose widget inputs are its method's declared inputs."""
 
-    NODE_ID: str  # public and permanent: saved workflows refer to it
-    DISPLAY_NAME: str
-    DESCRIPTION: str
+    TEXT: NodeText  # id, title, description and tooltips (English; locales/ translates them)
+    NODE_ID: str  # TEXT.node_id: public and permanent, saved workflows refer to it
     METHOD: Method
-    MODEL_TOOLTIP = "The diffusion model (UNet) to patch. The input model is never changed."
 
     @classmethod
     def define_schema(cls) -> io.Schema:
+        text = cls.TEXT
+        model_out, info_out = OUTPUTS
         return io.Schema(
-            node_id=cls.NODE_ID,
-            display_name=cls.DISPLAY_NAME,
+            node_id=text.node_id,
+            display_name=text.title,
             category="model_patches/unet",
-            description=cls.DESCRIPTION,
-            inputs=[io.Model.Input("model", tooltip=cls.MODEL_TOOLTIP)]
-                   + v3_inputs(cls.METHOD),
+            description=text.description,
+            inputs=[io.Model.Input("model", tooltip=text.model_tooltip)] + v3_inputs(cls.METHOD),
             outputs=[
-                io.Model.Output(tooltip="The patched model (a clone)."),
-                io.String.Output("info", display_name="info",
-                                 tooltip="What was patched, and any warning about settings that do nothing."),
+                io.Model.Output(tooltip=model_out.tooltip),
+                io.String.Output(info_out.name, display_name=info_out.name, tooltip=info_out.tooltip),
             ],
             hidden=[io.Hidden.unique_id],  # the graph node its run reports go to
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from ..tokenreduce.catalog import TODO_NODE
 from ..tokenreduce.describe import header, todo_info
 from ..tokenreduce.layout import DIT, UNET
 from ..tokenreduce.methods import DIT_METHODS, DIT_METHODS_WITH_ROPE, TODO, dit_blocks, todo_level_factors
@@ -26,14 +27,9 @@ def _select(settings):
 
 
 class ToDoPatchNode(PatchNode):
-    NODE_ID = "TokenReduceToDo"
-    DISPLAY_NAME = "Token Downsampling (ToDo, TokenReduce)"
-    DESCRIPTION = ("Speeds up sampling by letting self-attention read keys and values downsampled on the token grid "
-                   "(ToDo); every query stays. No matching, nothing to unmerge, deterministic. Works on SD1.x, "
-                   "SD2.x and SDXL UNets and on DiTs (Flux, Wan, Qwen-Image, Lumina 2 / Z-Image, SD3, "
-                   "HunyuanVideo); reports what it patched.")
+    TEXT = TODO_NODE
+    NODE_ID = TODO_NODE.node_id
     METHOD = TODO
-    MODEL_TOOLTIP = "The diffusion model (UNet or DiT) to patch. The input model is never changed."
     validate_inputs = validate_inputs_for(TODO)
 
     @classmethod

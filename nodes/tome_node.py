@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from ..tokenreduce.catalog import TOME_NODE
 from ..tokenreduce.describe import header, tome_info
 from ..tokenreduce.methods import TOME
 from ..tokenreduce.preflight import tome_strides
@@ -15,10 +16,8 @@ from .schema import validate_inputs_for
 
 
 class ToMePatchNode(PatchNode):
-    NODE_ID = "TokenReduceToMe"
-    DISPLAY_NAME = "Token Merging (ToMe, TokenReduce)"
-    DESCRIPTION = ("Speeds up sampling by merging similar tokens before the UNet's attention and unmerging after "
-                   "(ToMe for SD). Works on SD1.x, SD2.x and SDXL; reports what it patched.")
+    TEXT = TOME_NODE
+    NODE_ID = TOME_NODE.node_id
     METHOD = TOME
     validate_inputs = validate_inputs_for(TOME)
 

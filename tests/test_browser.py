@@ -13,15 +13,17 @@ test-artifacts/browser/<frontend version>-<renderer>/."""
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 
 import pytest
 
 import frontends
 import make_examples
+import make_locales
 import workflow
-from browser import (CLASSIC, MODES, REPORT_WIDGET, VUE, VUE_NODES_SETTING, Frontend, Unsupported, chromium_path,
-                     returning_user)
+from browser import (CLASSIC, LOCALE_SETTING, MODES, PACK_TEMPLATES, REPORT_WIDGET, VUE, VUE_NODES_SETTING, Frontend, Unsupported,
+                     chromium_path, returning_user, save_user_setting)
 from conftest import REPO
 from server_helpers import checkpoint_name, start_server
 
@@ -58,7 +60,7 @@ HOST_FRONTEND = frontends.installed_version()
 def pytest_generate_tests(metafunc):
     """Unmarked tests run on FULL_SET; ``@pytest.mark.matrix`` ones on every target
     (``beside_full_set=True``: on every other target, where the full set has its own test;
-    ``modes=(...)``: in these renderers only)."""
+    ``modes=(...)``: in these renderers only; ``frontends=(...)``: on these frontends only)."""
     if "target" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("matrix")
@@ -66,7 +68,8 @@ def pytest_generate_tests(metafunc):
         targets = [FULL_SET]
     else:
         modes = marker.kwargs.get("modes", MODES)
-        targets = [t for t in TARGETS if t.mode in modes
+        versions = marker.kwargs.get("frontends", frontends.MATRIX)
+        targets = [t for t in TARGETS if t.mode in modes and t.frontend in versions
                    and not (marker.kwargs.get("beside_full_set") and t == FULL_SET)]
     metafunc.parametrize("target", targets, ids=str, scope="module")  # grouped: one server per frontend
 
@@ -134,6 +137,8 @@ def _ours(text: str, url: str, server_url: str) -> bool:
     (e.g. the node registry at api.comfy.org, asked about our node types) are not ours."""
     if "tokenreduce" not in f"{text} {url}".lower():
         return False
+    if text.startswith("Failed to load resource") and re.search(r"/docs/TokenReduce\w+/[\w-]+\.md$", url):
+        return False  # a help page in a language we do not ship: the frontend then reads the plain page
     return not (text.startswith("Failed to load resource") and not url.startswith(server_url))
 
 
@@ -379,3 +384,39 @@ def test_example_widget_values_follow_the_frontends_layout(ui, name):
     }""", node_type)
     kind = lambda v: "bool" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else type(v).__name__
     assert [kind(v) for v in values] == [kind(v) for v in _file_widgets(name)]
+
+
+# --- the UI language and the help pages ----------------------------------------------------------
+
+def _expected(lang: str) -> dict:
+    """What the UI should show of ToDo in ``lang``: from the pack's own tables and help page."""
+    node = make_locales.tables_of(lang)["nodeDefs"]["TokenReduceToDo"]
+    page = REPO / "js" / "docs" / ("TokenReduceToDo.md" if lang == "en" else f"TokenReduceToDo/{lang}.md")
+    return {"title": node["display_name"], "label": node["inputs"]["factor"]["name"],
+            "tooltip": node["inputs"]["factor"]["tooltip"],
+            "heading": page.read_text(encoding="utf-8").splitlines()[0].removeprefix("# ")}
+
+
+# Custom-node help pages and the node library's help came with later frontends than the host's
+# 1.32.9: tested on the current ones (1.49.6, what ComfyUI 0.33 pins, and newer).
+@pytest.mark.matrix(modes=(CLASSIC,), frontends=tuple(frontends.PINNED))
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_node_speaks_the_users_language_and_opens_its_help_page(ui, lang):
+    expected = _expected(lang)
+    try:
+        ui.use_language(lang)
+        node = ui.add_node("TokenReduceToDo")
+        shown = ui.evaluate("(id) => { const n = app.graph.getNodeById(id); "
+                            "return [n.title, n.widgets.find(w => w.name === 'factor').label ?? 'factor']; }", node)
+        assert shown == [expected["title"], expected["label"]]
+        tooltip = ui.hover_widget(node, "factor")
+        ui.page.screenshot(path=str(ui.artifacts / f"language_{lang}_tooltip.png"))
+        assert tooltip.strip() == expected["tooltip"]
+        help_page = ui.open_help(node)
+        ui.page.screenshot(path=str(ui.artifacts / f"language_{lang}_help.png"))
+        assert help_page["heading"] == expected["heading"]
+        assert help_page["pictures"] and all(width > 0 for width in help_page["pictures"].values()), help_page
+        suffix = "TokenReduceToDo.md" if lang == "en" else f"TokenReduceToDo/{lang}.md"
+        assert ui.responses.get(f"/extensions/{PACK_TEMPLATES}/docs/{suffix}") == 200
+    finally:
+        save_user_setting(ui.url, LOCALE_SETTING, "en")  # the next test on this server reads English

@@ -66,7 +66,7 @@ def pool_grid_tokens(x: torch.Tensor, dim: int, grid: tuple[int, int, int], targ
     """Average pooling of ``x``'s tokens along ``dim`` (``t*h*w`` of them, frame-major raster
     order) from ``grid`` to ``target`` (each side rounded up)."""
     x = x.movedim(dim, 1)
-    batch, tokens, rest = x.shape[0], x.shape[1], x.shape[2:]
+    batch, rest = x.shape[0], x.shape[2:]
     cube = x.reshape(batch, *grid, -1).permute(0, 4, 1, 2, 3)  # [B, C, t, h, w]
     pooled = F.adaptive_avg_pool3d(cube, target) if any(n % m for n, m in zip(grid, target)) else \
         F.avg_pool3d(cube, tuple(n // m for n, m in zip(grid, target)))

@@ -23,8 +23,8 @@ def reduce_when_input() -> Input:
     return Input("reduce_when", CHOICE, REDUCE_AUTO, options=(REDUCE_AUTO, REDUCE_ALWAYS, REDUCE_REMEASURE),
                  optional=True,
                  tooltip="auto: reduce only where it pays on this device. The first time a kind of attention call is "
-                         "met, it is timed on the device unreduced and reduced (milliseconds) and reduced only where "
-                         "that is at least 3 % faster; the decision is kept in a file, so identical runs give "
+                         "met, it is timed on the device, unreduced and reduced (a few milliseconds), and reduced only "
+                         "where that is at least 3 % faster; the decision is kept in a file, so identical runs give "
                          "identical images, also after a restart. CPUs reduce every size without measuring (it paid "
                          "at every size measured). The node's report shows the times. always: reduce wherever the "
                          "other settings say. auto (measure again): as auto, but time each kind anew once and replace "

@@ -5,6 +5,8 @@
 - ``grid``: the one place Forge differs for the patches (no ``activations_shape``);
 - ``patching``: a pass's patched UNet clone and its run state (Forge's patcher API only);
 - ``hooks``: what the script does at each point of a generation;
+- ``texts``: the accordion's own words; ``localization``: the WebUI's translation files of the
+  accordion, made from the pack's translations (no host imports);
 - ``ui``: the accordion (gradio); ``xyz``: the X/Y/Z plot axes.
 
 The script itself is ``scripts/tokenreduce_webui.py``. ComfyUI never imports this package.

@@ -55,7 +55,7 @@ class Arg:
 
 
 def _stage_prefix(stage: str) -> str:
-    return "" if stage == FIRST else "hires "
+    return "" if stage == FIRST else f"{HIRES} "
 
 
 def method_arg(stage: str, method: str) -> str:

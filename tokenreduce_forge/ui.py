@@ -10,13 +10,7 @@ from tokenreduce.inputs import BOOL, CHOICE, FLOAT, INT, SEED
 
 from .settings import (ARGS, FIRST, HIRES, HIRES_MODES, HIRES_OWN, METHOD_TITLES, METHODS, TITLE, Arg, input_arg,
                        method_arg, paste_field_names, paste_rule, webui_inputs)
-
-METHOD_INFO = {
-    "ToDo": "Self-attention reads keys and values downsampled on the token grid; every query stays. Deterministic.",
-    "ToMe": "Similar tokens are merged before attention and unmerged after (ToMe for SD).",
-}
-HIRES_INFO = ("The hires. fix pass: the first pass's settings, its own settings (below), or no token reduction. "
-              "Its larger latent often gains more.")
+from .texts import ABOUT, HIRES_INFO, HIRES_PASS, INTRO, METHOD_INFO
 
 
 def control(arg: Arg, elem_id: str):
@@ -71,18 +65,16 @@ def build(script, is_img2img: bool):
     args, made = {arg.name: arg for arg in ARGS}, {}
     with InputAccordion(False, label=TITLE, elem_id=script.elem_id("enabled")) as enabled:
         made["enabled"] = enabled
-        gr.Markdown("Faster sampling on SD1.x, SD2.x and SDXL: fewer tokens in the UNet's attention. Start with "
-                    "ToDo at its defaults. What was patched and the tokens removed per level go into the image's "
-                    "parameters. Hover a setting for what it does.")
+        gr.Markdown(INTRO)
         _stage(script, FIRST, args, made)
-        with gr.Accordion("Hires. fix pass", open=False, visible=not is_img2img):
-            made["hires"] = gr.Radio(choices=list(HIRES_MODES), value=HIRES_MODES[0], label="hires", tooltip=HIRES_INFO,
+        with gr.Accordion(HIRES_PASS, open=False, visible=not is_img2img):
+            made["hires"] = gr.Radio(choices=list(HIRES_MODES), value=HIRES_MODES[0], label=HIRES, tooltip=HIRES_INFO,
                                      elem_id=script.elem_id("hires"))
             with gr.Column(visible=False) as own:  # the hires pass's own controls, shown for "own settings"
                 _stage(script, HIRES, args, made)
             made["hires"].change(fn=lambda mode: gr.update(visible=mode == HIRES_OWN), inputs=[made["hires"]],
                                  outputs=[own], show_progress=False)
-        with gr.Accordion("About these settings", open=False):
+        with gr.Accordion(ABOUT, open=False):
             for method in METHODS:
                 gr.Markdown(f"**{method}: {METHOD_TITLES[method]}**\n\n{_help(method)}")
     controls = [made[arg.name] for arg in ARGS]

@@ -1,0 +1,17 @@
+"""The words of the WebUI accordion that are not an input's (those come from the methods'
+declared inputs): one place, so that ``tokenreduce_forge.localization`` translates exactly
+what ``ui.py`` shows. Pure Python."""
+
+from __future__ import annotations
+
+INTRO = ("Faster sampling on SD1.x, SD2.x and SDXL: fewer tokens in the UNet's attention. Start with ToDo at its "
+         "defaults. What was patched and the tokens removed per level go into the image's parameters. Hover a "
+         "setting for what it does.")
+HIRES_PASS = "Hires. fix pass"  # the accordion of the hires. fix pass's settings
+ABOUT = "About these settings"  # the accordion with every input's explanation
+METHOD_INFO = {
+    "ToDo": "Self-attention reads keys and values downsampled on the token grid; every query stays. Deterministic.",
+    "ToMe": "Similar tokens are merged before attention and unmerged after (ToMe for SD).",
+}
+HIRES_INFO = ("The hires. fix pass: the first pass's settings, its own settings (below), or no token reduction. "
+              "Its larger latent often gains more.")
