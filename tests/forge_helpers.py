@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,3 +109,25 @@ def png(pixels: np.ndarray) -> str:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+def reload_ui(server: ForgeServer, page, timeout: float = 600) -> None:
+    """Settings → "Reload UI" in ``page`` (Playwright), as a user does after changing a setting
+    that needs it (the page's localization, say, which Forge bakes into the page's head when it
+    builds the UI): the same server builds its UI anew. Waits until the server's log says the new
+    UI is up (it starts the API before), then leaves ``page`` on the new page, not yet loaded."""
+    page.goto(server.url, timeout=timeout * 1000)
+    button = page.locator("#settings_restart_gradio")
+    button.wait_for(state="attached", timeout=timeout * 1000)
+    restarts, started = server.log().count("Restarting UI..."), server.log().count("Startup time:")
+    page.evaluate("() => gradioApp().getElementById('settings_restart_gradio').click()")
+    deadline = time.time() + timeout
+    for line, before in (("Restarting UI...", restarts), ("Startup time:", started)):
+        while server.log().count(line) <= before:
+            if server.process.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"Forge did not come back from Reload UI (waiting for {line!r}):\n"
+                                   f"{server.log_tail()}")
+            time.sleep(1)
+        # The old page reloads itself once the server answers: leave it, the log says when.
+        page.goto("about:blank")
+    page.goto(server.url, timeout=timeout * 1000)

@@ -7,6 +7,7 @@ generation is left behind (the next plain image is the first plain image, bit fo
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -14,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from forge_helpers import API_NAME, HIRES, generate, png, positional, refused, skip_without_forge, start_forge
+from forge_helpers import (API_NAME, HIRES, generate, png, positional, refused, reload_ui, skip_without_forge,
+                           start_forge)
 from tokenreduce.methods import MODE_QUERIES
 from tokenreduce_forge.settings import ARGS, HIRES_OWN, TITLE
 
@@ -100,6 +102,65 @@ def test_the_accordion_in_the_browser(forge):
                 assert name in text, name
             assert page.locator(f"#{accordion_id} input[type=checkbox]").count() >= 2
             accordion.screenshot(path=str(out / "accordion_txt2img.png"))
+        finally:
+            chromium.close()
+
+
+def test_the_accordion_in_the_users_language(forge):
+    """Settings → Localization "zh_CN" and Reload UI, as a user picks a language: Forge's page
+    translates the accordion with our localizations/zh_CN.json (Forge collects every extension's
+    localizations/*.json): the label of ToDo factor and its tooltip (its ``title``, set by
+    hints.js, translated by localization.js). The texts expected are read from that file. Forge
+    is put back in English (and its UI reloaded) afterwards. Screenshot:
+    test-artifacts/forge/accordion_zh_CN.png."""
+    from playwright.sync_api import sync_playwright
+
+    from browser import chromium_path
+    from conftest import REPO
+
+    out = REPO / "test-artifacts" / "forge"
+    out.mkdir(parents=True, exist_ok=True)
+    zh_cn = json.loads((REPO / "localizations" / "zh_CN.json").read_text(encoding="utf-8"))
+    name = "ToDo factor"
+    (arg,) = [arg for arg in ARGS if arg.name == name]
+    label, tooltip = zh_cn[name], zh_cn[arg.spec.tooltip]
+    accordion_id = "script_txt2img_tokenreduce_enabled"
+    control_id = f"script_txt2img_tokenreduce_{name.replace(' ', '_')}"
+
+    def settled(read, want, seconds: float = 30):
+        """``read()`` once it equals ``want`` (the page translates on its mutations, tooltips
+        after a debounce), else its last value."""
+        deadline = time.time() + seconds
+        while (value := read()) != want and time.time() < deadline:
+            time.sleep(0.5)
+        return value
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=chromium_path(), args=["--no-sandbox"])
+        try:
+            page = chromium.new_page(viewport={"width": 1400, "height": 1600})
+            forge.post("/sdapi/v1/options", {"localization": "zh_CN"})
+            try:
+                reload_ui(forge, page)
+                checkbox = page.locator(f"#{accordion_id}-checkbox input[type=checkbox]")
+                checkbox.wait_for(state="attached", timeout=600_000)
+                # What Forge put in the page: our file, merged under the name zh_CN.
+                assert page.evaluate("(text) => window.localization[text]", name) == label
+                assert page.evaluate("(text) => window.localization[text]", arg.spec.tooltip) == tooltip
+                accordion = page.locator(f"#{accordion_id}")
+                accordion.locator(".label-wrap").first.click()
+                page.wait_for_timeout(1000)
+                control = page.locator(f"#{control_id}")
+                shown = settled(lambda: control.locator("[data-testid=block-info]").first.inner_text().strip(), label)
+                assert shown == label, (shown, label)
+                title = settled(lambda: control.get_attribute("title"), tooltip)
+                assert title == tooltip, f"the tooltip of {name!r} is {title!r}, not {tooltip!r}"
+                accordion.screenshot(path=str(out / "accordion_zh_CN.png"))
+            finally:
+                forge.post("/sdapi/v1/options", {"localization": "None"})
+                reload_ui(forge, page)
+            page.locator(f"#{accordion_id}-checkbox input[type=checkbox]").wait_for(state="attached", timeout=600_000)
+            assert page.evaluate("() => Object.keys(window.localization).length") == 0
         finally:
             chromium.close()
 
