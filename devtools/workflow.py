@@ -25,6 +25,15 @@ def _is_widget(spec: list) -> bool:
     return isinstance(kind, list) or kind in WIDGET_TYPES
 
 
+def _widget_default(spec: list):
+    """What a fresh widget of this input holds: its declared default, else a list's first choice."""
+    kind, options = spec[0], (spec[1] if len(spec) > 1 else {})
+    if "default" in options:
+        return options["default"]
+    choices = kind if isinstance(kind, list) else options.get("options") if kind == "COMBO" else None
+    return choices[0] if choices else _MISSING
+
+
 def _input_specs(info: dict) -> list[tuple[str, list]]:
     specs = []
     for section in ("required", "optional"):
@@ -49,9 +58,14 @@ def to_api(workflow: dict, object_info: dict) -> dict:
                 value = next(values, _MISSING)
                 if len(spec) > 1 and spec[1].get("control_after_generate"):
                     next(values, None)  # the "fixed/randomize" companion value the UI stores after it
+                if value is _MISSING and name in info["input"].get("required", {}):
+                    # A workflow saved before a required input was added (ComfyUI 0.33's
+                    # context window nodes gained three) has no value for it: the UI's widget
+                    # keeps its default and the UI sends that. A missing optional input is
+                    # left out, as an API prompt saved back then has it, and the node's
+                    # default applies.
+                    value = _widget_default(spec)
                 if name not in linked and value is not _MISSING:
-                    # A workflow saved before an input was added has no value for it: the
-                    # input is left out and the node uses its default, as the UI does.
                     inputs[name] = value
             if name in linked:
                 _, from_node, from_slot, *_ = links[linked[name]]

@@ -219,3 +219,43 @@ def test_the_attention_working_set_chains_to_the_override_there(comfy, models):
     basic = AttentionWorkingSet("basic")
     step(basic.attached(with_attention(models["SD15"], attention.attention_basic)))
     assert basic.peak_bytes > working_set.peak_bytes
+
+
+def test_full_size_dits_are_the_released_layouts(comfy):
+    """Without --tiny, Flux and Wan21 are built in the layouts of the released models, which
+    ComfyUI's detection names as it names their files: Flux.1 [dev] (11.9B parameters) and
+    Wan 2.1 1.3B (1.42B). Built on the meta device here: no weights are allocated."""
+    import random_dits
+    from bench.families import DIT_FULL_SIZE
+
+    expected = {"flux_dev": ("Flux", 11.9e9), "wan21_t2v": ("WAN21_T2V", 1.42e9)}
+    assert set(DIT_FULL_SIZE) == set(expected)
+    for family, (name, parameters) in expected.items():
+        config = random_dits.model_config(family, torch.bfloat16, **DIT_FULL_SIZE[family])
+        assert type(config).__name__ == name
+        with torch.device("meta"):
+            model = config.get_model({}, device=torch.device("meta"))
+        count = sum(p.numel() for p in model.diffusion_model.parameters())
+        assert count == pytest.approx(parameters, rel=0.01)
+
+
+def test_video_frame_counts_and_non_square_sizes(comfy, tmp_path):
+    """--sizes WxH (Wan's 480p is 832x480) and --frames (one run per latent frame count):
+    the latent has the asked width, height and frames, and each count is its own table."""
+    from bench.families import FAMILIES, parse_size
+    from bench.step import OneStep
+
+    wan = FAMILIES["Wan21"]
+    conditioning = tuple(wan.conditioning(True, seed) for seed in (1, 2))
+    step = OneStep(wan.build(True, 0, torch.float32), "96x64", conditioning, frames=3)
+    assert tuple(step.latent.shape) == (1, 16, 3, 64 // 8, 96 // 8)  # (batch, channels, frames, height, width)
+    assert parse_size("1024") == 1024 and parse_size("832x480") == "832x480" and parse_size("64x64") == 64
+    for bad in ("x480", "832x", "0", "abc"):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    out = tmp_path / "bench"
+    results = run_benchmark(out, "--families", "Wan21", "--sizes", "96x64", "--frames", "2", "3", "--repeats", "1",
+                            "--warmup", "0", "--attention", "sdpa", "--configs", "ToDo 2 + time 2")
+    assert {(r["family"], r["size"]) for r in results["rows"]} == {("Wan21 2f", "96x64"), ("Wan21 3f", "96x64")}
+    table = (out / "results.md").read_text()
+    assert "### Wan21 3f, 96x64 px" in table and (out / "wan21_3f_96x64_sdpa.png").exists()

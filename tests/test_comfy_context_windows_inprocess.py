@@ -56,7 +56,7 @@ def run_long(comfy, model, variant, steps=2):
 
 @pytest.mark.parametrize("variant", ["wan21_t2v", "wan21_i2v", "hunyuan_video"])
 @pytest.mark.parametrize("temporal", [1.0, 2.0])
-def test_each_window_of_a_long_video_is_reduced_as_its_own_call(comfy, dits, variant, temporal):
+def test_each_window_of_a_long_video_is_reduced_as_its_own_call(comfy, dits, variant, temporal):  # noqa: F811
     host_can(lambda: run_long(comfy, with_context_windows(dits(variant), length=5, overlap=2, dim=2), variant, steps=1))
     records = []
     model = apply(comfy, "todo", with_probe(dits(variant), records), temporal_factor=temporal, **ALL_BLOCKS).result[0]

@@ -39,11 +39,20 @@ def two_devices(multigpu, monkeypatch):
     """ComfyUI sees two devices; nothing else is replaced."""
     import comfy.model_management as mm
 
-    # Clones that earlier tests of this process dropped stay listed as loaded (their weights
-    # live on in the fixtures' models), and the multi-GPU engine's scan of the loaded models
-    # (0.33) fails on such an entry: a test process artefact, dropped here.
-    mm.current_loaded_models[:] = [m for m in mm.current_loaded_models if m.model is not None]
     monkeypatch.setattr(mm, "get_all_torch_devices", lambda exclude_current=False: list(DEVICES))
+
+
+def drop_dead_loaded_models():
+    """Clones that earlier calls of this process dropped stay listed as loaded (their weights live
+    on in the fixtures' models), and the multi-GPU engine's scan of the loaded models (0.33) fails
+    on such an entry. The server prunes them between prompts; a test process does it here, right
+    before the node (a collection during loading can kill one after any earlier pruning)."""
+    import gc
+
+    import comfy.model_management as mm
+
+    gc.collect()
+    mm.current_loaded_models[:] = [m for m in mm.current_loaded_models if m.model is not None]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +87,7 @@ def loaders(comfy, multigpu):
 
 
 def split(multigpu, model):
+    drop_dead_loaded_models()
     return multigpu.MultiGPUCFGSplitNode.execute(model, 2).result[0]
 
 

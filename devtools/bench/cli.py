@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from . import REPO
-from .families import FAMILIES
+from .families import FAMILIES, parse_size
 
 
 def parser(description: str) -> argparse.ArgumentParser:
@@ -15,8 +15,13 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--comfyui", type=Path, help="a ComfyUI folder to run in (default: the pinned host)")
     p.add_argument("--checkpoint", type=Path, help="benchmark this checkpoint instead of random weights")
     p.add_argument("--families", nargs="+", default=["SD15", "SDXL"], choices=list(FAMILIES),
-                   help="random-weight model families (SD3: a tiny DiT, with --tiny only)")
-    p.add_argument("--sizes", nargs="+", type=int, help="px (default 512 768 1024, plus 2048 on a GPU)")
+                   help="random-weight model families (SD3: a tiny DiT, with --tiny only; Flux and Wan21 "
+                        "without --tiny: the released layouts, Flux.1 [dev] 12B and Wan 2.1 1.3B, GPU only for Flux)")
+    p.add_argument("--sizes", nargs="+", type=_size, help="px, square (1024) or width x height (832x480: Wan's "
+                                                         "480p) (default 512 768 1024, plus 2048 on a GPU)")
+    p.add_argument("--frames", nargs="+", type=int,
+                   help="latent frames of the video families, one run per count (Wan: 9 for 33 video frames, "
+                        "21 for 81; default 5, 17 video frames)")
     p.add_argument("--attention", nargs="+", default=["sub-quad", "sdpa"], choices=["sub-quad", "sdpa", "split"])
     p.add_argument("--configs", nargs="*", help="only these configs (exact names; unpatched always runs)")
     p.add_argument("--repeats", type=int, default=3)
@@ -44,6 +49,13 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def _size(text: str):
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def complete(p: argparse.ArgumentParser, args) -> None:
     """Fill the defaults that depend on the device and check what argparse cannot."""
     import torch
@@ -55,6 +67,11 @@ def complete(p: argparse.ArgumentParser, args) -> None:
     tiny_only = [f for f in args.families if FAMILIES[f].tiny_only]
     if tiny_only and not args.tiny and not args.checkpoint:
         p.error(f"{', '.join(tiny_only)}: only with --tiny")
+    too_big = [f for f in args.families if FAMILIES[f].gpu_only_full_size]
+    if too_big and not args.tiny and not args.checkpoint and not torch.cuda.is_available():
+        p.error(f"{', '.join(too_big)} at full size needs a GPU (tens of GB of weights): add --tiny on a CPU")
+    if args.frames and (min(args.frames) < 1 or not any(FAMILIES[f].frames > 1 for f in args.families)):
+        p.error("--frames: counts of at least 1, for a video family (Wan21)")
     if not args.sizes:
         args.sizes = [512, 768, 1024] + ([2048] if torch.cuda.is_available() else [])
     if args.dtype is None:

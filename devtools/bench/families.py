@@ -17,7 +17,8 @@ class Family:
     conditioning: Callable  # (tiny, seed) -> a conditioning in ComfyUI's format
     tiny_only: bool = False  # no full-size layout to build
     downscale: int = 8  # image pixels per latent pixel, each side
-    frames: int = 1  # latent frames of a video family (latent_dimensions 3)
+    frames: int = 1  # latent frames of a video family (latent_dimensions 3); --frames overrides
+    gpu_only_full_size: bool = False  # full size does not fit a CPU run (weights of tens of GB)
 
 
 def _unet(family: str, tiny: bool, seed: int, dtype):
@@ -32,7 +33,7 @@ def _unet_conditioning(family: str, tiny: bool, seed: int) -> list:
     return random_models.conditioning(family, tiny, seed=seed)
 
 
-# The DiTs: tiny random-weight models of the families ToDo supports (devtools/random_dits.py),
+# The DiTs with --tiny: tiny random-weight models of the families ToDo supports (devtools/random_dits.py),
 # a few blocks deep so that blocks remain between the first and last ones ToDo leaves alone
 # (skip_first_blocks / skip_last_blocks). Their text is shorter than real prompts (12 tokens;
 # Wan's T5 pads to 512 as in ComfyUI) and their width (64 per head group) a fraction of the real
@@ -48,17 +49,30 @@ DIT_DEPTH = {
 }
 WAN_LATENT_FRAMES = 5  # 17 video frames
 
+# Without --tiny: the released models' layouts (the unet_config ComfyUI's detection reads off their
+# files), random weights, for speed on a GPU. Flux.1 [dev]: 12B parameters, 19 double and 38
+# single blocks of width 3072, T5-XXL text (4096) and CLIP-L pooled (768). Wan 2.1 1.3B: 30 blocks
+# of width 1536, T5 text (4096). Their text: the test models' 12 (Flux) and Wan's 512 tokens.
+DIT_FULL_SIZE = {
+    "flux_dev": {"hidden_size": 3072, "num_heads": 24, "depth": 19, "depth_single_blocks": 38,
+                 "context_in_dim": 4096, "vec_in_dim": 768, "axes_dim": [16, 56, 56]},
+    "wan21_t2v": {"dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30, "text_dim": 4096},
+}
+FULL_SIZE_TEXT = {"flux_dev": {"text_dim": 4096, "pooled_dim": 768}, "wan21_t2v": {"text_dim": 4096}}
+
 
 def _dit(family: str, tiny: bool, seed: int, dtype):
     import random_dits
 
-    return random_dits.make_dit(family, seed=seed, dtype=dtype, **DIT_DEPTH[family])
+    layout = DIT_DEPTH[family] if tiny else DIT_FULL_SIZE[family]
+    return random_dits.make_dit(family, seed=seed, dtype=dtype, **layout)
 
 
 def _dit_conditioning(family: str, tiny: bool, seed: int) -> list:
     import random_dits
 
-    positive, _ = random_dits.conditioning(family, seed=seed, frames=4 * WAN_LATENT_FRAMES - 3)
+    widths = {} if tiny else FULL_SIZE_TEXT[family]
+    positive, _ = random_dits.conditioning(family, seed=seed, frames=4 * WAN_LATENT_FRAMES - 3, **widths)
     return positive
 
 
@@ -67,17 +81,40 @@ FAMILIES: dict[str, Family] = {
 }
 FAMILIES.update({
     "SD3": Family("SD3", partial(_dit, "sd3"), partial(_dit_conditioning, "sd3"), tiny_only=True),
-    "Flux": Family("Flux", partial(_dit, "flux_dev"), partial(_dit_conditioning, "flux_dev"), tiny_only=True),
-    "Wan21": Family("Wan21", partial(_dit, "wan21_t2v"), partial(_dit_conditioning, "wan21_t2v"), tiny_only=True,
+    "Flux": Family("Flux", partial(_dit, "flux_dev"), partial(_dit_conditioning, "flux_dev"),
+                   gpu_only_full_size=True),
+    "Wan21": Family("Wan21", partial(_dit, "wan21_t2v"), partial(_dit_conditioning, "wan21_t2v"),
                     frames=WAN_LATENT_FRAMES),
 })
 
 
-def latent_shape(model, batch: int, size: int, downscale: int = 8, frames: int = 1) -> tuple[int, ...]:
-    """The latent of a ``size`` x ``size`` px image (or video of ``frames`` latent frames)
-    for this model, from its latent format."""
+def parse_size(text: str) -> int | str:
+    """A ``--sizes`` entry: ``1024`` (square, kept an int as in older results) or ``832x480``
+    (width x height px, kept as that text)."""
+    width, x, height = text.lower().partition("x")
+    height = height if x else width
+    if not (width.isdigit() and height.isdigit() and int(width) >= 8 and int(height) >= 8):
+        raise ValueError(f"{text!r}: a size is px (1024) or width x height px (832x480)")
+    return int(width) if int(height) == int(width) else f"{int(width)}x{int(height)}"
+
+
+def dims(size: int | str) -> tuple[int, int]:
+    """(width, height) px of a size."""
+    if isinstance(size, int):
+        return size, size
+    width, height = size.split("x")
+    return int(width), int(height)
+
+
+def size_label(size: int | str) -> str:
+    return "{}x{}".format(*dims(size))
+
+
+def latent_shape(model, batch: int, size: int | str, downscale: int = 8, frames: int = 1) -> tuple[int, ...]:
+    """The latent of an image of ``size`` (or a video of ``frames`` latent frames) for this
+    model, from its latent format."""
     latent_format = model.get_model_object("latent_format")
-    side = size // downscale
+    width, height = (side // downscale for side in dims(size))
     if getattr(latent_format, "latent_dimensions", 2) == 3:
-        return (batch, latent_format.latent_channels, frames, side, side)
-    return (batch, latent_format.latent_channels, side, side)
+        return (batch, latent_format.latent_channels, frames, height, width)
+    return (batch, latent_format.latent_channels, height, width)

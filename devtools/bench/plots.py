@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .families import size_label
 from .report import Row, groups
 
 # Every series of configs.CONFIGS has its own colour and its own marker; related series share
@@ -50,8 +51,9 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 def _label(key: tuple) -> tuple[str, str]:
     family, size, attention, compiled = key
-    title = f"{family} {size}x{size} px, batch 2, {attention} attention" + (f", compiled ({compiled})" if compiled else "")
-    return title, f"{family.lower()}_{size}_{attention}" + ("_compiled" if compiled else "")
+    title = f"{family} {size_label(size)} px, batch 2, {attention} attention"
+    title += f", compiled ({compiled})" if compiled else ""
+    return title, f"{family.lower().replace(' ', '_')}_{size}_{attention}" + ("_compiled" if compiled else "")
 
 
 def _curves(plt, group: list[Row], styles: dict, title: str):

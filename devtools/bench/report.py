@@ -8,11 +8,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .families import size_label
+
 
 @dataclass(kw_only=True)
 class Row:
     family: str
-    size: int  # px, square
+    size: int | str  # px: 1024 (square) or "832x480" (width x height)
     attention: str  # the attention backend
     config: str  # its name; compiled rows: "compiled " + the eager config's name
     method: str  # its series in the plots
@@ -128,12 +130,12 @@ def to_markdown(rows: list[Row], machine: str, settings: str = "", skipped: list
     lines = [f"Machine: {machine}", ""] + ([settings, ""] if settings else [])
     for (family, size, attention, compiled), group in groups(rows).items():
         if compiled is None:
-            lines.append(f"### {family}, {size}x{size} px, batch 2 (CFG), {attention} attention")
+            lines.append(f"### {family}, {size_label(size)} px, batch 2 (CFG), {attention} attention")
             refused = [s for s in skipped if s["family"] == family]
             if refused:
                 lines += ["", "Not applicable: " + "; ".join(f"{s['config']} ({s['reason']})" for s in refused)]
             lines += _eager_table(group) + _auto_table(group)
         else:
-            lines += [f"#### {family}, {size}x{size} px, {attention} attention, compiled"] + _compiled_table(group)
+            lines += [f"#### {family}, {size_label(size)} px, {attention} attention, compiled"] + _compiled_table(group)
         lines.append("")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import amdahl, compiled, environment, study, timing
 from .configs import UNPATCHED, Config, select
-from .families import FAMILIES
+from .families import FAMILIES, size_label
 from .report import Row
 from .step import OneStep
 
@@ -36,6 +36,15 @@ def _load(args, family: str, dtype) -> Loaded:
     return Loaded(family, spec.build(args.tiny, 0, dtype),
                   (spec.conditioning(args.tiny, 1), spec.conditioning(args.tiny, 2)),
                   downscale=spec.downscale, frames=spec.frames)
+
+
+def _frame_counts(args, loaded: Loaded) -> list[Loaded]:
+    """The model once per ``--frames`` count for a video family (labelled ``Wan21 21f``: 21
+    latent frames), else as loaded."""
+    if loaded.frames == 1 or not args.frames:
+        return [loaded]
+    return [Loaded(f"{loaded.label} {frames}f", loaded.model, loaded.conditioning, loaded.vae, loaded.downscale, frames)
+            for frames in args.frames]
 
 
 def _patched(configs: list[Config], model, appliers) -> tuple[dict, dict]:
@@ -89,7 +98,7 @@ def _rows(where: dict, configs: list[Config], measured: dict, parts, scores: dic
     return rows
 
 
-def _one_setting(args, host, configs, loaded: Loaded, step, size: int, attention: str, backend, scores: dict,
+def _one_setting(args, host, configs, loaded: Loaded, step, size: int | str, attention: str, backend, scores: dict,
                  progress) -> tuple[list[Row], dict]:
     base = environment.with_attention(loaded.model, backend)
     config = getattr(base.model, "model_config", None)  # the host's name for the model type, as the nodes read it
@@ -105,8 +114,9 @@ def _one_setting(args, host, configs, loaded: Loaded, step, size: int, attention
         for name, model in eager.items():
             models[compiled.name_of(name)] = compiled.compiled(model, args.compile_backend)
             warmup[compiled.name_of(name)] = max(1, args.warmup)  # the warm-up compiles
+    where_label = f"{loaded.label} {size_label(size)} px"
     measured = timing.measure(step, models, repeats=args.repeats, warmup=warmup, compiled=frozenset(models) - set(eager),
-                              progress=lambda name: progress(f"{loaded.label} {size}px {attention}: {name}"))
+                              progress=lambda name: progress(f"{where_label} {attention}: {name}"))
     # Before the profiling pass: its attention hook is another override, so another kind of call to the rule.
     auto = {name: _auto_fields(environment.auto_log(model, host.sessions_of)) for name, model in eager.items()}
     for name, model in eager.items():
@@ -146,7 +156,9 @@ def run(args) -> tuple[list[Row], list[dict]]:
     backends = environment.attention_backends(args.attention)
     dtype = getattr(torch, args.dtype)
     families = ["checkpoint"] if args.checkpoint else args.families
-    total = len(families) * len(args.sizes) * len(backends) * passes_per_setting(args, len(configs))
+    videos = sum(FAMILIES[f].frames > 1 for f in families if f in FAMILIES)
+    counts = len(families) + videos * (len(args.frames or [1]) - 1)
+    total = counts * len(args.sizes) * len(backends) * passes_per_setting(args, len(configs))
     rows: list[Row] = []
     skipped: dict[tuple, dict] = {}
     with tqdm(total=total, desc="benchmark", unit="pass") as bar:
@@ -155,26 +167,33 @@ def run(args) -> tuple[list[Row], list[dict]]:
             bar.update()
 
         for family in families:
-            loaded = _load(args, family, dtype)
-            for size in args.sizes:
-                step = OneStep(loaded.model, size, loaded.conditioning, evals=args.evals, downscale=loaded.downscale,
-                               frames=loaded.frames)
-                scores = {}
-                if loaded.vae is not None:
-                    bar.set_postfix_str(f"{loaded.label} {size}px: image study ({args.sample_steps} steps per config)")
-                    patched, _ = _patched(configs, loaded.model, host.appliers)
-                    scores = study.image_study(patched, {c.name: c.reduction for c in configs}, loaded.vae, size,
-                                               args.sample_steps, loaded.conditioning, args.out,
-                                               f"{loaded.label.lower()}_{size}")
-                for attention, backend in backends.items():
-                    measured, refused = _one_setting(args, host, configs, loaded, step, size, attention, backend,
-                                                     scores, progress)
-                    rows += measured
-                    for name, reason in refused.items():
-                        skipped[(loaded.label, name)] = {"family": loaded.label, "config": name, "reason": reason}
-            del loaded
+            for loaded in _frame_counts(args, _load(args, family, dtype)):
+                rows += _one_model(args, host, configs, backends, loaded, skipped, bar, progress)
             import comfy.model_management as mm
 
             mm.unload_all_models()
             mm.soft_empty_cache()
     return rows, list(skipped.values())
+
+
+def _one_model(args, host, configs, backends, loaded: Loaded, skipped: dict, bar, progress) -> list[Row]:
+    """Every size and attention backend of one model (one frame count of a video family)."""
+    rows: list[Row] = []
+    for size in args.sizes:
+        step = OneStep(loaded.model, size, loaded.conditioning, evals=args.evals, downscale=loaded.downscale,
+                       frames=loaded.frames)
+        scores = {}
+        if loaded.vae is not None:
+            bar.set_postfix_str(f"{loaded.label} {size_label(size)} px: image study "
+                                f"({args.sample_steps} steps per config)")
+            patched, _ = _patched(configs, loaded.model, host.appliers)
+            scores = study.image_study(patched, {c.name: c.reduction for c in configs}, loaded.vae, size,
+                                       args.sample_steps, loaded.conditioning, args.out,
+                                       f"{loaded.label.lower()}_{size}")
+        for attention, backend in backends.items():
+            measured, refused = _one_setting(args, host, configs, loaded, step, size, attention, backend,
+                                             scores, progress)
+            rows += measured
+            for name, reason in refused.items():
+                skipped[(loaded.label, name)] = {"family": loaded.label, "config": name, "reason": reason}
+    return rows
