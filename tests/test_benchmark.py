@@ -259,3 +259,58 @@ def test_video_frame_counts_and_non_square_sizes(comfy, tmp_path):
     assert {(r["family"], r["size"]) for r in results["rows"]} == {("Wan21 2f", "96x64"), ("Wan21 3f", "96x64")}
     table = (out / "results.md").read_text()
     assert "### Wan21 3f, 96x64 px" in table and (out / "wan21_3f_96x64_sdpa.png").exists()
+
+
+def test_speed_stacks_side_by_side(tmp_path):
+    """--stacks: whole sampling runs of each attention backend alone, with EasyCache, with ToDo,
+    with both, and each compiled, in one run: the reference is the first backend alone; rows with
+    ToDo are also compared with the same stack without it and carry ToDo's Amdahl bound."""
+    out = tmp_path / "stacks"
+    subprocess.run([sys.executable, str(REPO / "devtools" / "benchmark.py"), "--tiny", "--stacks", "--families",
+                    "Wan21", "--frames", "3", "--sizes", "64", "--stack-steps", "3", "--repeats", "1", "--warmup", "0",
+                    "--attention", "sdpa", "sub-quad", "--compile", "--compile-backend", "eager", "--out", str(out)],
+                   check=True, timeout=900)
+    results = json.loads((out / "stacks.json").read_text())
+    assert "3 steps" in results["settings"] and "EasyCache at its node's defaults" in results["settings"]
+    rows = {r["stack"]: r for r in results["rows"]}
+    eager = [f"{a}{cache}{todo}" for a in ("sdpa", "sub-quad") for cache in ("", " + EasyCache")
+             for todo in ("", " + ToDo")]
+    assert list(rows) == eager + [f"compiled {name}" for name in eager]
+    assert rows["sdpa"]["vs_unpatched"] == 1.0 and rows["sdpa"]["rel_error"] == 0.0
+    for name, row in rows.items():
+        assert row["error"] is None and row["seconds_per_step"] > 0 and len(row["repeats"]) == 1
+        assert row["family"] == "Wan21 3f" and row["size"] == 64
+        if name.endswith("ToDo"):
+            assert row["vs_without_todo"] > 0 and row["todo_bound"] > 1 and row["rel_error"] > 0
+        else:
+            assert row["vs_without_todo"] is None and row["todo_bound"] is None
+    table = (out / "stacks.md").read_text()
+    assert "### Wan21 3f, 64x64 px, stacks" in table and "| sdpa + EasyCache + ToDo |" in table
+
+
+def test_a_stack_is_wired_as_the_readme_says(comfy):
+    """The attention patch first, ToDo chained to it (the backend gets ToDo's reduced keys),
+    EasyCache on top; without the sageattention package, asking for it says what is missing."""
+    import comfy.ldm.modules.attention as attention
+    from bench import environment
+    from bench.configs import TODO_NODE
+    from bench.families import FAMILIES
+    from bench.stacks import SampledRun, Stack, build
+
+    seen = []
+
+    def probe(q, k, v, heads, *args, **kwargs):
+        seen.append((q.numel(), k.numel()))
+        return attention.attention_pytorch(q, k, v, heads, *args, **kwargs)
+
+    wan = FAMILIES["Wan21"]
+    model = wan.build(True, 0, torch.float32)
+    appliers = {TODO_NODE: lambda m, settings: comfy.todo.ToDoPatchNode.execute(m, **settings).result[0]}
+    stacked = build(Stack("probe", cache=True, todo=True), model, {"probe": probe}, appliers, "eager")
+    assert "easycache" in stacked.model_options["transformer_options"]
+    run = SampledRun(model, 64, tuple(wan.conditioning(True, seed) for seed in (1, 2)), 2, frames=3)
+    assert torch.isfinite(run(stacked)).all()
+    assert any(k < q for q, k in seen)  # ToDo's reduced keys reached the backend patched before it
+    if not getattr(attention, "SAGE_ATTENTION_IS_AVAILABLE", False):
+        with pytest.raises(SystemExit, match="sageattention"):
+            environment.attention_backends(["sdpa", "sage"])

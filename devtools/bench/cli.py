@@ -22,7 +22,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--frames", nargs="+", type=int,
                    help="latent frames of the video families, one run per count (Wan: 9 for 33 video frames, "
                         "21 for 81; default 5, 17 video frames)")
-    p.add_argument("--attention", nargs="+", default=["sub-quad", "sdpa"], choices=["sub-quad", "sdpa", "split"])
+    p.add_argument("--attention", nargs="+", default=["sub-quad", "sdpa"], choices=["sub-quad", "sdpa", "split", "sage"],
+                   help="attention backends, each through ComfyUI's override hook (sage: SageAttention's kernel "
+                        "as ComfyUI calls it, where the sageattention package imports; ToDo chains to it)")
     p.add_argument("--configs", nargs="*", help="only these configs (exact names; unpatched always runs)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before each measurement")
@@ -43,6 +45,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--measure-cpu", action="store_true",
                    help="on a CPU, let reduce_when auto time each kind of call and decide, as it does on a GPU (by "
                         "default the CPU reduces everywhere): shows its decisions and what timing them costs")
+    p.add_argument("--stacks", action="store_true",
+                   help="instead of one forward per config: whole sampling runs of the speed stack, each attention "
+                        "backend alone, with EasyCache, with ToDo defaults, with both (and compiled with --compile); "
+                        "writes stacks.md and stacks.json")
+    p.add_argument("--stack-steps", type=int, default=20, help="with --stacks: steps per sampling run (default 20)")
     p.add_argument("--tiny", action="store_true", help="tiny models (a smoke test of the benchmark itself)")
     p.add_argument("--quick", action="store_true", help="SD15 at 512 px, 2 repeats")
     p.add_argument("--out", type=Path, default=REPO / "out" / "benchmark")
@@ -80,6 +87,8 @@ def complete(p: argparse.ArgumentParser, args) -> None:
         args.evals = 4 if torch.cuda.is_available() else 1
     if args.evals < 1:
         p.error("--evals must be at least 1")
+    if args.stacks and (args.checkpoint or args.stack_steps < 2):
+        p.error("--stacks: random-weight families (no --checkpoint), --stack-steps of at least 2")
     if args.measure_cpu and torch.cuda.is_available():
         p.error("--measure-cpu is for a CPU run: on a GPU reduce_when auto measures anyway")
 
@@ -101,6 +110,8 @@ def main(args) -> int:
     from .run import run
 
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.stacks:
+        return _stacks_main(args)
     rows, skipped = run(args)
     machine, settings = environment.machine(), settings_line(args)
     report.write_json(args.out / "results.json", machine, settings, rows, skipped)
@@ -109,4 +120,24 @@ def main(args) -> int:
     written = plots.plot(rows, args.out)
     print(markdown)
     print("\nwrote", args.out / "results.md", args.out / "results.json", *written, sep="\n  ")
+    return 0
+
+
+def _stacks_main(args) -> int:
+    import json
+
+    from . import environment, stacks
+    from .run import run_stacks
+
+    rows = run_stacks(args)
+    machine = environment.machine()
+    settings = (f"Whole sampling runs of {args.stack_steps} steps (euler, simple), median of {args.repeats} timed "
+                f"runs after an untimed one and {args.warmup} warm-up run(s); random-weight models in {args.dtype}; "
+                "EasyCache at its node's defaults, ToDo at its defaults"
+                + (f"; compiled: torch.compile backend {args.compile_backend}" if args.compile else "") + ".")
+    markdown = stacks.to_markdown(rows, machine, settings)
+    (args.out / "stacks.md").write_text(markdown + "\n")
+    (args.out / "stacks.json").write_text(json.dumps(stacks.as_json(rows, machine, settings), indent=1))
+    print(markdown)
+    print("\nwrote", args.out / "stacks.md", args.out / "stacks.json", sep="\n  ")
     return 0

@@ -79,6 +79,12 @@ def attention_backends(names: list[str]) -> dict[str, Callable]:
 
     available = {"sub-quad": attention.attention_sub_quad, "sdpa": attention.attention_pytorch,
                  "split": attention.attention_split}
+    if getattr(attention, "SAGE_ATTENTION_IS_AVAILABLE", False):
+        available["sage"] = attention.attention_sage  # ComfyUI's own call of SageAttention's kernel
+    missing = [name for name in names if name not in available]
+    if missing:
+        raise SystemExit(f"--attention {' '.join(missing)}: not available here (sage needs the sageattention "
+                         "package, which needs CUDA and Triton: pip install sageattention)")
     return {name: available[name] for name in names}
 
 

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import amdahl, compiled, environment, study, timing
+from . import amdahl, compiled, environment, stacks, study, timing
 from .configs import UNPATCHED, Config, select
 from .families import FAMILIES, size_label
 from .report import Row
@@ -162,10 +162,7 @@ def run(args) -> tuple[list[Row], list[dict]]:
     rows: list[Row] = []
     skipped: dict[tuple, dict] = {}
     with tqdm(total=total, desc="benchmark", unit="pass") as bar:
-        def progress(text: str) -> None:
-            bar.set_postfix_str(text)
-            bar.update()
-
+        progress = _progress(bar)
         for family in families:
             for loaded in _frame_counts(args, _load(args, family, dtype)):
                 rows += _one_model(args, host, configs, backends, loaded, skipped, bar, progress)
@@ -197,3 +194,33 @@ def _one_model(args, host, configs, backends, loaded: Loaded, skipped: dict, bar
             for name, reason in refused.items():
                 skipped[(loaded.label, name)] = {"family": loaded.label, "config": name, "reason": reason}
     return rows
+
+
+def run_stacks(args) -> list:
+    """--stacks: every stack (see bench/stacks.py) of every family, frame count and size."""
+    import torch
+    from tqdm import tqdm
+
+    host = environment.load(Path(args.comfyui), measure_cpu=args.measure_cpu)
+    backends = environment.attention_backends(args.attention)
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    with tqdm(desc="stacks", unit="run") as bar:
+        progress = _progress(bar)
+        for family in args.families:
+            for loaded in _frame_counts(args, _load(args, family, dtype)):
+                for size in args.sizes:
+                    rows += stacks.one_setting(args, host, loaded, size, backends, progress)
+            import comfy.model_management as mm
+
+            mm.unload_all_models()
+            mm.soft_empty_cache()
+    return rows
+
+
+def _progress(bar):
+    """A pass done: the bar advances and names it."""
+    def progress(text: str) -> None:
+        bar.set_postfix_str(text)
+        bar.update()
+    return progress
