@@ -311,6 +311,16 @@ def test_a_grid_call_of_unexpected_lengths_is_left_alone_and_noted(q_len, k_len)
     assert call.notes == {SKIPPED: 1}
 
 
+def test_the_report_says_which_dit_calls_were_left_alone_and_why():
+    patch = make_patch("Flux.1", flux_model())
+    call = Call(patch, image_latent(8, 8), torch.zeros(B, 3, 8))  # predicted: 3 + 16 = 19
+    call(positions(30), positions(30), positions(30), HEADS, skip_reshape=True, mask=None)
+    call.run.close_call(call.context, torch.tensor([0.5]))
+    (warning,) = call.run.report("ToDo", 0.0, 1.0, 0.0, True, None).warnings
+    assert warning.startswith("ToDo left 1 attention calls of this run unreduced")
+    assert "token layout it predicts" in warning and "HyperTile" not in warning  # a UNet cause
+
+
 def test_calls_beyond_the_plan_and_outside_the_window_pass_through():
     patch = make_patch("Flux.1", flux_model(double=1, single=0))
     call = Call(patch, image_latent(8, 8), torch.zeros(B, 3, 8))

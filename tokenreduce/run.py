@@ -31,7 +31,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .pays import CPU, FAILED, MEASURED, AutoRule, Decision, Work
+from .pays import CPU, FAILED, MEASURED, AutoRule, Decision, Work, synchronizer
 from .window import SigmaWindow, steps_of
 
 LOG = logging.getLogger("tokenreduce")
@@ -99,6 +99,7 @@ class RunState:
     notes: list = field(default_factory=list)
     plan_seconds: float = 0.0
     skipped_calls: int = 0
+    dit_calls: bool = False  # the calls went through a DiT's attention override (for the report's wording)
     unreached_calls: int = 0  # model calls in which the attention never reached the patch's override
     levels: dict = field(default_factory=dict)  # grid -> LevelTokens
     # The noise-level tensor of every call that reduced tokens; read once, at the end.
@@ -136,6 +137,7 @@ class RunState:
     def _fold(self, context: dict, sigmas: torch.Tensor) -> None:
         notes = context["notes"]
         self.skipped_calls += notes.get(SKIPPED, 0)
+        self.dit_calls = self.dit_calls or "calls" in context
         if context.get("calls") == 0:
             self.unreached_calls += 1
         reduced = False
@@ -160,7 +162,7 @@ class RunState:
 
     def timed(self, device: torch.device, work):
         """Run work() and add its duration (device-synchronised) to plan_seconds: benchmarks only."""
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        sync = synchronizer(device)  # any accelerator (ROCm, XPU, MPS), as the auto rule times
         sync()
         start = time.perf_counter()
         result = work()
@@ -200,7 +202,14 @@ class RunState:
             warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
                             f"between start_percent {start_percent:g} and end_percent {end_percent:g}, "
                             f"or no block could be reduced.")
-        if self.skipped_calls:
+        if self.skipped_calls and self.dit_calls:
+            # A DiT's grid attention call whose keys are not the layout predicted for the model.
+            warnings.append(f"{label} left {self.skipped_calls} attention calls of this run unreduced: their keys "
+                            f"were not the token layout it predicts for this model. An attention patch applied "
+                            f"before it changed them, or the model added tokens {label} does not know (extra "
+                            f"reference images, say). Apply {label} before other attention patches; if there are "
+                            f"none, please report the model and workflow.")
+        elif self.skipped_calls:
             # Never a silent no-op: another attention patch that runs before ours reshaped the
             # tokens (HyperTile tiles the queries, for example).
             warnings.append(f"{label} was skipped in {self.skipped_calls} block calls of this run: the tokens "
