@@ -8,7 +8,8 @@ and a DiT that ToDo does not support (Wan 2.1 VACE: a Wan built on another model
 Checked in ComfyUI 0.3.75 and 0.33.0; where the trees differ (fields a model's dataclass
 lacks) the config is trimmed to what the running tree accepts.
 
-    FAMILIES, IMAGE_FAMILIES, VIDEO_FAMILIES
+    FAMILIES, IMAGE_FAMILIES, VIDEO_FAMILIES, FIXTURES (dit_fixtures/: the families added since, one module per group)
+    available(family)                     -> whether the running ComfyUI has its config
     make_dit(family, seed=0, **config)    -> ModelPatcher (float32); config overrides the tiny unet_config
     conditioning(family, batch=1, seed=1, frames=9, height_px=128, width_px=128, text_mask=False)
                                           -> (positive, negative) in ComfyUI's [[context, extras]] form
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -76,6 +77,55 @@ FAMILY_SPECS = {
     "hunyuan_video15": Spec("HunyuanVideo15", 32, 16, True, 4),
     "hunyuan_video15_i2v": Spec("HunyuanVideo15", 32, 16, True, 4),
 }
+
+
+class Fixture(NamedTuple):
+    """A tiny model of a family whose fixture lives in a module of ``dit_fixtures/`` (one per
+    family group), with the expected attention calls of one model call that the DiT tests check."""
+
+    spec: Spec
+    config: dict  # the tiny unet_config detection reports (or ``build`` builds)
+    family: str  # the family as the node names it (``Family.name``)
+    blocks: int  # its blocks that make grid calls (the node's "N of M blocks")
+    calls: str  # one model call's attention calls at the test sizes: "g" grid call, "-" left alone
+    grid: tuple  # the token grid at the test sizes ((h, w) of an image, (t, h, w) of a video)
+    # (generator, batch, latent shape) -> (context, extras) of one text conditioning
+    text: Callable = None
+    # (generator, latent shape) -> the extras positive and negative share (image inputs)
+    shared: Callable = None
+    # unet_config -> the host's model config, where detection cannot pick the family at tiny size
+    build: Callable = None
+    # latent -> noise mask (image to video), or None
+    mask: Callable = None
+
+
+def _collect_fixtures() -> dict:
+    import importlib
+    import pkgutil
+
+    import dit_fixtures
+
+    found = {}
+    for info in pkgutil.iter_modules(dit_fixtures.__path__):
+        module = importlib.import_module(f"dit_fixtures.{info.name}")
+        found.update(module.FIXTURES)
+    return found
+
+
+FIXTURES = _collect_fixtures()
+
+
+def available(family: str) -> bool:
+    """Whether the running ComfyUI has the family's model config (some exist only in later trees)."""
+    import comfy.supported_models as supported
+
+    return hasattr(supported, FAMILY_SPECS[family].config)
+
+
+def text_tokens(generator, batch: int, tokens: int = 12, width: int = 32):
+    """Random text-encoder tokens [batch, tokens, width] (the tiny models' text width: CONTEXT_DIM)."""
+    return torch.randn(batch, tokens, width, generator=generator)
+FAMILY_SPECS.update({name: fixture.spec for name, fixture in FIXTURES.items()})
 FAMILIES = tuple(FAMILY_SPECS)
 IMAGE_FAMILIES = tuple(f for f, s in FAMILY_SPECS.items() if not s.video)
 VIDEO_FAMILIES = tuple(f for f, s in FAMILY_SPECS.items() if s.video)
@@ -105,6 +155,8 @@ def _fields(cls) -> set[str]:
 
 def _tiny_config(family: str) -> dict:
     """The unet_config ComfyUI's detection would report for a tiny model of the family."""
+    if family in FIXTURES:
+        return dict(FIXTURES[family].config)
     if family in ("flux_dev", "flux_schnell", "flux_kontext", "flux2"):
         if family == "flux2":  # Flux.2 [dev] as detection reports it, at hidden 64 / 4 heads of 16
             config = {"image_model": "flux2", "axes_dim": [4, 4, 4, 4], "num_heads": 4, "mlp_ratio": 3.0,
@@ -196,6 +248,8 @@ def model_config(family: str, dtype: torch.dtype = torch.float32, **overrides):
         found = comfy.model_detection.model_config_from_unet_config({**config, "dim": 3840})
         assert type(found) is supported.ZImage, type(found)
         found = supported.ZImage(config)
+    elif family in FIXTURES and FIXTURES[family].build is not None:
+        found = FIXTURES[family].build(config)
     else:
         found = comfy.model_detection.model_config_from_unet_config(config)
     if type(found).__name__ != expected:
@@ -259,6 +313,8 @@ def latent(family: str, batch: int = 1, height_px: int = 128, width_px: int = 12
 def noise_mask(family: str, latent_image: torch.Tensor) -> torch.Tensor | None:
     """Wan 2.2 5B image to video (Wan22ImageToVideoLatent): frame 0 is the clean image (mask 0),
     the other frames are denoised. None for every other family."""
+    if family in FIXTURES:
+        return None if FIXTURES[family].mask is None else FIXTURES[family].mask(latent_image)
     if family != "wan22_ti2v_5b":
         return None
     mask = torch.ones([latent_image.shape[0], 1, *latent_image.shape[2:]])
@@ -322,6 +378,15 @@ def conditioning(family: str, batch: int = 1, seed: int = 1, frames: int = 9, he
     files: T5-XXL's 4096, CLIP-L's 768)."""
     generator = torch.Generator().manual_seed(seed)
     shape = latent_shape(family, batch, height_px, width_px, frames)
+    if family in FIXTURES:
+        fixture = FIXTURES[family]
+        shared = fixture.shared(generator, shape) if fixture.shared is not None else {}
+
+        def one() -> list:
+            context, extras = fixture.text(generator, batch, shape)
+            return [[context, {**shared, **extras}]]
+
+        return one(), one()
     shared = _image_extras(family, generator, shape)
 
     def text() -> list:

@@ -86,7 +86,9 @@ def model_family(model) -> str:
 def find_target(model, method: str, setting: str, choice: str, select, kinds=(UNET,)) -> Target:
     """The sites of this model that a level setting selects (see ``resolve_target``)."""
     family = model_family(model)
-    layout = model_layout(model.get_model_object("diffusion_model"), family)
+    # The config object, not only its name: a family is recognised by the config's bases too.
+    config = getattr(model.model, "model_config", None) or family
+    layout = model_layout(model.get_model_object("diffusion_model"), config)
     return resolve_target(layout, family, method, setting, choice, select, kinds)
 
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tokenreduce.dit import FAMILIES
+from tokenreduce.families import FAMILIES
 from tokenreduce.downsample import downsampled_grid
 from tokenreduce.layout import dit_layout
 from tokenreduce.run import SKIPPED, ModelCall, RunState

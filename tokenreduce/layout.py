@@ -15,11 +15,13 @@ from typing import NamedTuple
 
 import torch
 
-from .dit import OTHER, Family, dit_family
+from .dit import OTHER, Family
+from .families import recognise
 from .grid import downsample_of
 
 UNET = "unet"  # attention patches per transformer block (attn1_patch, ...) with the block's grid
 DIT = "dit"  # the host's attention override, which sees every attention call of a model call
+REFUSED = "refused"  # a DiT the pack recognises and does not reduce, for the stated reason
 
 
 class Site(NamedTuple):
@@ -36,6 +38,7 @@ class Layout:
     sites: tuple[Site, ...]
     family: Family | None = None  # DiT: its family
     plan: tuple = ()  # DiT: the attention calls of one model call, in order (dit.Slot)
+    reason: str = ""  # REFUSED: why
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -52,14 +55,17 @@ class Layout:
         return sum(1 for site in self.sites if site.level == level)
 
 
-def model_layout(diffusion_model: torch.nn.Module, config_name: str) -> Layout | None:
-    """The layout of a diffusion model the pack can patch (``config_name``: the host's name for
-    the model type), or None."""
+def model_layout(diffusion_model: torch.nn.Module, config) -> Layout | None:
+    """The layout of a diffusion model (``config``: the host's model config, its class, or its
+    name): a UNet's or a DiT family's, a REFUSED one that says why, or None for a model the
+    pack knows nothing of."""
     layout = unet_layout(diffusion_model)
     if layout is not None:
         return layout
-    family = dit_family(config_name, diffusion_model)
-    return None if family is None else dit_layout(diffusion_model, family)
+    family, reason = recognise(config, diffusion_model)
+    if family is not None:
+        return dit_layout(diffusion_model, family)
+    return None if reason is None else Layout(REFUSED, (), reason=reason)
 
 
 def dit_layout(diffusion_model: torch.nn.Module, family: Family) -> Layout:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .dit import supported_names
+from .families import supported_names
 from .layout import UNET, Layout, Site
 
 
@@ -29,15 +29,18 @@ class Target:
 
 def refusal(method: str, family: str, layout: Layout | None, kinds: tuple[str, ...]) -> str:
     """Why no setting of ``method`` can patch this model, and what to do instead."""
+    reason = layout.reason if layout is not None else ""
     if kinds == (UNET,):
         pointer = (f"For this model use Token Downsampling (ToDo, TokenReduce), which supports {layout.family.name}"
                    if layout is not None and layout.family is not None else
+                   f"Token Downsampling (ToDo, TokenReduce) does not reduce it either: {reason}" if reason else
                    f"For DiT models use Token Downsampling (ToDo, TokenReduce); it supports {supported_names()}")
         return (f"{method} cannot patch this {family} model: it has no UNet transformer blocks. {method} works on "
                 f"UNet models (SD1.x, SD2.x, SDXL). {pointer}. Remove this node for this model.")
+    if reason:
+        return f"{method} cannot patch this {family} model: {reason}. Remove this node for this model."
     return (f"{method} cannot patch this {family} model. It works on UNet models (SD1.x, SD2.x, SDXL) and on "
-            f"these DiT families: {supported_names()}; {family} is not one of them (variants built on another model "
-            f"class, such as Wan VACE, are not covered). Remove this node for this model.")
+            f"these DiT families: {supported_names()}; {family} is not one of them. Remove this node for this model.")
 
 
 def resolve_target(layout: Layout | None, family: str, method: str, setting: str, choice: str,

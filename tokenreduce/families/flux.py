@@ -1,0 +1,38 @@
+"""Flux.1 (dev, schnell, Fill, Kontext), Flux.2 and Chroma: double-stream then single-stream
+blocks, every attention call joint over [text, main image, reference images]."""
+
+from __future__ import annotations
+
+from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, ref_tokens
+
+
+def plan(model) -> tuple[Slot, ...]:
+    return tuple(Slot(JOINT, i) for i in range(len(model.double_blocks) + len(model.single_blocks)))
+
+
+def patch(model) -> tuple[int, int, int]:
+    return (1, model.patch_size, model.patch_size)
+
+
+def geometry(model) -> Geometry:
+    return Geometry(model.num_heads, model.hidden_size // model.num_heads, True)
+
+
+def text_first_tokens(model, patch, x, context, kwargs) -> TokenLayout:
+    """[text, main image, reference images...]: Flux, Chroma, Flux.2, Qwen-Image."""
+    grid = image_grid(x, patch)
+    text = context.shape[1]
+    return TokenLayout(grid, joint=(text + grid[1] * grid[2] + ref_tokens(kwargs.get("ref_latents"), *patch[1:]), text),
+                       image=None)
+
+
+def blocks(model) -> tuple[str, ...]:
+    return block_paths(model, "double_blocks", "single_blocks")
+
+
+FAMILIES = (
+    Family("Flux.1", ("Flux", "FluxSchnell", "FluxInpaint"), ("Flux",), True, False,
+           blocks, plan, patch, text_first_tokens, geometry),
+    Family("Flux.2", ("Flux2",), ("Flux",), True, False, blocks, plan, patch, text_first_tokens, geometry),
+    Family("Chroma", ("Chroma",), ("Chroma",), True, False, blocks, plan, patch, text_first_tokens, geometry),
+)

@@ -1,0 +1,35 @@
+"""Lumina 2 and Z-Image (NextDiT): text-only refiners, image-only noise refiners, then joint
+layers over [caption (padded), image grid (padded)]."""
+
+from __future__ import annotations
+
+from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, ceil_div, image_grid
+
+
+def plan(model) -> tuple[Slot, ...]:
+    refiners = len(model.noise_refiner)
+    return (tuple(Slot(OTHER, -1) for _ in model.context_refiner)  # text only
+            + tuple(Slot(IMAGE, i) for i in range(refiners))
+            + tuple(Slot(JOINT, refiners + i) for i in range(len(model.layers))))
+
+
+def geometry(model) -> Geometry:
+    attention = model.layers[0].attention  # keys are repeated to every query head before the call
+    return Geometry(attention.n_local_heads, attention.head_dim, True)
+
+
+def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
+    if kwargs.get("ref_latents"):  # Z-Image with reference images: the main image comes last; not handled
+        return None
+    grid = image_grid(x, patch)
+    multiple = getattr(model, "pad_tokens_multiple", None) or 1
+    text = ceil_div(context.shape[1], multiple) * multiple  # caption, padded to the multiple (Z-Image: 32)
+    image = ceil_div(grid[1] * grid[2], multiple) * multiple  # the grid, then pad tokens
+    return TokenLayout(grid, joint=(text + image, text), image=(image, 0))
+
+
+FAMILIES = (
+    Family("Lumina 2 / Z-Image", ("Lumina2", "ZImage"), ("NextDiT",), True, False,
+           lambda m: block_paths(m, "noise_refiner", "layers"), plan, lambda m: (1, m.patch_size, m.patch_size),
+           tokens, geometry),
+)

@@ -1,0 +1,35 @@
+"""Model configs of the host that ToDo does not reduce, each with the reason (what is missing).
+
+A config listed here is refused with its reason, never with the generic list. The coverage test
+(tests/test_comfy_coverage_inprocess.py) fails for a host config that is neither a family's
+(``families/``), nor a UNet the UNet path patches, nor listed here: a family the host adds later
+shows up as a failing test, not as a silent refusal. When a family gets its module, its configs
+leave this table.
+"""
+
+from __future__ import annotations
+
+_AUDIO = "an audio model: its tokens are a 1-D sequence of audio latents, there is no image or video grid to reduce"
+_SHAPE = "a 3-D shape model: its tokens are a set of shape latents or sparse voxels, not an image or video grid"
+_NOT_DIFFUSION = "not an image or video denoiser (detection, segmentation or depth): nothing for ToDo to reduce"
+_UNMAPPED = ("ToDo does not know this model's attention calls and token layout yet (its call plan: which calls "
+             "attend over the image/video grid, and where the other tokens sit); see docs/models.md")
+
+REFUSED: dict[str, str] = {
+    # Not image or video generators.
+    "StableAudio": _AUDIO, "StableAudio3": _AUDIO, "ACEStep": _AUDIO, "ACEStep15": _AUDIO, "MiniMaxMusic3": _AUDIO,
+    "Hunyuan3Dv2": _SHAPE, "Hunyuan3Dv2mini": _SHAPE, "Hunyuan3Dv2_1": _SHAPE, "TripoSplat": _SHAPE,
+    "Trellis2": _SHAPE,
+    "RT_DETR_v4": _NOT_DIFFUSION, "SAM3": _NOT_DIFFUSION, "SAM31": _NOT_DIFFUSION, "DepthAnything3": _NOT_DIFFUSION,
+    # Image and video DiTs whose layout is not mapped yet.
+    **{name: _UNMAPPED for name in (
+        "AuraFlow", "PixArtAlpha", "PixArtSigma", "HunyuanDiT", "HunyuanDiT1", "LongCatImage", "Lens",
+        "GenmoMochi", "LTXV", "LTXAV", "MiniMaxH3", "HunyuanVideo15_SR_Distilled", "HunyuanImage21Refiner",
+        "HunyuanImage21", "HunyuanVideoSkyreelsI2V", "CosmosT2V", "CosmosI2V", "CosmosT2IPredict2",
+        "CosmosI2VPredict2", "Anima", "ZImagePixelSpace", "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
+        "WAN21_FunControl2V", "WAN21_Vace", "WAN21_Camera", "WAN22_Camera", "WAN22_S2V", "WAN21_HuMo",
+        "WAN22_Animate", "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
+        "HiDream", "HiDreamO1", "SeedVR2", "ChromaRadiance", "Omnigen2", "Boogu", "MageFlow", "JoyImage",
+        "Ideogram4", "Krea2", "Kandinsky5Image", "Kandinsky5", "ErnieImage", "CogVideoX_Inpaint",
+        "CogVideoX_I2V", "CogVideoX_T2V")},
+}
