@@ -16,6 +16,7 @@ from typing import NamedTuple
 from ..dit import Family
 from . import flux, hunyuan, lumina, qwen, sd3, wan
 from .refusals import REFUSED
+from .unets import UNETS
 
 FAMILIES: tuple[Family, ...] = (*flux.FAMILIES, *qwen.FAMILIES, *lumina.FAMILIES, *sd3.FAMILIES, *wan.FAMILIES,
                                 *hunyuan.FAMILIES)

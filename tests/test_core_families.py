@@ -1,0 +1,47 @@
+"""The family registry on its own (torch only): recognition by config and module class and
+their bases, refusals with reasons, and docs/models.md made from the registry."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from tokenreduce.families import FAMILIES, REFUSED, recognise
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "devtools"))
+
+
+def _named(name: str, *bases: type) -> type:
+    return type(name, bases or (object,), {})
+
+
+def test_a_listed_config_and_module_class_is_the_family():
+    wan = next(family for family in FAMILIES if "WAN21_T2V" in family.configs)
+    module = _named("WanModel", torch.nn.Module)()
+    assert recognise(_named("WAN21_T2V")(), module) == (wan, None)
+    assert recognise("WAN21_T2V", module) == (wan, None)  # a host that gives only the name (Forge)
+
+
+def test_a_subclass_of_a_family_is_refused_for_that_reason_not_reduced():
+    base_config, base_module = _named("WAN21_T2V"), _named("WanModel", torch.nn.Module)
+    family, reason = recognise(_named("WAN99_NewStream", base_config)(), _named("NewStreamWan", base_module)())
+    assert family is None and "variant of Wan 2.1 / 2.2 (WAN21_T2V)" in reason and "NewStreamWan" in reason
+    family, reason = recognise(_named("WAN21_T2V")(), _named("NewStreamWan", base_module)())
+    assert family is None and "not the WanModel ToDo knows" in reason
+    family, reason = recognise(_named("SomethingNew")(), _named("NewStreamWan", base_module)())
+    assert family is None and "derives from WanModel (Wan 2.1 / 2.2)" in reason
+
+
+def test_a_refused_config_says_why_and_an_unknown_model_is_not_recognised():
+    config = next(iter(REFUSED))
+    assert recognise(_named(config)(), torch.nn.Linear(1, 1)) == (None, REFUSED[config])
+    assert recognise(_named("NotAModel")(), torch.nn.Linear(1, 1)) == (None, None)
+
+
+def test_docs_models_page_is_made_from_the_registry():
+    import make_model_table
+
+    assert make_model_table.PAGE.read_text(encoding="utf-8") == make_model_table.render(), \
+        "docs/models.md is not current: run python3 devtools/make_model_table.py"
