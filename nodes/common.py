@@ -11,9 +11,9 @@ from ..tokenreduce.catalog import OUTPUTS, NodeText
 from ..tokenreduce.inputs import Method
 from ..tokenreduce.layout import UNET, model_layout
 from ..tokenreduce.measure import UNetLevels
-from ..tokenreduce.pays import AutoRule, Decisions, auto_rule
+from ..tokenreduce.pays import AutoRule, Decisions, auto_rule, decisions_at
 from ..tokenreduce.target import Target, resolve_target
-from .host import decisions_file
+from .host import decisions_file, host_environment
 from .report import publish_run, ui_output
 from .schema import v3_inputs
 from .session import PatchSession, sessions_of
@@ -111,16 +111,9 @@ def patched_clone(model, node_id: str, settings, header: str, graph_node: str | 
     return clone, session
 
 
-_DECISIONS: dict = {}  # path -> Decisions: one store per file for the process (the rule's memory)
-
-
 def decisions() -> Decisions:
     """The auto rule's decisions for this ComfyUI: kept in memory and in its user directory."""
-    path = decisions_file()
-    store = _DECISIONS.get(path)
-    if store is None:
-        store = _DECISIONS[path] = Decisions(path)
-    return store
+    return decisions_at(decisions_file(), host_environment())
 
 
 def reduce_rule(settings) -> AutoRule | None:

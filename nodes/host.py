@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-OVERRIDE = "optimized_attention_override"
+from ..tokenreduce.run import OVERRIDE
 ATTENTION_MODULE = "comfy.ldm.modules.attention"
+COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers' key of the compiling wrapper
 
 
 def bind_to_device_copies(patcher, key: str, bind) -> None:
@@ -62,6 +63,27 @@ def decisions_file() -> Path:
     import folder_paths
 
     return Path(folder_paths.get_user_directory()) / "tokenreduce" / "auto_decisions.json"
+
+
+def host_environment() -> tuple:
+    """What of ComfyUI decides how fast a call runs, for the auto rule's keys: its version."""
+    version = getattr(sys.modules.get("comfyui_version"), "__version__", None)
+    if version is None:
+        try:
+            import comfyui_version
+
+            version = comfyui_version.__version__
+        except ImportError:  # a ComfyUI too old to name its version
+            version = "unknown"
+    return (f"ComfyUI {version}",)
+
+
+def compiled(options: dict) -> bool:
+    """Whether this model call runs compiled: ComfyUI's TorchCompileModel adds an APPLY_MODEL
+    wrapper under this key (kept in the call's options)."""
+    from comfy.patcher_extension import WrappersMP
+
+    return COMPILE_KEY in options.get("wrappers", {}).get(WrappersMP.APPLY_MODEL, {})
 
 
 def install_attention_override(patcher, patch) -> None:

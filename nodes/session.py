@@ -19,7 +19,7 @@ from comfy.patcher_extension import WrappersMP
 
 from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from ..tokenreduce.window import SigmaWindow
-from .host import attention_entry, compute_dtype
+from .host import attention_entry, compiled, compute_dtype
 
 LOG = logging.getLogger("tokenreduce")
 WRAPPER_KEY = "tokenreduce"
@@ -103,7 +103,8 @@ class PatchSession:
         inputs = {k: v for k, v in kwargs.items() if k not in APPLY_MODEL_ARGS}
         base_model = executor.class_obj  # the BaseModel this call runs (a device's own copy under multi-GPU)
         call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas,
-                         compute_dtype(base_model), attention_entry(), getattr(base_model, "diffusion_model", None))
+                         compute_dtype(base_model), attention_entry(), getattr(base_model, "diffusion_model", None),
+                         compiled(options))
         self.patch.prepare_call(context, run, call)
         options[self.context_key] = context  # a fresh dict per model call (ComfyUI copies it)
         try:

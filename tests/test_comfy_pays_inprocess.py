@@ -33,7 +33,8 @@ def test_reduces_where_the_reduced_call_is_faster_and_leaves_the_rest_alone(comf
     model = patched(comfy, node, models["SD15"], **DEFAULT_LEVELS[node])
     sample(comfy, spy_attn1(model, records), steps=2)
     assert reduced(records, "keys" if node == "todo" else "queries") == {(32, 32)}
-    assert store.measurements == 2 and store.stopwatch.runs == {"full": 10, "reduced": 10}  # 5 runs each, per kind
+    # per kind, each: a calibrating timing and 5 timed
+    assert store.measurements == 2 and store.stopwatch.runs == {"full": 12, "reduced": 12}
     report = session_of(model).last_report
     assert [(site, d.reduce, d.full_ms, d.reduced_ms, d.source) for site, d in report.decisions] == [
         ("downsample 1 (32×32)", True, 10.0, 8.0, "measured"), ("downsample 2 (16×16)", False, 10.0, 11.0, "measured")]
@@ -147,3 +148,44 @@ def test_stacked_nodes_each_measure_their_own_reduction_and_warn_nothing(comfy, 
     assert not [r for r in caplog.records if "outside a sampling run" in r.getMessage()]
     assert all(session.last_report.levels for session in sys.modules["tokenreduce_pack.nodes.session"]
                .sessions_of(model))
+
+
+def _hypertile(comfy, model):
+    from comfy_extras.nodes_hypertile import HyperTile
+
+    out = HyperTile.execute(model, 32, 4, 1, False)  # tiles of 4 latent pixels, a random choice of 4 tilings
+    return out[0] if isinstance(out, tuple) else out.result[0]
+
+
+def _per_call_state(model):
+    """A stand-in for a pack that keeps per-call state in the options: every attention call counts
+    in a dict of the options, and the count changes its queries."""
+    clone = model.clone()
+    clone.model_options["transformer_options"]["standin"] = {"calls": 0}
+
+    def counting(n, context, value, extra_options):
+        state = extra_options["standin"]
+        state["calls"] += 1
+        return n * (1.0 + 0.01 * (state["calls"] % 5)), context, value
+
+    clone.set_model_attn1_patch(counting)
+    return clone
+
+
+@pytest.mark.parametrize("other", ["HyperTile", "per-call state"])
+def test_the_run_that_measures_gives_the_image_later_runs_give(comfy, models, measuring, other):
+    """Measuring runs the other packs' patches in the timed block: HyperTile draws its tiling from
+    the global RNG, a stand-in counts calls in the options. Neither may notice: the first run,
+    which measures, equals the second, which reuses the decisions, bit for bit."""
+    store = measuring((10.0, 8.0), (10.0, 11.0))
+    todo = patched(comfy, "todo", models["SD15"], factor_next=2.0)
+    model = _hypertile(comfy, todo) if other == "HyperTile" else _per_call_state(todo)
+
+    def run():  # the noise as ComfyUI's KSampler makes it: seeding the global RNG, which HyperTile draws from
+        return sample(comfy, model, size=(64, 64), steps=3,
+                      noise=comfy.sample.prepare_noise(torch.zeros(1, 4, 64, 64), 0))
+
+    first = run()
+    assert store.measurements == 2
+    second = run()
+    assert store.measurements == 2 and torch.equal(first, second)

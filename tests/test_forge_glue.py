@@ -386,3 +386,18 @@ def test_the_auto_rule_measures_once_and_the_infotext_repeats(comfy, models, tmp
     assert store.measurements == 2 and infotexts[0] == infotexts[1]
     assert "auto · downsample 1 (32×32) · 10.00 → 8.00 ms · reduced" in infotexts[0]
     assert "auto · downsample 2 (16×16) · 10.00 → 11.00 ms · left alone" in infotexts[0]
+
+
+def test_measure_again_measures_once_not_on_every_generation(comfy, models, tmp_path):
+    """Forge makes a new pass (and rule) each generation: "auto (measure again)" still times each
+    kind once, as its tooltip says, and later generations keep what it measured."""
+    store = Decisions(tmp_path / "auto_decisions.json", measure_cpu=True,
+                      stopwatch=ScriptedClock((10.0, 8.0), (10.0, 11.0)))
+    for _ in range(3):
+        settings = {"ToDo": S.method_settings("ToDo", S.FIRST, {"factor_next": 2.0,
+                                                                 "reduce_when": "auto (measure again)"})}
+        unet, run = patching.install(forge_like(models["SD15"]), "SD15", S.FIRST, settings, (1, 4, 32, 32),
+                                     decisions=store)
+        sample(comfy, unet, "SD15", steps=1)
+        run.finish(True)
+    assert store.measurements == 2

@@ -22,9 +22,7 @@ from typing import Callable
 import torch
 
 from .pays import Work, pair
-from .run import CONTEXT_PREFIX, MEASURING, ModelCall
-
-OVERRIDE = "optimized_attention_override"
+from .run import CONTEXT_PREFIX, MEASURING, OVERRIDE, ModelCall, call_context
 
 
 def sample(shape: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -40,16 +38,24 @@ def compute_dtype(call: ModelCall) -> torch.dtype:
     return call.dtype if call.dtype is not None else call.x.dtype
 
 
-def inactive_context() -> dict:
-    return {"active": False, "notes": {}, "timer": None}
-
-
 def measuring_options(call: ModelCall, **extra) -> dict:
-    """The call's options without any TokenReduce call context, marked as a measurement."""
-    options = {k: v for k, v in call.options.items() if not (isinstance(k, str) and k.startswith(CONTEXT_PREFIX))}
+    """The call's options without any TokenReduce call context, marked as a measurement. Its
+    dicts and lists are copies (as deep as the host copies options for each run): another pack
+    that keeps per-call state there (a counter, a cache) must find it after the timed runs as it
+    was before, or the run that measured would differ from later runs."""
+    options = {k: _copied(v) for k, v in call.options.items()
+               if not (isinstance(k, str) and k.startswith(CONTEXT_PREFIX))}
     options[MEASURING] = True
     options.update(extra)
     return options
+
+
+def _copied(value):
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
 
 
 def backend_of(call: ModelCall, override=None) -> str:
@@ -58,6 +64,8 @@ def backend_of(call: ModelCall, override=None) -> str:
     names = [getattr(call.attention, "__name__", "") if call.attention is not None else ""]
     if override is not None:
         names.append(getattr(override, "__qualname__", type(override).__name__))
+    if call.compiled:  # a compiled model's kernels differ: its decisions are its own
+        names.append("compiled")
     return "+".join(names)
 
 
@@ -74,7 +82,7 @@ def unet_block_work(block: torch.nn.Module, site, grid: tuple[int, int], call: M
         text = call.context.to(device, dtype) if call.context is not None else None
         options = measuring_options(call, activations_shape=[batch, dim, h, w], original_shape=list(call.x.shape),
                                     block=tuple(site.key[:2]), block_index=site.key[2])
-        full = {**options, context_key: inactive_context()}
+        full = {**options, context_key: call_context(False)}
         reduced = {**options, context_key: reducing()}
         return pair(lambda: block(x, context=text, transformer_options=full),
                     lambda: block(x, context=text, transformer_options=reduced))
@@ -94,7 +102,7 @@ def dit_attention_work(attention: Callable, geometry, length: int, call: ModelCa
         shape = (batch, heads, length, head_dim) if heads_first else (batch, length, heads * head_dim)
         q, k, v = (sample(shape, device, dtype) for _ in range(3))
         options = measuring_options(call, **{OVERRIDE: override})
-        full = {**options, context_key: inactive_context()}
+        full = {**options, context_key: call_context(False)}
         reduced = {**options, context_key: reducing}
 
         def run_reduced():

@@ -32,8 +32,10 @@ Host-free: the host gives the path of the file; the patches give the work.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -41,6 +43,11 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 import torch
 
@@ -52,6 +59,8 @@ LOG = logging.getLogger("tokenreduce")
 MARGIN = 0.03  # the reduced work must be at least this much faster
 WARMUP = 1  # untimed runs of each work first (kernel selection, caches, autotuning)
 REPEATS = 5  # timed runs of each work, interleaved; the median counts
+LEAST_SECONDS = 0.005  # one timing lasts at least this long (sub-millisecond blocks run back to back)
+MOST_RUNS = 256  # at most this many back-to-back runs per timing
 FILE_FORMAT = 1
 
 # How a decision came about (the report says it).
@@ -110,16 +119,39 @@ class Stopwatch:
 
 
 def time_work(work: Work, stopwatch: Callable[[str, Callable], float], warmup: int = WARMUP,
-              repeats: int = REPEATS) -> dict:
-    """Median milliseconds per run of each piece of work, timed interleaved."""
+              repeats: int = REPEATS, least: float = LEAST_SECONDS) -> dict:
+    """Median milliseconds per run of each piece of work, timed interleaved.
+
+    A block that runs in well under a millisecond is shorter than what synchronising the device
+    and reading the clock cost, so one run per timing would mostly time that overhead (the same
+    for both sides, it hides the difference). Each timing therefore runs the work back to back
+    enough times to last ``least`` seconds, as one untimed-per-run calibration says, and is
+    divided by that count."""
     for _ in range(warmup):
         for run in work.runs.values():
             run()
+    counts = {name: _runs_per_timing(stopwatch(name, run), least) for name, run in work.runs.items()}
     samples = {name: [] for name in work.runs}
     for _ in range(repeats):
         for name, run in work.runs.items():
-            samples[name].append(stopwatch(name, run))
+            samples[name].append(stopwatch(name, _back_to_back(run, counts[name])) / counts[name])
     return {name: 1000.0 * statistics.median(times) for name, times in samples.items()}
+
+
+def _runs_per_timing(seconds: float, least: float) -> int:
+    if seconds >= least:
+        return 1
+    return min(MOST_RUNS, max(1, math.ceil(least / max(seconds, 1e-9))))
+
+
+def _back_to_back(run: Callable, count: int) -> Callable:
+    if count == 1:
+        return run
+
+    def runs():
+        for _ in range(count):
+            run()
+    return runs
 
 
 def device_name(device: torch.device) -> str:
@@ -133,31 +165,133 @@ def device_name(device: torch.device) -> str:
         return device.type
 
 
+def untouched_rng(device: torch.device):
+    """Leaves the CPU's and ``device``'s random number generators as it found them: what runs
+    inside (other packs' patches in a timed block: ComfyUI's HyperTile draws its tiling from the
+    global generator) must not change what the sampler draws after it, or the run that measured
+    would give another image than every later run that reuses the decision."""
+    return _RngStates(device)
+
+
+class _RngStates:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        self.cpu = torch.get_rng_state()
+        backend = getattr(torch, self.device.type, None) if self.device.type != "cpu" else None
+        self.backend, self.state = backend, None
+        if backend is not None and hasattr(backend, "get_rng_state") and hasattr(backend, "set_rng_state"):
+            try:
+                self.state = backend.get_rng_state(self.device) if self.device.index is not None \
+                    else backend.get_rng_state()
+            except (RuntimeError, TypeError):  # a device without a generator of its own
+                self.state = None
+        return self
+
+    def __exit__(self, *exc):
+        torch.set_rng_state(self.cpu)
+        if self.state is not None:
+            if self.device.index is not None:
+                self.backend.set_rng_state(self.state, self.device)
+            else:
+                self.backend.set_rng_state(self.state)
+        return False
+
+
+def runtime() -> tuple:
+    """What besides the device and the pack decides how fast a kind of call runs, where torch and
+    the system say it: torch, its CUDA or ROCm build, the GPU driver, the attention libraries
+    installed (another SageAttention or FlashAttention build changes the kernels)."""
+    parts = [f"torch {torch.__version__}"]
+    for name in ("cuda", "hip"):
+        version = getattr(torch.version, name, None)
+        if version:
+            parts.append(f"{name} {version}")
+    try:  # Linux with NVIDIA's driver: its version; elsewhere not knowable without vendor tools
+        parts.append(Path("/proc/driver/nvidia/version").read_text(encoding="utf-8").splitlines()[0].strip())
+    except (OSError, IndexError):
+        pass
+    for library in ("sageattention", "flash_attn", "xformers"):
+        try:
+            parts.append(f"{library} {importlib.metadata.version(library)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return tuple(parts)
+
+
+class UnusableFile(ValueError):
+    """A decisions file this version cannot use (its reason says why)."""
+
+
+def read_entries(text: str) -> tuple[dict, int]:
+    """The usable decisions of a file's text and how many entries were not; raises UnusableFile
+    for a file that is not a decisions file of this format (a newer one included)."""
+    try:
+        data = json.loads(text)
+    except ValueError as problem:
+        raise UnusableFile(f"not JSON: {problem}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("decisions"), dict):
+        raise UnusableFile("not a decisions file (no object of decisions)")
+    form = data.get("format")
+    if isinstance(form, int) and not isinstance(form, bool) and form > FILE_FORMAT:
+        raise UnusableFile(f"written by a newer TokenReduce (format {form}, this one reads {FILE_FORMAT})")
+    if form != FILE_FORMAT:
+        raise UnusableFile(f"not a format-{FILE_FORMAT} decisions file")
+    usable = {key: entry for key, entry in data["decisions"].items() if _usable_entry(entry)}
+    return usable, len(data["decisions"]) - len(usable)
+
+
+def _usable_entry(entry) -> bool:
+    def milliseconds(value):
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    return (isinstance(entry, dict) and isinstance(entry.get("reduce"), bool) and "full_ms" in entry
+            and "reduced_ms" in entry and milliseconds(entry["full_ms"]) and milliseconds(entry["reduced_ms"]))
+
+
 class Decisions:
     """Decisions of the auto rule, kept in memory for the process and in a JSON file.
 
-    Thread-safe: a kind met by two threads at once is measured once. The file is read again when
-    it changed or vanished (a removed file measures anew without a restart), and written whole
-    (atomically) after each new decision; an unreadable file is said and replaced."""
+    A decision made or read in this process stays for the process: another process sharing the
+    file (two ComfyUI instances on one user directory) may add kinds, never change one this
+    process already uses, so two runs of one workflow never switch decisions in between. In the
+    file the first decision of a kind wins (measure again replaces it); each new decision is
+    merged in under a lock on the file's folder and written atomically, so racing writers keep
+    the file valid and lose none. Removing the file forgets every decision (measured anew without
+    a restart). A file this version cannot use (not JSON, the wrong shape, a newer format) or a
+    place it cannot write is said once; the decisions then hold in memory only, and the file is
+    left as it is. Thread-safe: a kind met by two threads at once is measured once."""
 
     def __init__(self, path: Path | None, measure_cpu: bool = False, margin: float = MARGIN,
                  stopwatch: Callable[[torch.device], Callable] = Stopwatch, warmup: int = WARMUP,
-                 repeats: int = REPEATS):
+                 repeats: int = REPEATS, environment: tuple = ()):
         self.path = Path(path) if path is not None else None
         self.measure_cpu = measure_cpu
         self.margin = margin
         self.stopwatch = stopwatch  # device -> stopwatch(name, work) -> seconds
         self.warmup = warmup
         self.repeats = repeats
+        # In every key: what the host knows decides speed too (its version, compiled or not is per kind).
+        self.environment = runtime() + tuple(environment)
         self._lock = threading.RLock()
-        self._kept: dict = {}  # key -> stored entry (dict)
+        self._kept: dict = {}  # key -> stored entry (dict): what this process decided or read
         self._file_state = None  # (mtime_ns, size) of the file as last read or written; None: none
+        self._memory_only = False  # the file cannot be used or written: said once, never touched
+        self._said: set = set()
+        self._remeasure: AutoRule | None = None
         self._names: dict = {}  # device -> device_name
         self.log: list = []  # (site, Decision) of every kind this store measured, in order (benchmarks read it)
 
     @property
     def measurements(self) -> int:
         return len(self.log)
+
+    def remeasure_rule(self) -> AutoRule:
+        """The process's one "measure again" rule on this store (see ``auto_rule``)."""
+        with self._lock:
+            if self._remeasure is None:
+                self._remeasure = AutoRule(self, remeasure=True)
+            return self._remeasure
 
     def measures(self, device: torch.device) -> bool:
         return device.type != "cpu" or self.measure_cpu
@@ -166,7 +300,7 @@ class Decisions:
         name = self._names.get(device)
         if name is None:
             name = self._names[device] = device_name(device)
-        return json.dumps([name, torch.__version__, VERSION, *kind], separators=(",", ":"))
+        return json.dumps([name, VERSION, *self.environment, *kind], separators=(",", ":"))
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str = "",
                fresh: bool = False) -> Decision:
@@ -186,13 +320,13 @@ class Decisions:
                 self._kept[key] = {"reduce": decision.reduce, "full_ms": decision.full_ms,
                                    "reduced_ms": decision.reduced_ms, "site": site,
                                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-                self._save()
+                self._save(key, replace=fresh)
             return decision
 
     def _measure(self, device: torch.device, build: Callable[[], Work]) -> Decision:
         start = time.perf_counter()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), untouched_rng(device):
                 work = build()
                 times = time_work(work, self.stopwatch(device), self.warmup, self.repeats)
             full, reduced = work.full_ms(times), work.reduced_ms(times)
@@ -205,6 +339,17 @@ class Decisions:
                         time.perf_counter() - start)
 
     # --- the file ------------------------------------------------------------------------------
+    def _say_once(self, message: str) -> None:
+        if message not in self._said:
+            self._said.add(message)
+            LOG.warning("%s", message)
+
+    def _give_up_file(self, why: str) -> None:
+        self._memory_only = True
+        self._say_once(f"TokenReduce: cannot use the auto rule's decisions file {self.path} ({why}); decisions "
+                       f"are measured and kept for this process only, and the file is left as it is. Remove or "
+                       f"fix it to keep decisions across restarts again.")
+
     def _stat(self):
         try:
             stat = os.stat(self.path)
@@ -213,51 +358,115 @@ class Decisions:
         return (stat.st_mtime_ns, stat.st_size)
 
     def _refresh(self) -> None:
-        if self.path is None:
+        if self.path is None or self._memory_only:
             return
         state = self._stat()
         if state == self._file_state:
             return
-        self._file_state = state
-        self._kept = self._read() if state is not None else {}
-
-    def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            if data.get("format") != FILE_FORMAT or not isinstance(data.get("decisions"), dict):
-                raise ValueError(f"not a format-{FILE_FORMAT} decisions file")
-            return {key: entry for key, entry in data["decisions"].items()
-                    if isinstance(entry, dict) and {"reduce", "full_ms", "reduced_ms"} <= entry.keys()}
-        except (OSError, ValueError) as problem:
-            LOG.warning("TokenReduce: ignoring the auto rule's decisions in %s (%s); they will be measured again "
-                        "and the file rewritten.", self.path, problem)
-            return {}
-
-    def _save(self) -> None:
-        if self.path is None:
+        if state is None:  # removed: measure anew
+            self._file_state, self._kept = None, {}
             return
-        # Another process may have added decisions since we read the file: keep them too.
-        current = self._read() if self._stat() not in (None, self._file_state) else {}
-        merged = {**current, **self._kept}
-        data = {"format": FILE_FORMAT, "about": "TokenReduce reduce_when auto: measured decisions per device and "
-                "kind of call. Delete this file to measure again.", "decisions": merged}
+        entries = self._read()
+        if entries is None:
+            return
+        self._file_state = state
+        for key, entry in entries.items():  # another process's kinds are added; ours stay as they are
+            self._kept.setdefault(key, entry)
+
+    def _read(self) -> dict | None:
+        """The file's usable decisions ({} where there is none yet); None: the file cannot be used."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except (OSError, UnicodeDecodeError) as problem:
+            self._give_up_file(f"unreadable: {problem}")
+            return None
+        try:
+            entries, unusable = read_entries(text)
+        except UnusableFile as problem:
+            self._give_up_file(str(problem))
+            return None
+        if unusable:
+            self._say_once(f"TokenReduce: ignoring {unusable} entries of the auto rule's decisions file {self.path} "
+                           f"that are not decisions; those kinds are measured again.")
+        return entries
+
+    def _save(self, key: str, replace: bool) -> None:
+        """Merge this process's decision of ``key`` into the file: the file's own wins unless
+        ``replace`` (measure again)."""
+        if self.path is None or self._memory_only:
+            return
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            temporary.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
-            os.replace(temporary, self.path)
+            with _folder_lock(self.path.parent):
+                current = self._read()
+                if current is None:
+                    return
+                if replace or key not in current:
+                    current[key] = self._kept[key]
+                for known, entry in current.items():
+                    self._kept.setdefault(known, entry)
+                data = {"format": FILE_FORMAT, "about": "TokenReduce reduce_when auto: measured decisions per "
+                        "device and kind of call. Delete this file to measure again.", "decisions": current}
+                temporary.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
+                os.replace(temporary, self.path)
+                self._file_state = self._stat()
         except OSError as problem:
-            LOG.warning("TokenReduce: could not keep the auto rule's decisions in %s (%s); they hold for this "
-                        "process only.", self.path, problem)
-            return
-        self._kept = merged
-        self._file_state = self._stat()
+            self._memory_only = True
+            self._say_once(f"TokenReduce: could not keep the auto rule's decisions in {self.path} ({problem}); "
+                           f"they hold for this process only.")
+        finally:
+            try:
+                temporary.unlink(missing_ok=True)
+            except OSError:  # no folder to have left it in
+                pass
 
 
-def auto_rule(reduce_when: str, decisions: Decisions) -> AutoRule | None:
-    """The rule a node's ``reduce_when`` asks for: None for always (reduce wherever set)."""
+class _folder_lock:
+    """An exclusive lock on a folder between processes (POSIX ``flock``); where there is none
+    (Windows) the atomic replace still keeps the file valid, and a decision lost to a racing
+    writer is measured again by the next process."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.handle = None
+
+    def __enter__(self):
+        if fcntl is not None:
+            self.handle = os.open(self.folder, os.O_RDONLY)
+            fcntl.flock(self.handle, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.handle is not None:
+            fcntl.flock(self.handle, fcntl.LOCK_UN)
+            os.close(self.handle)
+        return False
+
+
+_STORES: dict = {}  # path -> Decisions: the rule's memory, one store per file for the process
+_STORES_LOCK = threading.Lock()
+
+
+def decisions_at(path: Path, environment: tuple = ()) -> Decisions:
+    """The process's one store of decisions for the file at ``path`` (the hosts' nodes share it)."""
+    with _STORES_LOCK:
+        store = _STORES.get(path)
+        if store is None:
+            store = _STORES[path] = Decisions(path, environment=environment)
+        return store
+
+
+def auto_rule(reduce_when: str, decisions: Decisions, per_process: bool = False) -> AutoRule | None:
+    """The rule a node's ``reduce_when`` asks for: None for always (reduce wherever set).
+    ``per_process``: measure again once per kind for the process, not per rule (a host that makes
+    a rule per generation, as the WebUI does, would otherwise measure on every generation)."""
     if reduce_when == REDUCE_ALWAYS:
         return None
+    if reduce_when == REDUCE_REMEASURE and per_process:
+        return decisions.remeasure_rule()
     return AutoRule(decisions, remeasure=reduce_when == REDUCE_REMEASURE)
 
 

@@ -38,6 +38,13 @@ LOG = logging.getLogger("tokenreduce")
 SKIPPED = "skipped"
 CONTEXT_PREFIX = "tokenreduce."  # every call context's key in the host's options starts so
 MEASURING = "tokenreduce:measuring"  # in the options of a call the auto rule times: patches without a context pass
+# The host's attention override slot in the per-call options (ComfyUI's name; Forge has none).
+OVERRIDE = "optimized_attention_override"
+
+
+def call_context(active: bool, timer=None, **extra) -> dict:
+    """A call context (see above): for a model call of a run, or one the auto rule times."""
+    return {"active": active, "notes": {}, "timer": timer, **extra}
 
 
 class ModelCall(NamedTuple):
@@ -51,6 +58,7 @@ class ModelCall(NamedTuple):
     dtype: torch.dtype | None = None  # the dtype the model computes in (None: the latent's)
     attention: Callable | None = None  # the host's attention entry (the auto rule times DiT calls through it)
     model: torch.nn.Module | None = None  # the diffusion model this call runs (another device's copy under multi-GPU)
+    compiled: bool = False  # the host runs the model compiled (torch.compile): its own kinds of call
 
 
 @dataclass(frozen=True)
@@ -127,7 +135,7 @@ class RunState:
             with self._lock:
                 self.windows[frames] = self.windows.get(frames, 0) + 1
         active = self.always_active or self.window.contains(self.sigma(sigmas))
-        return {"active": active, "notes": {}, "timer": self if self.profile else None}
+        return call_context(active, self if self.profile else None)
 
     def close_call(self, context: dict, sigmas: torch.Tensor) -> None:
         """Fold what the patches noted during the call into the run."""

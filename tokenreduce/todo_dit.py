@@ -29,9 +29,7 @@ from .dit import OTHER, TokenLayout
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
 from .measure import backend_of, compute_dtype, dit_attention_work
 from .pays import AutoRule
-from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
-
-OVERRIDE = "optimized_attention_override"
+from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 
 
 class KeepPlan(NamedTuple):
@@ -138,7 +136,7 @@ class ToDoDiTPatch(CallPatch):
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]  # an image: no frames to name
-            context = {"active": True, "notes": {}, "timer": None, "keep": plans, "left": frozenset(), "calls": slot}
+            context = call_context(True, keep=plans, left=frozenset(), calls=slot)
             return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
                     dit_attention_work(call.attention, self._geometry, length, call, installed, self.context_key,
                                        context, slot))

@@ -15,7 +15,7 @@ from .grid import grid_at
 from .layout import unet_call_grid
 from .measure import UNetLevels
 from .pays import AutoRule
-from .run import CallPatch, note_reduced, note_skipped
+from .run import CallPatch, call_context, note_reduced, note_skipped
 
 
 class ToDoPatch(CallPatch):
@@ -47,7 +47,7 @@ class ToDoPatch(CallPatch):
 
     @staticmethod
     def _measuring_context() -> dict:
-        return {"active": True, "notes": {}, "timer": None, "left": frozenset()}
+        return call_context(True, left=frozenset())
 
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)

@@ -33,7 +33,7 @@ from .layout import unet_call_grid, unet_call_key
 from .measure import UNetLevels, sample, compute_dtype
 from .methods import MODE_QUERIES, tome_reach
 from .pays import AutoRule, Work
-from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
+from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 from .seeding import derive_seed
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
@@ -92,8 +92,8 @@ class ToMePatch(CallPatch):
         s = self.settings
         h, w = grid
         partition = partition_grid(h, w, s.stride_x, s.stride_y, None, call.x.device)  # timing only: no RNG
-        context = {"active": True, "notes": {}, "timer": None, "left": frozenset(), "shared": {},
-                   "partitions": {}, "draw_partition": lambda key, grid: partition}
+        context = call_context(True, left=frozenset(), shared={}, partitions={},
+                               draw_partition=lambda key, grid: partition)
         block = self.unet.work(call, level, grid, self.context_key, lambda: context)()
         if not s.share_plans:
             return block

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tokenreduce.describe import run_lines
 from tokenreduce.methods import MODE_QUERIES
-from tokenreduce.pays import Decisions
+from tokenreduce.pays import Decisions, decisions_at
 
 from . import patching
 from .settings import FIRST, HIRES, PREFIX, STAGE_WORDS, WARNINGS_KEY, Job, job_from_args, report_key
@@ -55,9 +55,6 @@ def _state():
     return shared.state
 
 
-_DECISIONS: dict = {}  # path -> the auto rule's decisions, one store per file for the process
-
-
 def decisions() -> Decisions:
     """The auto rule's decisions, kept in Forge's data directory (``--data-dir``, per machine)."""
     try:
@@ -66,10 +63,7 @@ def decisions() -> Decisions:
         path = Path(paths_internal.data_path) / "tokenreduce" / "auto_decisions.json"
     except ImportError:  # no WebUI (unit tests): memory only
         path = None
-    store = _DECISIONS.get(path)
-    if store is None:
-        store = _DECISIONS[path] = Decisions(path)
-    return store
+    return decisions_at(path)
 
 
 def attention_function():
