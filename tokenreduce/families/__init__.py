@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..dit import Family
-from . import flux, hunyuan, lumina, qwen, sd3, wan
+from . import flux, hunyuan, lumina, qwen, sd3, wan, zimage_pixel
 from .refusals import REFUSED
 from .unets import UNETS
 
 FAMILIES: tuple[Family, ...] = (*flux.FAMILIES, *qwen.FAMILIES, *lumina.FAMILIES, *sd3.FAMILIES, *wan.FAMILIES,
-                                *hunyuan.FAMILIES)
+                                *hunyuan.FAMILIES, *zimage_pixel.FAMILIES)
 
 
 class Recognition(NamedTuple):

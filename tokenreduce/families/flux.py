@@ -1,5 +1,6 @@
-"""Flux.1 (dev, schnell, Fill, Kontext), Flux.2 and Chroma: double-stream then single-stream
-blocks, every attention call joint over [text, main image, reference images]."""
+"""Flux.1 (dev, schnell, Fill, Kontext), Flux.2, Chroma, Chroma Radiance and LongCat-Image:
+double-stream then single-stream blocks, every attention call joint over [text, main image,
+reference images]."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ def text_first_tokens(model, patch, x, context, kwargs) -> TokenLayout:
                        image=None)
 
 
+def pixel_tokens(model, patch, x, context, kwargs) -> TokenLayout:
+    """[text, pixel-patch grid]: Chroma Radiance patchifies the RGB image itself (patch 16) and
+    takes no reference images (its NeRF head decodes per patch, with no attention)."""
+    grid = image_grid(x, patch)
+    text = context.shape[1]
+    return TokenLayout(grid, joint=(text + grid[1] * grid[2], text), image=None)
+
+
 def blocks(model) -> tuple[str, ...]:
     return block_paths(model, "double_blocks", "single_blocks")
 
@@ -35,4 +44,9 @@ FAMILIES = (
            blocks, plan, patch, text_first_tokens, geometry),
     Family("Flux.2", ("Flux2",), ("Flux",), True, False, blocks, plan, patch, text_first_tokens, geometry),
     Family("Chroma", ("Chroma",), ("Chroma",), True, False, blocks, plan, patch, text_first_tokens, geometry),
+    Family("Chroma Radiance", ("ChromaRadiance",), ("ChromaRadiance",), True, False, blocks, plan, patch,
+           pixel_tokens, geometry),
+    # The Flux model class itself; the host config only shifts its rope positions (rope_options).
+    Family("LongCat-Image", ("LongCatImage",), ("Flux",), True, False, blocks, plan, patch, text_first_tokens,
+           geometry),
 )
