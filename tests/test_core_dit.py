@@ -425,3 +425,96 @@ def test_the_keep_plan_is_built_once_per_layout_in_a_run():
     patch.prepare_call(again, call.run, ModelCall(image_latent(8, 8), torch.zeros(B, 3, 8), {}, call.options,
                                                   torch.tensor([0.4])))
     assert again["keep"] is call.context["keep"]
+
+
+# --- other overrides around ToDo's: each attention call reduced and counted once ------------------
+
+def _model_call(patch, installed, previous_set=True):
+    """A model call whose options hold ``installed`` in the override slot (another node set it
+    after ToDo's); returns (run, context, options)."""
+    run = RunState(SigmaWindow(1.0, 0.0), always_active=True)
+    sigmas = torch.tensor([0.5])
+    context = run.open_call(sigmas)
+    options = {OVERRIDE: installed}
+    patch.prepare_call(context, run, ModelCall(image_latent(8, 8), torch.zeros(B, 3, 8), {}, options, sigmas))
+    options[KEY] = context
+    return run, context, options
+
+
+def _attention_calls(options, count=3):
+    """``count`` attention calls of the model through whatever is in the slot; what the backend got."""
+    backend = Backend()
+    for _ in range(count):
+        x = positions(19)
+        options[OVERRIDE](backend, x, x, x, HEADS, skip_reshape=True, transformer_options=options)
+    return [seq_of(args[1], 2) for args, _ in backend.calls]
+
+
+def _chaining(replaced):
+    def chaining(func, *args, **kwargs):  # as a SageAttention patch that calls what it replaced
+        return replaced(func, *args, **kwargs)
+    return chaining
+
+
+def _replacing(func, *args, **kwargs):  # as a backend choice that calls the function it is handed
+    return func(*args, **kwargs)
+
+
+REDUCED = list(range(3)) + strided(3, (1, 4, 4), 2)
+
+
+@pytest.mark.parametrize("where", ["chaining after", "replacing after", "chaining before", "replacing before",
+                                   "removed after"])
+def test_every_attention_call_is_reduced_and_counted_once_whatever_override_surrounds_todo(where):
+    """An override set after ToDo that chains to the one it replaced calls ToDo's again: ToDo must
+    not reduce (and count) that call a second time, or its counter runs ahead and later blocks go
+    unreduced with a wrong warning."""
+    before = _chaining(_replacing) if where == "chaining before" else _replacing if where == "replacing before" \
+        else None
+    patch = make_patch("Flux.1", flux_model(), previous=before)
+    installed = {"chaining after": _chaining(patch.override), "replacing after": _replacing,
+                 "removed after": None}.get(where, patch.override)
+    run, context, options = _model_call(patch, installed)
+    assert _attention_calls(options) == [REDUCED] * 3
+    assert context["calls"] == 3 and SKIPPED not in context["notes"] and not context.get("inside")
+    assert not run.warnings
+    if where == "removed after":
+        assert any("removed the attention override" in note for note in run.notes)
+
+
+def test_an_unhashable_override_after_todo_is_run_behind_it():
+    class Unhashable:
+        __hash__ = None
+
+        def __call__(self, func, *args, **kwargs):
+            return func(*args, **kwargs)
+
+    patch = make_patch("Flux.1", flux_model())
+    other = Unhashable()
+    _, context, options = _model_call(patch, other)
+    assert _attention_calls(options) == [REDUCED] * 3 and context["calls"] == 3
+    _, _, again = _model_call(patch, other)
+    assert again[OVERRIDE] is options[OVERRIDE]  # the same front object for the same override
+
+
+def test_the_fronts_kept_for_overrides_found_after_todo_are_bounded_and_thread_safe():
+    import threading
+
+    from tokenreduce import todo_dit
+
+    patch = make_patch("Flux.1", flux_model())
+    overrides = [_chaining(_replacing) for _ in range(4 * todo_dit.FRONTS)]
+    fronts = []
+
+    def meet(chunk):
+        for other in chunk:
+            fronts.append(_model_call(patch, other)[2][OVERRIDE])
+
+    threads = [threading.Thread(target=meet, args=(overrides[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(fronts) == len(overrides) and len(patch._fronts) == todo_dit.FRONTS
+    last = overrides[-1]
+    assert _model_call(patch, last)[2][OVERRIDE] is _model_call(patch, last)[2][OVERRIDE]

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections import OrderedDict
 from typing import Callable, NamedTuple
 
 import torch
@@ -30,6 +32,13 @@ from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
 from .measure import backend_of, compute_dtype, dit_attention_work
 from .pays import AutoRule
 from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+
+
+FRONTS = 8  # overrides found installed after ours that keep their front object (see _front_of)
+
+
+def _hand_on(after: Callable | None, func: Callable, args: tuple, kwargs: dict):
+    return after(func, *args, **kwargs) if after is not None else func(*args, **kwargs)
 
 
 class KeepPlan(NamedTuple):
@@ -77,7 +86,8 @@ class ToDoDiTPatch(CallPatch):
             if slot.kind != OTHER and slot.block in blocks:
                 self.first_slot.setdefault(slot.kind, index)
         self._geometry = None  # of the grid calls (dit.Geometry), read from the model when first timed
-        self._fronts: dict = {}  # an override found installed after ours -> ours in front of it (one object each)
+        self._fronts = OrderedDict()  # id of an override found installed after ours -> (it, ours in front of it)
+        self._fronts_lock = threading.Lock()
         self.previous = previous  # the override installed before ours, called with our keys
 
     # --- before each model call (outside any compiled region) ------------------------------
@@ -103,22 +113,38 @@ class ToDoDiTPatch(CallPatch):
 
     def _in_front(self, run: RunState, options: dict) -> tuple[Callable, Callable | None]:
         """The override this call runs ours as, and the one ours hands its keys to. Where another
-        node set the override after ours, ours goes in front of it in this call's options (their
-        own dict): the same object for the same found override every call, so a compiled model
-        sees no new value."""
+        node set the override after ours (or removed it: None), ours goes in front of it in this
+        call's options (their own dict): the same object for the same found override every call,
+        so a compiled model sees no new value."""
         current = options.get(OVERRIDE)
-        if current == self.override:
+        if getattr(current, "__self__", None) is self and getattr(current, "__func__", None) is ToDoDiTPatch.override:
             return current, self.previous
-        if any(current is front for front in self._fronts.values()):  # options kept from an earlier call
+        if isinstance(current, functools.partial) and current.func == self._run_before:  # kept from an earlier call
             return current, current.args[0]
-        front = self._fronts.get(current)
-        if front is None:
-            front = self._fronts[current] = functools.partial(self._run_before, current)
-        options[OVERRIDE] = front
-        name = getattr(current, "__qualname__", type(current).__name__)
-        run.note_once(f"{self.label}: an attention override applied after this node ({name}) had replaced its own; "
-                      f"{self.label} runs in front of it, so both act.")
+        options[OVERRIDE] = front = self._front_of(current)
+        if current is None:
+            run.note_once(f"{self.label}: a node applied after this one removed the attention override; "
+                          f"{self.label} put its own back, in front of the attention backend.")
+        else:
+            name = getattr(current, "__qualname__", type(current).__name__)
+            run.note_once(f"{self.label}: an attention override applied after this node ({name}) had replaced its "
+                          f"own; {self.label} runs in front of it, so both act.")
         return front, current
+
+    def _front_of(self, current: Callable | None) -> Callable:
+        """Ours in front of ``current``, one object per override found (looked up by identity: an
+        override need not be hashable). Kept for the last ``FRONTS`` overrides found, so a model
+        whose override is replaced on every run does not grow this without bound."""
+        with self._fronts_lock:  # the model's calls may come from several threads (multi-GPU)
+            found = self._fronts.get(id(current))
+            if found is not None and found[0] is current:
+                self._fronts.move_to_end(id(current))
+                return found[1]
+            front = functools.partial(self._run_before, current)
+            self._fronts[id(current)] = (current, front)  # holds current: its id is not reused meanwhile
+            while len(self._fronts) > FRONTS:
+                self._fronts.popitem(last=False)
+            return front
 
     def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
               installed: Callable, after: Callable | None) -> bool:
@@ -163,14 +189,19 @@ class ToDoDiTPatch(CallPatch):
 
     def _run_before(self, after, func, *args, **kwargs):
         """Reduce this call's keys and values where it is a grid call of a reduced block, then
-        hand them to ``after`` (another override) or to the backend ``func``."""
+        hand them to ``after`` (another override) or to the backend ``func``. An override set after
+        ours that chains to the one it replaced calls ours again inside that: the inner call only
+        passes the keys on, so one attention call is reduced and counted once."""
         options = kwargs.get("transformer_options")
         call = self.call_context(options) if isinstance(options, dict) else None
-        if call is not None and call["active"]:
-            args, kwargs = self._reduce(call, args, kwargs)
-        if after is not None:
-            return after(func, *args, **kwargs)
-        return func(*args, **kwargs)
+        if call is None or not call["active"] or call.get("inside"):
+            return _hand_on(after, func, args, kwargs)
+        args, kwargs = self._reduce(call, args, kwargs)
+        call["inside"] = True
+        try:
+            return _hand_on(after, func, args, kwargs)
+        finally:
+            call["inside"] = False
 
     def _reduce(self, call: dict, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         index = call["calls"]
