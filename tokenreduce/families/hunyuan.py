@@ -1,11 +1,13 @@
-"""HunyuanVideo 1.0 / i2v / 1.5: a text-only token refiner, then double- and single-stream
-blocks whose attention is joint over the video, reference and text tokens."""
+"""HunyuanVideo 1.0 / i2v / SkyReels i2v / 1.5 / 1.5 SR, and HunyuanImage 2.1 and its refiner
+(the same model class): a text-only token refiner, then double- and single-stream blocks whose
+attention is joint over the image/video, reference and text tokens (byT5 glyph and SigLIP
+vision tokens count as text)."""
 
 from __future__ import annotations
 
 import math
 
-from ..dit import JOINT, OTHER, Family, Slot, TokenLayout, block_paths, ceil_div, video_grid
+from ..dit import JOINT, OTHER, Family, Slot, TokenLayout, block_paths, ceil_div, image_grid, video_grid
 from .flux import geometry
 
 
@@ -16,11 +18,13 @@ def plan(model) -> tuple[Slot, ...]:
 
 
 def patch(model) -> tuple[int, int, int]:
-    return tuple(model.patch_size)
+    # HunyuanImage 2.1 patchifies a 2-D latent at (ph, pw); the others a 3-D one at (pt, ph, pw).
+    size = tuple(model.patch_size)
+    return size if len(size) == 3 else (1, *size)
 
 
 def tokens(model, patch, x, context, kwargs) -> TokenLayout:
-    grid = video_grid(x, patch)
+    grid = video_grid(x, patch) if x.ndim == 5 else image_grid(x, patch)
     text = context.shape[1]
     if getattr(model, "byt5_in", None) is not None and kwargs.get("txt_byt5") is not None:
         text += kwargs["txt_byt5"].shape[1]
@@ -35,7 +39,17 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
     return TokenLayout(grid, joint=(text + refs + math.prod(grid), start), image=None)
 
 
+def blocks(model) -> tuple[str, ...]:
+    return block_paths(model, "double_blocks", "single_blocks")
+
+
 FAMILIES = (
-    Family("HunyuanVideo", ("HunyuanVideo", "HunyuanVideoI2V", "HunyuanVideo15"), ("HunyuanVideo",), True, True,
-           lambda m: block_paths(m, "double_blocks", "single_blocks"), plan, patch, tokens, geometry),
+    # SkyReels i2v and 1.5 SR only concatenate image channels to the latent: no token of their own.
+    Family("HunyuanVideo", ("HunyuanVideo", "HunyuanVideoI2V", "HunyuanVideoSkyreelsI2V", "HunyuanVideo15",
+                            "HunyuanVideo15_SR_Distilled"), ("HunyuanVideo",), True, True,
+           blocks, plan, patch, tokens, geometry),
+    # An image model: a 2-D latent (2.1), or the refiner's one-frame 3-D latent; byT5 glyph tokens
+    # after the text. Its own family so that the temporal factor never applies.
+    Family("HunyuanImage 2.1", ("HunyuanImage21", "HunyuanImage21Refiner"), ("HunyuanVideo",), True, False,
+           blocks, plan, patch, tokens, geometry),
 )

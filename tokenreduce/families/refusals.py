@@ -23,13 +23,12 @@ REFUSED: dict[str, str] = {
     "RT_DETR_v4": _NOT_DIFFUSION, "SAM3": _NOT_DIFFUSION, "SAM31": _NOT_DIFFUSION, "DepthAnything3": _NOT_DIFFUSION,
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
-        "AuraFlow", "PixArtAlpha", "PixArtSigma", "HunyuanDiT", "HunyuanDiT1", "Lens",
-        "GenmoMochi", "LTXV", "LTXAV", "MiniMaxH3", "HunyuanVideo15_SR_Distilled", "HunyuanImage21Refiner",
-        "HunyuanImage21", "HunyuanVideoSkyreelsI2V", "CosmosT2V", "CosmosI2V", "CosmosT2IPredict2",
-        "CosmosI2VPredict2", "Anima", "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
+        "AuraFlow", "PixArtAlpha", "PixArtSigma", "HunyuanDiT", "HunyuanDiT1", "LongCatImage", "Lens",
+        "GenmoMochi", "LTXV", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V", "CosmosT2IPredict2",
+        "CosmosI2VPredict2", "Anima", "ZImagePixelSpace", "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
         "WAN21_FunControl2V", "WAN21_Vace", "WAN21_Camera", "WAN22_Camera", "WAN22_S2V", "WAN21_HuMo",
         "WAN22_Animate", "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
-        "HiDream", "HiDreamO1", "SeedVR2", "Omnigen2", "Boogu", "MageFlow", "JoyImage",
+        "HiDream", "HiDreamO1", "SeedVR2", "ChromaRadiance", "Omnigen2", "Boogu", "MageFlow", "JoyImage",
         "Ideogram4", "Krea2", "Kandinsky5Image", "Kandinsky5", "ErnieImage", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
 }
