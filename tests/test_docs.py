@@ -311,7 +311,8 @@ def test_the_publish_workflow_publishes_to_the_registry_only_after_the_tests_pas
             assert "github.event.workflow_run.conclusion == 'success'" in job.get("if", "")
     else:  # or the tests as a job it needs
         assert any(job.get("needs") for job in workflow["jobs"].values())
-    assert "push" not in workflow["on"], "publish.yml must not run on a push before the tests passed"
+    others = set(workflow["on"]) - {"workflow_run"}
+    assert not others or trigger is None, f"publish.yml also runs on {others}, without the tests passing first"
 
 
 def test_the_changelog_has_unreleased_on_top_and_the_current_version():
