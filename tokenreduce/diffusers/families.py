@@ -1,0 +1,149 @@
+"""diffusers' DiT transformers, family by family: where their blocks are, which attention of a
+block runs over the image or video grid, and where that grid sits in the key sequence.
+
+The same idea as the core's ``dit.py`` (for ComfyUI's model classes), for diffusers' own: a
+model call's *token layout* (``dit.TokenLayout``) is the grid ``(t, h, w)`` of its main image or
+video tokens (frame-major raster order, as every family patchifies) and, for the joint calls
+(text and image in one sequence) and the image-only calls, the key length and where the grid
+starts. The orders are diffusers', read from the processors of the installed version:
+
+- Flux (FluxAttnProcessor): text first, then the image (then Kontext's reference tokens), in
+  the double blocks and in the single blocks (which concatenate ``[text, image]`` themselves);
+- SD3 / SD3.5 (JointAttnProcessor2_0): image first, then text; SD3.5's second attention of a
+  dual block (``attn2``) over the image only;
+- Qwen-Image (QwenDoubleStreamAttnProcessor2_0): text first, then the image (then the edit
+  model's reference images);
+- HunyuanVideo (HunyuanVideoAttnProcessor2_0): video first, then text, in both block kinds;
+- Wan and LTX-Video: self-attention over the video only (``attn1``; ``attn2`` is
+  cross-attention to text or image embeddings and stays as it is).
+
+Classes are recognised by name: nothing here imports diffusers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from ..dit import TokenLayout
+
+Arguments = Callable[[str], object]  # a model call's argument by name (None when not given)
+
+
+class Family(NamedTuple):
+    name: str  # as the user knows it (the report says it)
+    classes: tuple[str, ...]  # diffusers' transformer class names
+    rope: bool  # keys carry rotated positions when they reach attention: select, never average
+    video: bool
+    blocks: tuple[str, ...]  # the model's block lists, in call order
+    attentions: tuple[str, ...]  # a block's attention modules over the grid
+    layout: Callable  # (model, arguments) -> TokenLayout | None
+    timestep_scale: float  # the timestep the pipeline passes at the highest noise
+
+
+def _image_grid(hidden, patch: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The token grid of a latent [B, C, H, W] or [B, C, T, H, W] patchified by (pt, ph, pw)."""
+    t = hidden.shape[2] if hidden.ndim == 5 else 1
+    pt, ph, pw = patch
+    return (t // pt, hidden.shape[-2] // ph, hidden.shape[-1] // pw)
+
+
+def _text(arguments: Arguments) -> int:
+    text = arguments("encoder_hidden_states")
+    return 0 if text is None else text.shape[1]
+
+
+def _prod(grid) -> int:
+    return grid[0] * grid[1] * grid[2]
+
+
+class _FluxGrid:
+    """Flux packs the latent before the transformer: its grid is only in ``img_ids``. Reading
+    it costs one device read, done once per ids tensor (a pipeline passes the same one every
+    step)."""
+
+    def __init__(self):
+        self._ids = None
+        self._grid = None
+
+    def __call__(self, ids) -> tuple[int, int, int] | None:
+        if ids is self._ids:
+            return self._grid
+        main = ids[0] if ids.ndim == 3 else ids
+        first = main[:, 0]
+        count = int((first == first[0]).sum())  # Kontext's reference tokens follow with another index
+        rows, cols = (int(v) + 1 for v in main[:count, 1:3].amax(dim=0).tolist())
+        grid = (1, rows, cols) if rows * cols == count else None
+        self._ids, self._grid = ids, grid
+        return grid
+
+
+def _flux_layout(model, arguments: Arguments) -> TokenLayout | None:
+    grid_of = model.__dict__.setdefault("_tokenreduce_flux_grid", _FluxGrid())
+    grid = grid_of(arguments("img_ids"))
+    if grid is None:
+        return None
+    text = _text(arguments)
+    return TokenLayout(grid, (text + arguments("hidden_states").shape[1], text), None)
+
+
+def _sd3_layout(model, arguments: Arguments) -> TokenLayout:
+    p = model.config.patch_size
+    grid = _image_grid(arguments("hidden_states"), (1, p, p))
+    image = _prod(grid)
+    return TokenLayout(grid, (image + _text(arguments), 0), (image, 0))
+
+
+def _qwen_layout(model, arguments: Arguments) -> TokenLayout | None:
+    shapes = arguments("img_shapes")
+    if not shapes:
+        return None
+    first = shapes[0][0] if isinstance(shapes[0], (list, tuple)) and isinstance(shapes[0][0], (list, tuple)) \
+        else shapes[0]
+    grid = tuple(int(n) for n in first)
+    text = _text(arguments)
+    return TokenLayout(grid, (text + arguments("hidden_states").shape[1], text), None)
+
+
+def _hunyuan_layout(model, arguments: Arguments) -> TokenLayout:
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    grid = _image_grid(arguments("hidden_states"), (pt, p, p))
+    return TokenLayout(grid, (_prod(grid) + _text(arguments), 0), None)
+
+
+def _wan_layout(model, arguments: Arguments) -> TokenLayout:
+    grid = _image_grid(arguments("hidden_states"), tuple(model.config.patch_size))
+    return TokenLayout(grid, None, (_prod(grid), 0))
+
+
+def _ltx_layout(model, arguments: Arguments) -> TokenLayout | None:
+    dims = tuple(arguments(name) for name in ("num_frames", "height", "width"))
+    if None in dims:
+        return None
+    p, pt = model.config.patch_size, model.config.patch_size_t
+    grid = (dims[0] // pt, dims[1] // p, dims[2] // p)
+    tokens = arguments("hidden_states").shape[1]
+    return TokenLayout(grid, None, (tokens, 0)) if _prod(grid) == tokens else None
+
+
+FAMILIES = (
+    Family("Flux", ("FluxTransformer2DModel",), True, False, ("transformer_blocks", "single_transformer_blocks"),
+           ("attn",), _flux_layout, 1.0),
+    Family("SD3", ("SD3Transformer2DModel",), False, False, ("transformer_blocks",), ("attn", "attn2"),
+           _sd3_layout, 1000.0),
+    Family("Qwen-Image", ("QwenImageTransformer2DModel",), True, False, ("transformer_blocks",), ("attn",),
+           _qwen_layout, 1.0),
+    Family("HunyuanVideo", ("HunyuanVideoTransformer3DModel",), True, True,
+           ("transformer_blocks", "single_transformer_blocks"), ("attn",), _hunyuan_layout, 1000.0),
+    Family("Wan", ("WanTransformer3DModel",), True, True, ("blocks",), ("attn1",), _wan_layout, 1000.0),
+    Family("LTX-Video", ("LTXVideoTransformer3DModel",), True, True, ("transformer_blocks",), ("attn1",),
+           _ltx_layout, 1000.0),
+)
+
+
+def family_of(model) -> Family | None:
+    name = type(model).__name__
+    return next((family for family in FAMILIES if name in family.classes), None)
+
+
+def supported() -> str:
+    return ", ".join(family.name for family in FAMILIES)

@@ -1,0 +1,86 @@
+"""What every diffusers patch does around the model: a call context per model call (from the
+model's forward pre-hook, which sees the latent and the timestep, as tomesd's hook does) and
+``reduce_when auto`` timed on the module's own call.
+
+Everything is a forward hook or a swapped attention processor, registered on the modules of the
+model given and removed with it: the model's classes and its code are never changed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import torch
+
+from ..pays import Work, pair
+from .session import Session
+
+
+def argument_reader(forward: Callable) -> Callable[[tuple, dict], Callable[[str], object]]:
+    """``read(args, kwargs)(name)``: a forward's argument by name, passed by position or keyword."""
+    names = [n for n in inspect.signature(forward).parameters if n != "self"]
+
+    def read(args: tuple, kwargs: dict) -> Callable[[str], object]:
+        def get(name: str):
+            if name in kwargs:
+                return kwargs[name]
+            position = names.index(name) if name in names else len(args)
+            return args[position] if position < len(args) else None
+        return get
+    return read
+
+
+class Hooks:
+    """The hook handles of one applied patch, removed together."""
+
+    def __init__(self):
+        self.handles: list = []
+
+    def pre(self, module: torch.nn.Module, hook: Callable) -> None:
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def post(self, module: torch.nn.Module, hook: Callable) -> None:
+        self.handles.append(module.register_forward_hook(hook, with_kwargs=True))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare: Callable) -> None:
+    """Open a call context before each model call, let ``prepare(context, read)`` decide what
+    the call reduces (outside the blocks, which a regional torch.compile compiles), close it
+    after."""
+    read = argument_reader(model.forward)
+
+    def before(module, args, kwargs):
+        arguments = read(args, kwargs)
+        timestep = arguments("timestep")
+        context = session.open_call(0 if timestep is None else timestep)
+        prepare(context, arguments)
+
+    hooks.pre(model, before)
+    hooks.post(model, lambda module, args, kwargs, output: session.close_call())
+
+
+class Switch:
+    """Whether a patch acts, forced for the auto rule's timing (the module's call run once as
+    it would run unreduced, once reduced) and otherwise as decided."""
+
+    def __init__(self):
+        self.forced: bool | None = None
+
+    def work(self, call: Callable[[], object]) -> Work:
+        """The two sides of one module call for the auto rule."""
+        def side(reduce: bool) -> Callable[[], None]:
+            def run():
+                self.forced = reduce
+                try:
+                    with torch.no_grad():
+                        call()
+                finally:
+                    self.forced = None
+            return run
+        return pair(side(False), side(True))

@@ -1,0 +1,247 @@
+"""ToDo on diffusers models: every query stays; self-attention reads keys and values downsampled
+on the image or video grid.
+
+UNets: a pre-hook on each selected block's ``attn1`` passes the normed tokens, pooled on the
+block's grid, as ``encoder_hidden_states``: the processor projects keys and values from them,
+as ComfyUI's ``attn1_patch`` does (any processor, any attention backend).
+
+DiTs: keys carry rotary positions and are concatenated with the text inside the processor, so
+the reduction has to happen where the processor hands q, k and v to the attention: its call to
+``dispatch_attention_fn`` (diffusers' attention dispatcher, which ``set_attention_backend``
+routes to SDPA, flash, Sage...) or to ``F.scaled_dot_product_attention`` (older processors such
+as SD3's). Each selected attention module gets a processor of a subclass whose ``__call__`` is
+the original's code run with those two names bound to ours: the processor's own code, state and
+signature, nothing copied, and the module's other processors untouched. Ours index the keys
+(nearest: strided, each kept key with its own rotated position) or pool them (average) on the
+grid part of the sequence the call's layout predicts, and pass everything else as it is; then
+the original is called. The per-call layout is computed by the transformer's pre-hook, outside
+the blocks (which a regional ``compile_repeated_blocks`` compiles) and kept while it does not
+change, so a compiled block sees the same objects every step.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ..describe import grid_text, level_text
+from ..dit import TokenLayout
+from ..downsample import downsample_tokens, downsampled_grid, pool_grid_tokens
+from ..grid import grid_at
+from ..run import CallPatch, note_reduced, note_skipped
+from ..todo_dit import KeepPlan, _keep_plan
+from .hooks import Hooks, Switch
+from .session import Session
+
+DISPATCH = "dispatch_attention_fn"
+
+
+class UNetToDo(CallPatch):
+    """ToDo on the ``attn1`` of the selected BasicTransformerBlocks of one UNet."""
+
+    def __init__(self, factors: dict, method: str, sites, label: str, session: Session, rule=None):
+        super().__init__("tokenreduce.diffusers", label, rule)
+        self.factors = factors  # level -> pooling factor per side (> 1)
+        self.method = method
+        self.sites = sites
+        self.session = session
+        self.switch = Switch()
+
+    def prepare(self, context: dict, arguments) -> None:
+        sample = arguments("sample")
+        sample = sample if sample is not None else arguments("hidden_states")
+        self.session.latent_hw = tuple(sample.shape[-2:])
+        self.session.check_latent(sample.shape)
+
+    def attn1(self, level: int):
+        factor = self.factors[level]
+
+        def before(module, args, kwargs):
+            context = self.session.context
+            if context is None or not context["active"] or kwargs.get("encoder_hidden_states") is not None:
+                return None
+            x = args[0] if args else kwargs["hidden_states"]
+            h, w = grid_at(self.session.latent_hw, level)
+            if x.shape[1] != h * w:
+                note_skipped(context)  # tokens that are not the block's grid (another patch reshaped them)
+                return None
+            if not self._reduces(module, level, (h, w), x, args, kwargs):
+                return None
+            keys = downsample_tokens(x, h, w, factor, self.method)
+            note_reduced(context, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, keys.shape[1])})
+            return args, {**kwargs, "encoder_hidden_states": keys}
+        return before
+
+    def _reduces(self, module, level: int, grid, x, args, kwargs) -> bool:
+        if self.switch.forced is not None:
+            return self.switch.forced
+        if self.rule is None:
+            return True
+        kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method)
+        return self.pays(self.session.run, x.device, kind,
+                         lambda: (level_text(level, grid), self.switch.work(lambda: module(*args, **kwargs))))
+
+    def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
+        for site in self.sites:
+            hooks.pre(model.get_submodule(site.path).attn1, self.attn1(site.level))
+
+
+class DiTToDo(CallPatch):
+    """ToDo on the grid attention of the selected blocks of one diffusers DiT."""
+
+    def __init__(self, family, factor: float, temporal_factor: float, method: str, sites, label: str,
+                 session: Session, rule=None):
+        super().__init__("tokenreduce.diffusers", label, rule)
+        self.family = family
+        self.factor = factor
+        self.temporal_factor = temporal_factor if family.video else 1.0
+        self.method = method
+        self.sites = sites
+        self.session = session
+        self.switch = Switch()
+        self.active = False  # read in the blocks: set per model call
+        self.plans: dict = {}  # key length -> KeepPlan of the current layout (the same dict while it holds)
+        self._layout: TokenLayout | None = None
+        self._classes: dict = {}  # processor class -> our subclass
+        self._swapped: list = []  # (attention module, its original processor)
+        self._timing: tuple | None = None  # the auto rule: a grid call's q, k, v to time, when wanted
+
+    # --- before each model call (outside the blocks) ---------------------------------------
+    def prepare(self, context: dict, arguments) -> None:
+        self.active = False
+        if not context["active"]:
+            return
+        layout = self.family.layout(self.model, arguments)
+        if layout is None:
+            self.session.run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token "
+                                       f"layout ToDo does not know; those calls were left alone.")
+            return
+        hidden = arguments("hidden_states")
+        if layout != self._layout:
+            self._layout, self.plans = layout, self._keep_plans(layout, hidden.device)
+        self.active = bool(self.plans) and self._pays(hidden)
+        if self.active:
+            grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
+            plan = next(iter(self.plans.values()))
+            note_reduced(context, grid, 1, lambda: {"q": (plan.tokens, plan.tokens), "k/v": (plan.tokens, plan.kept)})
+
+    def _keep_plans(self, layout: TokenLayout, device) -> dict:
+        t, h, w = layout.grid
+        th, tw = downsampled_grid(h, w, self.factor)
+        target = (max(1, math.ceil(t / self.temporal_factor - 1e-9)), th, tw)
+        factors = (self.temporal_factor, self.factor, self.factor)
+        return {spec[0]: _keep_plan(spec[0], spec[1], layout.grid, target, factors, device)
+                for spec in (layout.joint, layout.image) if spec is not None}
+
+    def _pays(self, hidden: torch.Tensor) -> bool:
+        """reduce_when auto, per layout: one grid attention call of the model's width timed with
+        full and reduced keys through the model's own attention."""
+        if self.rule is None or self.switch.forced is not None:
+            return True
+        length, plan = max(self.plans.items())
+        attention = self._swapped[0][0]
+        heads = attention.heads
+        dim = attention.inner_dim // heads if hasattr(attention, "inner_dim") else hidden.shape[-1] // heads
+        kind = ("diffusers ToDo DiT", self.family.name, length, plan.kept, heads, dim, str(hidden.dtype),
+                self.method)
+
+        def describe():
+            shape = (hidden.shape[0], heads, length, dim)
+            generator = torch.Generator(device=hidden.device if hidden.device.type == "cuda" else "cpu")
+            q, k, v = (torch.randn(shape, generator=generator.manual_seed(i), device=generator.device)
+                       .to(hidden.device, hidden.dtype) for i in range(3))
+            self.active = True
+            call = (lambda: self._sdpa(q, k, v))
+            grid = self._layout.grid if self._layout.grid[0] > 1 else self._layout.grid[1:]
+            return f"{grid_text(grid)} grid, attention ({length} keys)", self.switch.work(call)
+        return self.pays(self.session.run, hidden.device, kind, describe)
+
+    # --- in the attention call --------------------------------------------------------------
+    def _reduced(self, q, k, v, mask, dim: int):
+        """q, k, v and the mask of a grid call with the keys/values reduced, or as they came."""
+        active = self.active if self.switch.forced is None else self.switch.forced
+        if not active:
+            return k, v, mask
+        length = k.shape[dim]
+        plan = self.plans.get(length)
+        if plan is None or q.shape[dim] != length or v.shape[dim] != length or \
+                (mask is not None and mask.shape[-1] not in (1, length)):
+            if not torch.compiler.is_compiling() and self.session.context is not None:
+                note_skipped(self.session.context)  # not the predicted layout: left alone
+            return k, v, mask
+        if mask is not None and mask.shape[-1] == length:
+            mask = mask.index_select(-1, plan.index)
+        return self._keys(k, dim, plan), self._keys(v, dim, plan), mask
+
+    def _keys(self, x: torch.Tensor, dim: int, plan: KeepPlan) -> torch.Tensor:
+        if self.method == "nearest":
+            return x.index_select(dim, plan.index)
+        pooled = pool_grid_tokens(x.narrow(dim, plan.start, plan.tokens), dim, plan.grid, plan.target)
+        end = plan.start + plan.tokens
+        return torch.cat([x.narrow(dim, 0, plan.start), pooled, x.narrow(dim, end, x.shape[dim] - end)], dim=dim)
+
+    def _dispatch(self, original):
+        def dispatch_attention_fn(query, key, value, attn_mask=None, *args, **kwargs):  # [B, N, heads, D]
+            key, value, attn_mask = self._reduced(query, key, value, attn_mask, 1)
+            return original(query, key, value, attn_mask, *args, **kwargs)
+        return dispatch_attention_fn
+
+    def _sdpa(self, query, key, value, attn_mask=None, *args, **kwargs):  # [B, heads, N, D]
+        key, value, attn_mask = self._reduced(query, key, value, attn_mask, 2)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, *args, **kwargs)
+
+    # --- installing ---------------------------------------------------------------------------
+    def _reducing_class(self, cls: type) -> type:
+        """``cls`` with its ``__call__`` run against our attention entry points."""
+        ours = self._classes.get(cls)
+        if ours is not None:
+            return ours
+        call = cls.__call__
+        names = set(call.__code__.co_names)
+        if DISPATCH not in names and "F" not in names:
+            raise ValueError(f"{self.label}: the attention processor {cls.__name__} of this {self.family.name} model "
+                             f"calls neither diffusers' {DISPATCH} nor F.scaled_dot_product_attention; ToDo cannot "
+                             f"reach its keys. Use the model's default processor (model.set_default_attn_processor() "
+                             f"or the processor diffusers gives it).")
+        namespace = dict(call.__globals__)
+        if DISPATCH in namespace:
+            namespace[DISPATCH] = self._dispatch(namespace[DISPATCH])
+        if namespace.get("F") is F:
+            functional = types.ModuleType("torch.nn.functional")
+            functional.__dict__.update(F.__dict__)
+            functional.scaled_dot_product_attention = self._sdpa
+            namespace["F"] = functional
+        function = types.FunctionType(call.__code__, namespace, call.__name__, call.__defaults__, call.__closure__)
+        function.__kwdefaults__ = call.__kwdefaults__
+        function.__qualname__ = call.__qualname__
+        ours = self._classes[cls] = type(cls.__name__, (cls,), {"__call__": function, "_tokenreduce_base": cls})
+        return ours
+
+    def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
+        self.model = model
+        for site in self.sites:
+            block = model.get_submodule(site.path)
+            for name in self.family.attentions:
+                attention = getattr(block, name, None)
+                if attention is None or not hasattr(attention, "processor"):
+                    continue
+                original = attention.processor
+                processor = copy.copy(original)
+                # One state for both: set_attention_backend (and anything else that sets a
+                # processor's attribute while we are installed) is kept when we are removed.
+                processor.__dict__ = original.__dict__
+                processor.__class__ = self._reducing_class(type(original))
+                attention.processor = processor
+                self._swapped.append((attention, original))
+        if not self._swapped:
+            raise ValueError(f"{self.label}: found no attention module in the selected blocks of this "
+                             f"{self.family.name} model.")
+
+    def uninstall(self) -> None:
+        for attention, original in reversed(self._swapped):
+            attention.processor = original
+        self._swapped.clear()

@@ -1,0 +1,151 @@
+"""ToMe in the BasicTransformerBlocks of a diffusers UNet, as tomesd 0.1.3 does it there.
+
+tomesd replaces the block's class with one whose forward plans the merge on the block input
+``x`` and merges the normed input of self-attention (and optionally cross-attention and the
+MLP), unmerging each output before its residual add. Here the same happens through forward
+hooks: the block's pre-hook plans on ``x``; the pre-hooks of ``attn1``, ``attn2`` and ``ff``
+merge what they are given and their hooks unmerge what they return. Same computation, whatever
+the block's norm type, and nothing of diffusers' code is copied or replaced.
+
+The plan itself is the core's (``ToMePatch``: the same partitions, drawn from a private
+generator seeded from the seed, the timestep and the block, the same matching and modes) so a
+diffusers pipeline merges as the ComfyUI node does; tomesd differs only where it is not
+reproducible (its random targets come from a copy of the global RNG, and it turns them off for
+odd batches).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..bipartite import partition_grid
+from ..describe import level_text
+from ..grid import grid_at
+from ..run import note_reduced, note_skipped
+from ..tome_patch import ToMePatch
+from .hooks import Hooks, Switch
+from .session import Session
+
+
+class DiffusersToMe(ToMePatch):
+    """ToMe on the selected BasicTransformerBlocks of one UNet."""
+
+    def __init__(self, settings, target, label: str, session: Session, rule=None):
+        super().__init__(settings, target, "tokenreduce.diffusers", label, unet=None, rule=rule)
+        self.session = session
+        self.switch = Switch()
+        self.current = None  # the plan of the block call running now (blocks run one at a time)
+
+    def prepare(self, context: dict, arguments) -> None:
+        """Before a model call: where its partitions come from (drawn when first needed)."""
+        sample = arguments("sample")
+        if sample is None:
+            sample = arguments("hidden_states")
+        self.session.latent_hw = tuple(sample.shape[-2:])
+        self.session.check_latent(sample.shape)
+        run = self.session.run
+        sigma = run.sigma(context["timestep"]) if self.settings.use_rand else None
+        device = sample.device
+        context.update(partitions={}, shared={}, left=frozenset(),
+                       draw_partition=lambda key, grid: self._partition(run, key, grid, device, sigma))
+
+    # --- in the block ---------------------------------------------------------------------
+    def _grid(self, tokens: int) -> tuple[tuple[int, int], int]:
+        """The block's grid and level, found from its token count as tomesd does."""
+        h0, w0 = self.session.latent_hw
+        level = int(math.ceil(math.sqrt((h0 * w0) // tokens)))
+        return grid_at((h0, w0), level), level
+
+    def block(self, site):
+        def before(module, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            self.current = self._plan_block(site, module, x, args, kwargs)
+        return before
+
+    def _plan_block(self, site, module, x: torch.Tensor, args, kwargs):
+        context = self.session.context
+        if context is None or not context["active"]:
+            return None
+        grid, level = self._grid(x.shape[1])
+        if level > self.max_level:
+            return None
+        if grid[0] * grid[1] != x.shape[1]:
+            note_skipped(context)
+            return None
+        if not self._reduces(context, module, level, grid, args, kwargs):
+            return None
+        plan = self._plan(context, site.key, grid, x)
+        s = self.settings
+        keys_merged = s.merge_attn and not self.queries_only
+        note_reduced(context, grid, level,
+                     lambda: self._stages(x.shape[1], plan.merged_tokens, x.shape[1], keys_merged))
+        return plan
+
+    def _reduces(self, context, module, level: int, grid, args, kwargs) -> bool:
+        """reduce_when auto: this level's block call timed unmerged and merged, once per kind."""
+        if self.switch.forced is not None:
+            return self.switch.forced
+        if self.rule is None:
+            return True
+        s = self.settings
+        x = args[0] if args else kwargs["hidden_states"]
+        kind = ("diffusers ToMe", level, grid, tuple(x.shape), str(x.dtype), s.ratio, s.stride_x, s.stride_y,
+                s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp, s.matching, s.share_plans)
+
+        def describe():
+            # Timing only: top-left targets, no draw from the run's generators.
+            partition = partition_grid(grid[0], grid[1], s.stride_x, s.stride_y, None, x.device)
+            timing = dict(context, partitions={}, shared={}, draw_partition=lambda key, g: partition)
+
+            def call():
+                self.session.context, saved = timing, self.session.context
+                try:
+                    module(*args, **kwargs)
+                finally:
+                    self.session.context = saved
+            return level_text(level, grid), self.switch.work(call)
+        return self.pays(self.session.run, x.device, kind, describe)
+
+    def end_block(self, module, args, kwargs, output):
+        self.current = None
+
+    def merge_input(self, stage: bool, keep_keys: bool = False):
+        """Pre-hook of attn1 / attn2 / ff: merge the tokens it is given (``keep_keys``: the
+        queries only, keys and values from the full tokens)."""
+        def before(module, args, kwargs):
+            plan = self.current
+            if plan is None or not stage:
+                return None
+            x = args[0] if args else kwargs["hidden_states"]
+            if x.shape[1] != plan.tokens:
+                return None
+            merged = plan.merge(x)
+            if keep_keys and kwargs.get("encoder_hidden_states") is None:
+                kwargs = {**kwargs, "encoder_hidden_states": x}
+            args = (merged, *args[1:]) if args else ()
+            if not args:
+                kwargs = {**kwargs, "hidden_states": merged}
+            return args, kwargs
+        return before
+
+    def unmerge_output(self, module, args, kwargs, output):
+        plan = self.current
+        if plan is None or not torch.is_tensor(output) or output.shape[1] != plan.merged_tokens:
+            return output
+        return plan.unmerge(output)
+
+    def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
+        s = self.settings
+        for site in self.sites:
+            block = model.get_submodule(site.path)
+            hooks.pre(block, self.block(site))
+            hooks.post(block, self.end_block)
+            for name, stage, keep_keys in (("attn1", s.merge_attn, self.queries_only),
+                                           ("attn2", s.merge_crossattn, False), ("ff", s.merge_mlp, False)):
+                module = getattr(block, name, None)
+                if module is None or not stage:
+                    continue
+                hooks.pre(module, self.merge_input(stage, keep_keys))
+                hooks.post(module, self.unmerge_output)
