@@ -1,5 +1,5 @@
 """Robust under real use, end to end on the pinned ComfyUI server (full-size random-weight SD1.5,
-LoRA, ControlNet, a tiny SD3 and a tiny Wan VACE written by the tests):
+LoRA, ControlNet, a tiny SD3 and a tiny Hunyuan 3D 2.0 written by the tests):
 
 - bad input through ``POST /prompt``: every input of both nodes out of range or of the wrong
   type, settings that do not fit the latent, a model the node cannot patch (ToMe on a DiT, ToDo
@@ -117,7 +117,7 @@ def test_a_model_input_of_the_wrong_type_is_rejected(server, object_info, patch)
 def test_booleans_and_integers_are_converted_by_the_host_before_our_nodes_see_them(server, object_info):
     """ComfyUI itself turns any value of a BOOLEAN input into bool(value) and of an INT input
     into int(value) during validation, before a node's own check runs: an API client's "yes"
-    is True and 2.9 is 2 (documented in the README). The prompt runs."""
+    is True and 2.9 is 2 (documented in docs/nodes.md). The prompt runs."""
     prompt = prompt_for(object_info, "tome", merge_mlp="yes", stride_x=2.9)
     prompt[SAMPLER]["inputs"]["steps"] = 1
     entry = server.run(prompt)
@@ -157,8 +157,8 @@ def test_a_null_value_fails_at_our_node(server, object_info, patch, name):
 @pytest.mark.parametrize("patch,model,needles", [
     ("tome", "dit", ["cannot patch this SD3 model: it has no UNet transformer blocks",
                      "use Token Downsampling (ToDo, TokenReduce), which supports SD3 / SD3.5"]),
-    ("todo", "unsupported_dit", ["ToDo cannot patch this WAN21_Vace model: ",
-                                 "ToDo does not know this model's attention calls and token layout yet"]),
+    ("todo", "unsupported_dit", ["ToDo cannot patch this Hunyuan3Dv2 model: ",
+                                 "a 3-D shape model: its tokens are a set of shape latents"]),
 ], ids=["tome on SD3", "todo on an unsupported DiT"])
 def test_a_model_our_node_cannot_patch_is_refused_by_our_node(server, object_info, files, patch, model, needles):
     prompt = prompt_for(object_info, patch)

@@ -76,7 +76,7 @@ def test_loads_in_both_tabs_with_one_control_per_declared_input(forge):
 def test_the_accordion_in_the_browser(forge):
     """What a user sees in txt2img: the TokenReduce accordion, closed and off; ticked, it opens
     with both methods' inputs under their own names. The screenshot
-    (test-artifacts/forge/accordion_txt2img.png) is the README's picture."""
+    (test-artifacts/forge/accordion_txt2img.png) is the picture in docs/forge.md."""
     from playwright.sync_api import sync_playwright
 
     from browser import chromium_path

@@ -5,7 +5,7 @@ and ``torch.compile`` (``--compile``), each stack with and without ToDo at its d
 
 A step cache skips whole model calls, which one timed forward (the main benchmark) cannot show:
 each pass here is a whole sampling run of ``--stack-steps`` steps (euler, simple schedule) from a
-spatially smooth noise, and its time is reported per step. The wiring is the order the README
+spatially smooth noise, and its time is reported per step. The wiring is the order docs/speed-stack.md
 gives: the attention patch first (ToDo chains to it), ToDo, the step cache, compiling last."""
 
 from __future__ import annotations
