@@ -32,7 +32,7 @@ REFUSED: dict[str, str] = {
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
         "Lens",
-        "GenmoMochi", "LTXV", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V", "CosmosT2IPredict2",
+        "GenmoMochi", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V", "CosmosT2IPredict2",
         "CosmosI2VPredict2", "Anima", "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
         "WAN21_FunControl2V", "WAN21_Vace", "WAN21_Camera", "WAN22_Camera", "WAN22_S2V", "WAN21_HuMo",
         "WAN22_Animate", "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
