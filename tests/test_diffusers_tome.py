@@ -1,0 +1,94 @@
+"""ToMe on diffusers pipelines equals tomesd 0.1.3 (the reference: `tomesd.apply_patch(pipe)`),
+on tiny random-weight SD1.5- and SDXL-shaped pipelines built from config (nothing downloaded).
+
+tomesd's random merge targets come from a copy of the global RNG (and are turned off for odd
+batches), which no reproducible patch can match; the comparison runs with top-left targets
+(``use_rand=False``), where the two must agree bit for bit. Our own random targets are checked
+for what they promise instead: the same seed, the same images, the global RNG untouched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+tomesd = pytest.importorskip("tomesd")
+
+from tokenreduce.diffusers import apply_patch, tiny  # noqa: E402
+
+SIZE = 64  # px: an 8x8 latent
+
+
+@pytest.fixture(scope="module")
+def pipes():
+    return {"SD15": tiny.pipeline(sdxl=False), "SDXL": tiny.pipeline(sdxl=True)}
+
+
+def _run(pipe, batch: int, guidance: float) -> torch.Tensor:
+    return tiny.generate(pipe, batch=batch, steps=2, guidance=guidance, size=SIZE)
+
+
+def _tomesd(pipe, batch, guidance, **args) -> torch.Tensor:
+    tomesd.apply_patch(pipe, use_rand=False, **args)
+    try:
+        return _run(pipe, batch, guidance)
+    finally:
+        tomesd.remove_patch(pipe)
+
+
+@pytest.mark.parametrize("family,batch,guidance,args", [
+    ("SD15", 1, 5.0, {}),  # CFG: cond and uncond in one batch of 2
+    ("SD15", 2, 1.0, {}),  # no CFG, two prompts
+    ("SD15", 1, 5.0, {"max_downsample": 2, "merge_crossattn": True, "merge_mlp": True}),
+    ("SD15", 1, 5.0, {"ratio": 0.3, "sx": 1, "sy": 2}),
+    ("SDXL", 1, 5.0, {"max_downsample": 2}),
+    ("SDXL", 3, 5.0, {"max_downsample": 4, "merge_mlp": True}),
+])
+def test_same_latents_as_tomesd(pipes, family, batch, guidance, args):
+    pipe = pipes[family]
+    reference = _tomesd(pipe, batch, guidance, **{"ratio": 0.5, **args})
+    ours = {"ratio": args.get("ratio", 0.5), "stride_x": args.get("sx", 2), "stride_y": args.get("sy", 2),
+            "max_downsample": str(args.get("max_downsample", 1 if family == "SD15" else 2)),
+            "merge_crossattn": args.get("merge_crossattn", False), "merge_mlp": args.get("merge_mlp", False)}
+    with apply_patch(pipe, "ToMe", use_rand=False, **ours) as patch:
+        merged = _run(pipe, batch, guidance)
+        report = patch.report()
+    assert torch.equal(merged, reference)
+    assert report.levels and report.active_steps == (1, 2)
+    assert not torch.equal(merged, _run(pipe, batch, guidance))  # it did merge
+
+
+def test_same_as_tomesd_under_model_cpu_offload(pipes):
+    pytest.importorskip("accelerate")
+    pipe = tiny.pipeline(sdxl=False)
+    reference = _tomesd(pipes["SD15"], 1, 5.0, ratio=0.5)
+    pipe.enable_model_cpu_offload(device="cpu")
+    with apply_patch(pipe, "ToMe", use_rand=False):
+        assert torch.equal(_run(pipe, 1, 5.0), reference)
+
+
+def test_random_targets_repeat_bit_for_bit_and_leave_the_global_rng_alone(pipes):
+    pipe = pipes["SD15"]
+    with apply_patch(pipe, "ToMe", seed=7):
+        state = torch.get_rng_state()
+        first = _run(pipe, 1, 5.0)
+        assert torch.equal(torch.get_rng_state(), state)
+        assert torch.equal(_run(pipe, 1, 5.0), first)
+    with apply_patch(pipe, "ToMe", seed=8):
+        assert not torch.equal(_run(pipe, 1, 5.0), first)
+
+
+def test_queries_only_mode_keeps_keys_and_values_full(pipes):
+    pipe = pipes["SD15"]
+    seen = []
+    attention = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    with apply_patch(pipe, "ToMe", mode="queries only (ComfyUI built-in)"):
+        # Registered after the patch's own pre-hook: sees what the processor gets.
+        hook = attention.register_forward_pre_hook(
+            lambda m, args, kwargs: seen.append((args[0].shape[1], kwargs.get("encoder_hidden_states"))),
+            with_kwargs=True)
+        try:
+            _run(pipe, 1, 5.0)
+        finally:
+            hook.remove()
+    assert seen and all(q == 32 and kv is not None and kv.shape[1] == 64 for q, kv in seen)
