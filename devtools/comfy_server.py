@@ -261,7 +261,7 @@ EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer "module.function" in d
     "controlnet": ("controlnet", "random_models.write_controlnet", 1),
     "flux": ("diffusion_models", "random_dits.write_flux_diffusion_model", 1),  # Flux.1 dev, ~0.8 GB
     "wan21_t2v": ("diffusion_models", "random_dits.write_wan_diffusion_model", 1),
-    "unsupported_dit": ("diffusion_models", "random_dits.write_unsupported_dit", 1),  # Wan 2.1 VACE
+    "unsupported_dit": ("diffusion_models", "random_dits.write_unsupported_dit", 2),  # v2: Hunyuan 3D 2.0
     "wan21_t2v_lora": ("loras", "random_dits.write_attention_lora", 1),  # on the Wan file above
     "wan21_t2v_fp8_scaled": ("diffusion_models", "random_dits.write_wan_scaled_fp8", 1),
 }

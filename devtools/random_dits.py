@@ -4,7 +4,7 @@ Every variant of the image and video DiT families ToDo supports, at a few blocks
 of 64 to 256, detected by ComfyUI's own ``model_config_from_unet_config`` as the real model
 type; their conditioning, latents and reference inputs in the form ComfyUI's nodes give the
 sampler; the smallest Flux.1 and Wan diffusion-model files ComfyUI's ``UNETLoader`` detects;
-and a DiT that ToDo does not support (Wan 2.1 VACE: a Wan built on another model class).
+and a DiT that ToDo does not support (Hunyuan 3D 2.0: a shape model, no image or video grid).
 Checked in ComfyUI 0.3.75 and 0.33.0; where the trees differ (fields a model's dataclass
 lacks) the config is trimmed to what the running tree accepts.
 
@@ -16,9 +16,9 @@ lacks) the config is trimmed to what the running tree accepts.
     latent(family, batch=1, height_px=128, width_px=128, frames=9)
                                           -> the empty latent the sampler gets ([B, C, H, W] or 5-D)
     noise_mask(family, latent)            -> None, or Wan 2.2 5B's first-frame mask (image to video)
-    make_unsupported_dit(seed=0)          -> a tiny Wan 2.1 VACE
+    make_unsupported_dit(seed=0)          -> a tiny Hunyuan 3D 2.0
     write_flux_diffusion_model(path, ...), write_wan_diffusion_model(path, variant, ...),
-    write_unsupported_dit(path)           -> files UNETLoader detects (Flux.1 dev, Wan 2.1, Wan VACE)
+    write_unsupported_dit(path)           -> files UNETLoader detects (Flux.1 dev, Wan 2.1, Hunyuan 3D 2.0)
 
 Runs inside a host venv with the ComfyUI folder importable (imports only torch and comfy, and
 ``random_models`` beside it).
@@ -276,15 +276,20 @@ def make_dit(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **o
     return _patcher(model)
 
 
+# Hunyuan 3D 2.0 as detection reports it (16 heads always), at hidden 64 and one block of each
+# kind: a DiT that stays refused in every tree (its tokens are shape latents, not a grid).
+_HUNYUAN3D = {"image_model": "hunyuan3d2", "in_channels": 64, "context_in_dim": CONTEXT_DIM, "hidden_size": 64,
+              "mlp_ratio": 4.0, "num_heads": 16, "depth": 1, "depth_single_blocks": 1, "qkv_bias": True,
+              "guidance_embed": False}
+
+
 def make_unsupported_dit(seed: int = 0):
-    """A tiny Wan 2.1 VACE: a DiT ToDo does not support (detected as WAN21_Vace, built on
-    VaceWanModel)."""
+    """A tiny Hunyuan 3D 2.0: a DiT ToDo does not support (detected as Hunyuan3Dv2, refused
+    as a shape model)."""
     import comfy.model_detection
 
-    config = comfy.model_detection.model_config_from_unet_config(
-        {**_WAN, "model_type": "vace", "in_dim": 16, "out_dim": 16, "vace_layers": 1,
-         "vace_in_dim": 96})
-    assert type(config).__name__ == "WAN21_Vace", type(config)
+    config = comfy.model_detection.model_config_from_unet_config(dict(_HUNYUAN3D))
+    assert type(config).__name__ == "Hunyuan3Dv2", type(config)
     config.set_inference_dtype(torch.float32, None)
     model = config.get_model({})
     randomize_(model.diffusion_model, seed)
@@ -555,5 +560,9 @@ def write_attention_lora(path: str, model: str = "wan21_t2v", seed: int = 0, ran
 
 
 def write_unsupported_dit(path: str, seed: int = 0) -> None:
-    """A DiT file UNETLoader loads and ToDo does not support: a tiny Wan 2.1 VACE."""
-    write_wan_diffusion_model(path, "vace", seed)
+    """A DiT file UNETLoader loads and ToDo does not support: a tiny Hunyuan 3D 2.0 (0.2 MB)."""
+    import comfy.utils
+
+    model = make_unsupported_dit(seed).model.diffusion_model
+    comfy.utils.save_torch_file({k: t.detach().contiguous().to(torch.bfloat16)
+                                 for k, t in model.state_dict().items()}, path)

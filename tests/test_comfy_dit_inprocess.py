@@ -296,6 +296,36 @@ def test_an_unsupported_dit_is_refused_with_its_reason(comfy):
     assert f"Token Downsampling (ToDo, TokenReduce) does not reduce it either: {reason}" in str(refused.value)
 
 
+def _renamed(obj, name, base=None):
+    """``obj`` turned into an instance of a new class ``name`` (deriving from ``base``, default
+    its own class) with its class's attributes: a variant the host could add later."""
+    cls = type(obj)
+    attributes = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
+    obj.__class__ = type(name, (base or cls,), attributes if base else {})
+    return obj
+
+
+def test_a_model_class_that_only_derives_from_a_known_one_is_refused_not_reduced(comfy):
+    """A Wan whose module class is a subclass of WanModel (a variant that may add a token
+    stream) is never reduced as Wan: under an unknown config it is refused with the 'derives
+    from' reason; under Wan's own config with the 'not the WanModel ToDo knows' one."""
+    import comfy.supported_models_base as configs  # "as": the name comfy is the fixture here
+
+    unknown = random_dits.make_dit("wan21_t2v")
+    _renamed(unknown.model.diffusion_model, "WanWithAnotherStream")
+    _renamed(unknown.model.model_config, "SomeFutureVideoDiT", configs.BASE)
+    with pytest.raises(ValueError, match="ToDo cannot patch this SomeFutureVideoDiT model: ") as refused:
+        todo(comfy, unknown)
+    assert ("its model class WanWithAnotherStream derives from WanModel (Wan 2.1 / 2.2) but ToDo does not know it"
+            in str(refused.value))
+
+    known_config = random_dits.make_dit("wan21_t2v")
+    _renamed(known_config.model.diffusion_model, "WanWithAnotherStream")
+    with pytest.raises(ValueError, match="ToDo cannot patch this WAN21_T2V model: ") as refused:
+        todo(comfy, known_config)
+    assert "but the model is a WanWithAnotherStream, not the WanModel" in str(refused.value)
+
+
 # --- with ComfyUI's step caches -----------------------------------------------------------------
 
 def _caches():

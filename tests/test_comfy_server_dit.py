@@ -189,5 +189,5 @@ def test_an_unsupported_dit_file_is_refused_with_its_reason(server, object_info,
     workflow.find(prompt, "UNETLoader")["unet_name"] = files[1]["unsupported_dit"]
     error = _run_error(server, prompt)
     assert error["node_type"] == TODO
-    assert "ToDo cannot patch this WAN21_Vace model: " in error["exception_message"]
-    assert "ToDo does not know this model's attention calls and token layout yet" in error["exception_message"]
+    assert "ToDo cannot patch this Hunyuan3Dv2 model: " in error["exception_message"]
+    assert "a 3-D shape model: its tokens are a set of shape latents" in error["exception_message"]

@@ -1,5 +1,8 @@
 """Wan 2.1 / 2.2: per block self-attention over the video tokens, then cross-attention to the
-text (and, for Wan 2.1 i2v, to CLIP image tokens)."""
+text (and, for Wan 2.1 i2v, to CLIP image tokens). Fun Control (control latents concatenated in
+channels) and the camera models (camera embeddings added to the patch embedding) keep that
+token layout. Wan VACE adds VACE blocks that run a hint stream of the same grid (its own
+self-attention, then cross-attention) after some main blocks."""
 
 from __future__ import annotations
 
@@ -37,7 +40,38 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     return TokenLayout(grid, joint=None, image=(prefix + math.prod(grid), prefix))
 
 
+def vace_plan(model) -> tuple[Slot, ...]:
+    """The main blocks' calls, each VACE block's after the main block it follows (one hint
+    stream). A hint stream is the VACE frames patchified on the main grid: its self-attention
+    is a grid call of its own tokens (never mixed with the video's), reduced with the main
+    block it follows; its cross-attention to the text is left alone."""
+    main = plan(model)
+    slots = []
+    for i in range(len(model.blocks)):
+        slots.extend(slot for slot in main if slot.block == i)
+        if model.vace_layers_mapping.get(i) is not None:
+            slots.extend([Slot(IMAGE, i), Slot(OTHER, i)])
+    return tuple(slots)
+
+
+def vace_tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
+    hints = kwargs.get("vace_context")
+    # [B, streams, C, T, H, W]: each stream runs every VACE block again; the plan places one.
+    if hints is None or hints.shape[1] != 1 or tuple(hints.shape[-3:]) != tuple(x.shape[-3:]):
+        return None
+    return tokens(model, patch, x, context, kwargs)
+
+
+def vace_check(model) -> str | None:
+    if type(model.vace_blocks[0].cross_attn).__name__ != "WanT2VCrossAttention":
+        return "its VACE blocks cross-attend to image tokens too, which the Wan VACE plan does not place"
+    return None
+
+
 FAMILIES = (
-    Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V"), ("WanModel",), True, True,
+    Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
+                             "WAN22_Camera"), ("WanModel", "CameraWanModel"), True, True,
            lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
+    Family("Wan VACE", ("WAN21_Vace",), ("VaceWanModel",), True, True,
+           lambda m: block_paths(m, "blocks"), vace_plan, patch, vace_tokens, geometry, vace_check),
 )

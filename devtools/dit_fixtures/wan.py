@@ -1,0 +1,75 @@
+"""Tiny Wan variants built on the Wan 2.1 layout: Fun Control, the camera models and VACE, each
+with the conditioning its ComfyUI node gives (control latents, camera embeddings, VACE frames
+and mask)."""
+
+from __future__ import annotations
+
+import torch
+
+import random_dits
+from random_dits import Fixture, Spec
+
+# The tiny Wan of random_dits (dim 64, 2 heads, 2 blocks); a copy: random_dits defines its own
+# after collecting the fixtures.
+_WAN = {"image_model": "wan2.1", "dim": 64, "ffn_dim": 128, "num_heads": 2, "num_layers": 2, "patch_size": (1, 2, 2),
+        "freq_dim": 256, "text_dim": 64, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
+_GRID = (3, 6, 6)  # 9 frames of 96x96 px: 3 latent frames of 12x12, patch 2
+_FAMILY = "Wan 2.1 / 2.2"
+
+
+def _text(generator, batch, shape):
+    return torch.randn(batch, random_dits.WAN_TEXT_TOKENS, _WAN["text_dim"], generator=generator), {}
+
+
+def _clip(generator, shape) -> dict:
+    """CLIPVisionEncode's output as the i2v-style nodes pass it (Wan 2.1 models with img_emb)."""
+    states = torch.randn(shape[0], random_dits.WAN_CLIP_TOKENS, 1280, generator=generator)
+    return {"clip_vision_output": random_dits._clip_vision_output(penultimate_hidden_states=states)}
+
+
+def _start_image(generator, shape, channels: int = 16) -> dict:
+    """concat_latent_image and concat_mask as WanCameraImageToVideo stores them: a start image
+    in frame 0, the rest zeros, masked so frame 0 is kept."""
+    image = torch.zeros([shape[0], channels] + shape[2:])
+    image[:, :, :1] = torch.randn([shape[0], channels, 1] + shape[3:], generator=generator)
+    mask = torch.ones([1, 1] + shape[2:])
+    mask[:, :, :1] = 0.0
+    return {"concat_latent_image": image, "concat_mask": mask}
+
+
+def _camera(generator, shape) -> dict:
+    """WanCameraEmbedding's output: 24 Plücker channels (6 x 4 frames folded) per latent frame,
+    at pixel size."""
+    return {"camera_conditions": torch.randn([1, 24, shape[2], shape[3] * 8, shape[4] * 8], generator=generator)}
+
+
+def _fun_control(generator, shape) -> dict:
+    # WanFunControlToVideo: the control video's latent and the start image's (16 + 16 channels).
+    return {"concat_latent_image": torch.randn([shape[0], 32] + shape[2:], generator=generator), **_clip(generator, shape)}
+
+
+def _vace(generator, shape) -> dict:
+    # WanVaceToVideo: one stream of inactive and reactive frame latents (16 + 16 channels) and
+    # the mask folded 8x8 into 64 channels, all at the latent's size.
+    frames = torch.randn([shape[0], 32] + shape[2:], generator=generator)
+    mask = (torch.rand([shape[0], 64] + shape[2:], generator=generator) > 0.5).float()
+    return {"vace_frames": [frames], "vace_mask": [mask], "vace_strength": [1.0]}
+
+
+FIXTURES = {
+    "wan21_fun_control": Fixture(
+        Spec("WAN21_FunControl2V", 16, 8, True, 4), {**_WAN, "model_type": "i2v", "in_dim": 48, "out_dim": 16},
+        _FAMILY, 2, "g--g--", _GRID, text=_text, shared=_fun_control),
+    "wan21_camera": Fixture(  # img_emb: cross-attention to CLIP-vision tokens too
+        Spec("WAN21_Camera", 16, 8, True, 4), {**_WAN, "model_type": "camera", "in_dim": 32, "out_dim": 16},
+        _FAMILY, 2, "g--g--", _GRID, text=_text,
+        shared=lambda g, shape: {**_start_image(g, shape), **_camera(g, shape), **_clip(g, shape)}),
+    "wan22_camera": Fixture(
+        Spec("WAN22_Camera", 16, 8, True, 4), {**_WAN, "model_type": "camera_2.2", "in_dim": 36, "out_dim": 16},
+        _FAMILY, 2, "g-g-", _GRID, text=_text, shared=lambda g, shape: {**_start_image(g, shape), **_camera(g, shape)}),
+    # Block 0: self, cross, then VACE block 0 on the hint stream (its self, its cross); block 1.
+    "wan21_vace": Fixture(
+        Spec("WAN21_Vace", 16, 8, True, 4),
+        {**_WAN, "model_type": "vace", "in_dim": 16, "out_dim": 16, "vace_layers": 1, "vace_in_dim": 96},
+        "Wan VACE", 2, "g-g-g-", _GRID, text=_text, shared=_vace),
+}
