@@ -5,14 +5,8 @@ does not place: such model calls are left alone (tokens() says so)."""
 
 from __future__ import annotations
 
-from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
-
-
-def plan(model) -> tuple[Slot, ...]:
-    refiners = len(model.noise_refiner)
-    return (tuple(Slot(OTHER, -1) for _ in model.context_refiner)  # text only
-            + tuple(Slot(IMAGE, i) for i in range(refiners))
-            + tuple(Slot(JOINT, refiners + i) for i in range(len(model.layers))))
+from ..dit import Family, Geometry, TokenLayout, block_paths, image_grid
+from .lumina import plan  # the same order: text refiners, noise refiners, joint layers
 
 
 def geometry(model) -> Geometry:
