@@ -56,6 +56,17 @@ def _vace(generator, shape) -> dict:
     return {"vace_frames": [frames], "vace_mask": [mask], "vace_strength": [1.0]}
 
 
+def _humo_text(generator, batch, shape):
+    # WanHuMoImageToVideo: audio windows [B, latent frames, 8, 5, 1280] (the negative's are zeros)
+    context, _ = _text(generator, batch, shape)
+    return context, {"audio_embed": torch.randn([1, shape[2], 8, 5, 1280], generator=generator)}
+
+
+def _humo_reference(generator, shape) -> dict:
+    # WanHuMoImageToVideo: the reference image's latent, one frame at the video's size.
+    return {"reference_latents": [torch.randn([1, 16, 1] + shape[3:], generator=generator)]}
+
+
 FIXTURES = {
     "wan21_fun_control": Fixture(
         Spec("WAN21_FunControl2V", 16, 8, True, 4), {**_WAN, "model_type": "i2v", "in_dim": 48, "out_dim": 16},
@@ -72,4 +83,8 @@ FIXTURES = {
         Spec("WAN21_Vace", 16, 8, True, 4),
         {**_WAN, "model_type": "vace", "in_dim": 16, "out_dim": 16, "vace_layers": 1, "vace_in_dim": 96},
         "Wan VACE", 2, "g-g-g-", _GRID, text=_text, shared=_vace),
+    # HuMo 1.7B: self over [video, reference frame], text cross, audio cross (per frame).
+    "wan21_humo": Fixture(
+        Spec("WAN21_HuMo", 16, 8, True, 4), {**_WAN, "model_type": "humo", "in_dim": 16, "out_dim": 16},
+        "Wan HuMo", 2, "g--g--", _GRID, text=_humo_text, shared=_humo_reference),
 }

@@ -41,7 +41,6 @@ REFUSED: dict[str, str] = {
         "Lens",
         "GenmoMochi", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V", "CosmosT2IPredict2",
         "CosmosI2VPredict2", "Anima", "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
-        "WAN21_HuMo",
         "WAN22_Animate", "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2", "Boogu", "JoyImage",
         "Ideogram4", "Krea2", "Kandinsky5Image", "Kandinsky5", "ErnieImage", "CogVideoX_Inpaint",

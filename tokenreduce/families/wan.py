@@ -2,7 +2,8 @@
 text (and, for Wan 2.1 i2v, to CLIP image tokens). Fun Control (control latents concatenated in
 channels) and the camera models (camera embeddings added to the patch embedding) keep that
 token layout. Wan VACE adds VACE blocks that run a hint stream of the same grid (its own
-self-attention, then cross-attention) after some main blocks."""
+self-attention, then cross-attention) after some main blocks. HuMo appends a reference frame's
+tokens after the video and cross-attends to audio tokens after the text."""
 
 from __future__ import annotations
 
@@ -68,10 +69,37 @@ def vace_check(model) -> str | None:
     return None
 
 
+def humo_plan(model) -> tuple[Slot, ...]:
+    """Per block: self-attention over [video, reference frame], cross-attention to the text,
+    then to the audio tokens (grouped per frame: left alone)."""
+    return tuple(slot for i in range(len(model.blocks)) for slot in (Slot(IMAGE, i), Slot(OTHER, i), Slot(OTHER, i)))
+
+
+def humo_tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
+    # Without audio embeddings the blocks skip the audio call the plan counts; the extra
+    # streams of the Wan forward (time_dim_concat, context_latents) are not HuMo's.
+    if kwargs.get("audio_embed") is None or kwargs.get("time_dim_concat") is not None \
+            or kwargs.get("context_latents") is not None:
+        return None
+    grid = video_grid(x, patch)
+    reference = kwargs.get("reference_latent")
+    # The reference latent is patchified like the video and appended after it (not reduced).
+    extra = math.prod(video_grid(reference, patch)) if reference is not None else 0
+    return TokenLayout(grid, joint=None, image=(math.prod(grid) + extra, 0))
+
+
+def humo_check(model) -> str | None:
+    if any(type(block).__name__ != "WanAttentionBlockAudio" for block in model.blocks):
+        return "its blocks are not the audio blocks (WanAttentionBlockAudio) the Wan HuMo plan counts"
+    return None
+
+
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
                              "WAN22_Camera"), ("WanModel", "CameraWanModel"), True, True,
            lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
     Family("Wan VACE", ("WAN21_Vace",), ("VaceWanModel",), True, True,
            lambda m: block_paths(m, "blocks"), vace_plan, patch, vace_tokens, geometry, vace_check),
+    Family("Wan HuMo", ("WAN21_HuMo",), ("HumoWanModel",), True, True,
+           lambda m: block_paths(m, "blocks"), humo_plan, patch, humo_tokens, geometry, humo_check),
 )
