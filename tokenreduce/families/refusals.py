@@ -39,8 +39,8 @@ REFUSED: dict[str, str] = {
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
         "Lens",
-        "GenmoMochi", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V", "CosmosT2IPredict2",
-        "CosmosI2VPredict2", "Anima", "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
+        "GenmoMochi", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V",
+        "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
         "WAN22_Animate", "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2", "Boogu", "JoyImage",
         "Ideogram4", "Krea2", "Kandinsky5Image", "Kandinsky5", "ErnieImage", "CogVideoX_Inpaint",
