@@ -25,6 +25,7 @@ from ..preflight import todo_factors, tome_strides
 from ..run import RunReport
 from ..target import Target, resolve_target
 from .hooks import Hooks, track_calls
+from .families import supported
 from .models import denoisers, model_layout, unwrapped
 from .session import Session
 from .todo import DiTToDo, UNetToDo
@@ -133,6 +134,18 @@ def _select(method: str, settings):
     return select
 
 
+def _refusal(method: str, name: str, layout) -> str:
+    """Why no setting of ``method`` can patch this model here (the node's refusal, in terms of
+    diffusers' classes and of the families this adapter knows)."""
+    if layout is not None and layout.kind == DIT:
+        return (f"{method} cannot patch this {name} model: it has no UNet transformer blocks. {method} works on UNet "
+                f"models (SD1.x, SD2.x, SDXL). For this model use ToDo (apply_patch(model, \"ToDo\")), which "
+                f"supports {name}.")
+    return (f"{method} cannot patch this {name} model. It works on diffusers' UNet2DConditionModel (SD1.x, SD2.x, "
+            f"SDXL)" + ("" if method == "ToMe" else f" and on these DiT transformers: {supported()}")
+            + f"; {name} is not one of them.")
+
+
 def _refuse_foreign_tome(model: torch.nn.Module, label: str) -> None:
     if any(type(m).__name__ == "ToMeBlock" for m in model.modules()):
         raise ValueError(f"{label}: tomesd is applied to this model; it merges the tokens before this patch sees "
@@ -154,6 +167,8 @@ def _patch_model(model: torch.nn.Module, method: str, label: str, settings, rule
     kinds = (UNET,) if method == "ToMe" else (UNET, DIT)
     setting, choice = ("max_downsample", settings.max_downsample) if method == "ToMe" else ("level", settings.level)
     target = resolve_target(layout, name, method, setting, choice, _select(method, settings), kinds)
+    if target.refused:
+        raise ValueError(f"{label}: {_refusal(method, name, layout)}")
     if target.sites is None:
         raise ValueError(f"{label}: {target.message}")
     _refuse_foreign_tome(model, label)
@@ -196,9 +211,10 @@ def remove_patch(pipe_or_model) -> None:
             applied.remove()
 
 
-def apply_patch(pipe_or_model, method: str = "ToMe", **inputs) -> TokenReducePatch:
+def apply_patch(pipe_or_model, method: str = "ToMe", /, **inputs) -> TokenReducePatch:
     """Apply ToMe or ToDo, with the ComfyUI node's inputs (``tokenreduce.methods``; defaults for
     those not given), to a diffusers pipeline's UNet or transformer(s), or to such a model.
+    ``method`` is positional only: ToDo has an input named ``method`` (its pooling).
     Applying again replaces the earlier patch (never stacks). Raises ValueError, with the node's
     message, for values it cannot use and for a model it cannot patch."""
     node = _method(method)

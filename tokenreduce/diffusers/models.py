@@ -68,6 +68,8 @@ def model_layout(model: torch.nn.Module) -> tuple[str, Layout | None]:
     family = family_of(model)
     if family is not None:
         return family.name, dit_layout(model, family)
-    config = getattr(model, "config", None)
-    sdxl = getattr(config, "addition_embed_type", None) == "text_time"
-    return ("SDXL" if sdxl else "SD") + f" {type(model).__name__}", unet_layout(model)
+    layout = unet_layout(model)
+    if layout is None:
+        return type(model).__name__, None
+    sdxl = getattr(getattr(model, "config", None), "addition_embed_type", None) == "text_time"
+    return ("SDXL" if sdxl else "SD") + f" {type(model).__name__}", layout

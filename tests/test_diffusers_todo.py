@@ -1,0 +1,153 @@
+"""ToDo on diffusers models (tiny random weights, built from config): UNet pipelines, and the DiT
+transformers called as their pipelines call them. Checked at the attention itself: the keys and
+values a reduced call hands to the backend are exactly the unreduced ones with the grid part
+subsampled as the core says, the text and everything else around the grid intact, in each
+family's own order; blocks left out stay whole; removal restores the model bit for bit."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from tokenreduce.diffusers import apply_patch, tiny  # noqa: E402
+from tokenreduce.downsample import downsample_tokens, grid_keep_index  # noqa: E402
+
+# family -> (the module whose attention entry its grid processor calls, entry name, sequence dim,
+# where the grid sits in its joint calls: "text first" or "image first"; None: image-only calls)
+FAMILIES = {
+    "Flux": ("transformer_flux", "dispatch_attention_fn", 1, "text first"),
+    "Qwen-Image": ("transformer_qwenimage", "dispatch_attention_fn", 1, "text first"),
+    "SD3": (None, "scaled_dot_product_attention", 2, "image first"),
+    "HunyuanVideo": ("transformer_hunyuan_video", "dispatch_attention_fn", 1, "image first"),
+    "Wan": ("transformer_wan", "dispatch_attention_fn", 1, None),
+    "LTX-Video": ("transformer_ltx", "dispatch_attention_fn", 1, None),
+}
+VIDEO = {"Wan", "HunyuanVideo", "LTX-Video"}
+TEXT = tiny.TEXT_TOKENS
+
+
+def _spy(monkeypatch, family: str, calls: list) -> None:
+    """Record the q, k, v (and mask) every attention call of the family hands to the backend."""
+    module_name, entry, _, _ = FAMILIES[family]
+    owner = torch.nn.functional if module_name is None else \
+        importlib.import_module(f"diffusers.models.transformers.{module_name}")
+    original = getattr(owner, entry)
+
+    def spy(query, key, value, attn_mask=None, *args, **kwargs):
+        calls.append((query, key, value, attn_mask))
+        return original(query, key, value, attn_mask, *args, **kwargs)
+    monkeypatch.setattr(owner, entry, spy)
+
+
+def _expected_index(family: str, length: int, grid: tuple, factor: int, temporal: int) -> torch.Tensor:
+    """The keys a reduced call keeps, stated from the family's order (not from the patch)."""
+    t, h, w = grid
+    target = (-(-t // temporal), -(-h // factor), -(-w // factor))
+    kept = grid_keep_index(grid, target, (temporal, factor, factor))
+    tokens = t * h * w
+    order = FAMILIES[family][3]
+    start = length - tokens if order == "text first" else 0
+    return torch.cat([torch.arange(start), kept + start, torch.arange(start + tokens, length)])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_dit_keys_reduced_on_the_grid_only(monkeypatch, family):
+    model = tiny.transformer(family)
+    frames = 3 if family in VIDEO else 1
+    temporal = 2 if family in VIDEO else 1
+    inputs = tiny.transformer_inputs(family, model, batch=2, frames=frames)
+    grid = (frames, 8, 8)
+    dim = FAMILIES[family][2]
+    full, reduced = [], []
+    _spy(monkeypatch, family, full)
+    with torch.no_grad():
+        unpatched = model(**inputs, return_dict=False)[0]
+        calls_per_run = len(full)
+        _spy(monkeypatch, family, reduced)
+        # skip_first_blocks 0: the first block sees the same inputs in both runs, so its keys compare exactly.
+        with apply_patch(model, "ToDo", factor=2, temporal_factor=temporal, skip_first_blocks=0,
+                         skip_last_blocks=1) as patch:
+            state = torch.get_rng_state()
+            first = model(**inputs, return_dict=False)[0]
+            assert torch.equal(torch.get_rng_state(), state)
+            assert torch.equal(model(**inputs, return_dict=False)[0], first)  # rerun: bit for bit
+            report = patch.report()
+        restored = model(**inputs, return_dict=False)[0]
+    assert torch.equal(restored, unpatched)
+    assert not torch.equal(first, unpatched)
+    assert report.levels and not report.warnings and report.skipped_calls == 0
+    reduced = reduced[:calls_per_run]
+    assert len(reduced) == calls_per_run
+    q0, k0, v0, mask0 = full[0]
+    q1, k1, v1, mask1 = reduced[0]
+    index = _expected_index(family, k0.shape[dim], grid, 2, temporal)
+    assert torch.equal(q1, q0)  # every query stays
+    assert torch.equal(k1, k0.index_select(dim, index)) and torch.equal(v1, v0.index_select(dim, index))
+    if mask0 is not None and mask0.shape[-1] == k0.shape[dim]:
+        assert torch.equal(mask1, mask0.index_select(-1, index))  # HunyuanVideo's text padding mask follows
+    # The last block is left whole: its calls have every key.
+    assert reduced[-1][1].shape[dim] == full[-1][1].shape[dim]
+    assert sum(k.shape[dim] < kf.shape[dim] for (_, k, _, _), (_, kf, _, _) in zip(reduced, full)) > 0
+
+
+def test_rope_families_refuse_average_pooling_sd3_allows_it():
+    with pytest.raises(ValueError, match="rotary positions"):
+        apply_patch(tiny.transformer("Wan"), "ToDo", method="average")
+    model = tiny.transformer("SD3")
+    inputs = tiny.transformer_inputs("SD3", model)
+    with torch.no_grad(), apply_patch(model, "ToDo", method="average", skip_first_blocks=0):
+        model(**inputs)
+
+
+def test_unet_todo_pools_the_normed_tokens_as_comfyui_does():
+    pipe = tiny.pipeline()
+    attention = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    seen = []
+    base = tiny.generate(pipe, steps=2, size=64)
+    with apply_patch(pipe, "ToDo", factor=2, method="average") as patch:
+        hook = attention.register_forward_pre_hook(lambda m, a, kw: seen.append((a[0], kw["encoder_hidden_states"])),
+                                                   with_kwargs=True)
+        reduced = tiny.generate(pipe, steps=2, size=64)
+        hook.remove()
+        lines = patch.report_lines()
+    assert seen and all(torch.equal(kv, downsample_tokens(x, 8, 8, 2, "average")) for x, kv in seen)
+    assert not torch.equal(reduced, base) and torch.equal(tiny.generate(pipe, steps=2, size=64), base)
+    assert "ds 1 · 8×8 · q 64→64 · k/v 64→16" in lines
+
+
+def test_composes_with_set_attention_backend_and_first_block_cache():
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    model = tiny.transformer("Wan")
+    inputs = tiny.transformer_inputs("Wan", model, frames=2)
+    with torch.no_grad():
+        patch = apply_patch(model, "ToDo", skip_first_blocks=0, skip_last_blocks=0)
+        model.set_attention_backend("native")  # reaches our processors' shared state
+        reduced = model(**inputs, return_dict=False)[0]
+        model.enable_cache(FirstBlockCacheConfig(threshold=0.5))
+        for step in (900.0, 800.0):
+            with model.cache_context("cond"):
+                model(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
+        model.disable_cache()
+        patch.remove()
+        assert model.blocks[0].attn1.processor._attention_backend is not None  # kept after removal
+        assert not torch.equal(model(**inputs, return_dict=False)[0], reduced)
+    assert patch.report().levels
+
+
+def test_regional_compile_has_no_graph_break_and_no_recompile_per_step():
+    model = tiny.transformer("Wan")
+    inputs = tiny.transformer_inputs("Wan", model, frames=2)
+    torch._dynamo.reset()
+    with torch.no_grad(), apply_patch(model, "ToDo", skip_first_blocks=0, skip_last_blocks=0):
+        eager = model(**inputs, return_dict=False)[0]
+        model.compile_repeated_blocks(fullgraph=True, backend="eager")  # fullgraph: a graph break raises
+        compiled = model(**inputs, return_dict=False)[0]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for step in (900.0, 500.0, 100.0):
+                model(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
+    assert torch.allclose(compiled, eager, atol=1e-5)
