@@ -56,6 +56,13 @@ def _vace(generator, shape) -> dict:
     return {"vace_frames": [frames], "vace_mask": [mask], "vace_strength": [1.0]}
 
 
+def _animate(generator, shape) -> dict:
+    # WanAnimateToVideo: the reference image as frame 0 of the concat latent, the pose video's
+    # latent for the frames after it, CLIP vision of the reference.
+    pose = torch.randn([shape[0], 16, shape[2] - 1] + shape[3:], generator=generator)
+    return {**_start_image(generator, shape), "pose_video_latent": pose, **_clip(generator, shape)}
+
+
 def _humo_text(generator, batch, shape):
     # WanHuMoImageToVideo: audio windows [B, latent frames, 8, 5, 1280] (the negative's are zeros)
     context, _ = _text(generator, batch, shape)
@@ -83,6 +90,11 @@ FIXTURES = {
         Spec("WAN21_Vace", 16, 8, True, 4),
         {**_WAN, "model_type": "vace", "in_dim": 16, "out_dim": 16, "vace_layers": 1, "vace_in_dim": 96},
         "Wan VACE", 2, "g-g-g-", _GRID, text=_text, shared=_vace),
+    # Animate: i2v blocks; pose latents added to the video tokens (the face video is left out: its
+    # 512 px motion encoder is large, and the face adapter's attention never reaches the override).
+    "wan22_animate": Fixture(
+        Spec("WAN22_Animate", 16, 8, True, 4), {**_WAN, "model_type": "animate", "in_dim": 36, "out_dim": 16},
+        _FAMILY, 2, "g--g--", _GRID, text=_text, shared=_animate),
     # HuMo 1.7B: self over [video, reference frame], text cross, audio cross (per frame).
     "wan21_humo": Fixture(
         Spec("WAN21_HuMo", 16, 8, True, 4), {**_WAN, "model_type": "humo", "in_dim": 16, "out_dim": 16},

@@ -41,7 +41,7 @@ REFUSED: dict[str, str] = {
         "Lens",
         "GenmoMochi", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V",
         "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
-        "WAN22_Animate", "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
+        "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2", "Boogu", "JoyImage",
         "Ideogram4", "Krea2", "Kandinsky5Image", "Kandinsky5", "ErnieImage", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
