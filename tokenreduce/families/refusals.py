@@ -15,11 +15,12 @@ _NOT_DIFFUSION = "not an image or video denoiser (detection, segmentation or dep
 _UNMAPPED = ("ToDo does not know this model's attention calls and token layout yet (its call plan: which calls "
              "attend over the image/video grid, and where the other tokens sit); see docs/models.md")
 
-# PixArt (comfy/ldm/pixart) and HunyuanDiT (comfy/ldm/hydit) call optimized_attention without
-# transformer_options in 0.3.75 and 0.33 alike: the override never sees a call, and reaching them
-# would mean replacing their attention modules' forward (a copy of the host's code), not a hook.
-_NO_OVERRIDE = ("its attention calls do not pass transformer_options to the host's attention (in ComfyUI 0.3.75 "
-                "and 0.33), so the attention override ToDo uses never sees them: nothing to reduce through it")
+# PixArt (comfy/ldm/pixart), HunyuanDiT (comfy/ldm/hydit) and ERNIE-Image (comfy/ldm/ernie, 0.33
+# only) call optimized_attention without transformer_options in every tree that has them: the
+# override never sees a call, and reaching them would mean replacing their attention modules'
+# forward (a copy of the host's code), not a hook.
+_NO_OVERRIDE = ("its attention calls do not pass transformer_options to the host's attention (ComfyUI 0.3.75 and "
+                "0.33), so the attention override ToDo uses never sees them: nothing to reduce through it")
 
 REFUSED: dict[str, str] = {
     # Not image or video generators.
@@ -28,7 +29,7 @@ REFUSED: dict[str, str] = {
     "Trellis2": _SHAPE,
     "RT_DETR_v4": _NOT_DIFFUSION, "SAM3": _NOT_DIFFUSION, "SAM31": _NOT_DIFFUSION, "DepthAnything3": _NOT_DIFFUSION,
     "PixArtAlpha": _NO_OVERRIDE, "PixArtSigma": _NO_OVERRIDE, "HunyuanDiT": _NO_OVERRIDE,
-    "HunyuanDiT1": _NO_OVERRIDE,
+    "HunyuanDiT1": _NO_OVERRIDE, "ErnieImage": _NO_OVERRIDE,
     # Wan 2.2 S2V: 0.3.75 calls its blocks without transformer_options (comfy/ldm/wan/model.py,
     # WanModel_S2V.forward_orig); 0.33 passes them, but appends reference and motion tokens whose
     # count the frame packer decides inside the model.
@@ -43,6 +44,6 @@ REFUSED: dict[str, str] = {
         "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
         "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2", "Boogu", "JoyImage",
-        "Ideogram4", "Krea2", "Kandinsky5Image", "Kandinsky5", "ErnieImage", "CogVideoX_Inpaint",
+        "Krea2", "Kandinsky5Image", "Kandinsky5", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
 }
