@@ -17,6 +17,9 @@ UNETS = {
     "SD15": "test_comfy_tome_inprocess.py",
     "SD20": "test_comfy_tome_inprocess.py (SD21)",
     "SDXL": "test_comfy_tome_inprocess.py",
+    **{name: "test_comfy_unet_variants_inprocess.py" for name in (
+        "SD15_instructpix2pix", "Stable_Zero123", "SD21UnclipL", "SD21UnclipH", "LotusD", "SD_X4Upscaler",
+        "SDXL_instructpix2pix", "SDXLRefiner", "SSD1B", "Segmind_Vega", "KOALA_700M", "KOALA_1B")},
 }
 
 

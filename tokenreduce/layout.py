@@ -17,6 +17,7 @@ import torch
 
 from .dit import OTHER, Family
 from .families import recognise
+from .families.refusals import VIDEO_UNET
 from .grid import downsample_of
 
 UNET = "unet"  # attention patches per transformer block (attn1_patch, ...) with the block's grid
@@ -92,7 +93,9 @@ def _sites_in(container: torch.nn.Module, block: tuple[str, int], level: int, pa
     sites = []
     for j, layer in enumerate(container):
         if _named(layer, "SpatialTransformer"):
-            for k, _ in enumerate(layer.transformer_blocks):
+            for k, transformer in enumerate(layer.transformer_blocks):
+                if getattr(transformer, "disable_self_attn", False):
+                    continue  # its attn1 attends to the text (the x4 upscaler's finer levels): no self-attention
                 sites.append(Site((*block, k), level, f"{path}.{j}.transformer_blocks.{k}"))
     return sites
 
@@ -102,6 +105,8 @@ def unet_layout(diffusion_model: torch.nn.Module) -> Layout | None:
     if the model is not one."""
     if not all(hasattr(diffusion_model, name) for name in ("input_blocks", "middle_block", "output_blocks")):
         return None
+    if any(_named(module, "SpatialVideoTransformer") for module in diffusion_model.modules()):
+        return Layout(REFUSED, (), reason=VIDEO_UNET)
     base = "diffusion_model"
     sites: list[Site] = []
     level = 1

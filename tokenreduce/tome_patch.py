@@ -50,6 +50,7 @@ class ToMePatch(CallPatch):
         self.unet = unet
         self.max_level = target.level
         self.sites = target.sites
+        self.site_levels = frozenset(site.level for site in target.sites)  # levels with self-attention blocks
         self.queries_only = settings.mode == MODE_QUERIES
         self.reach = tome_reach(settings)
         self._per_thread = threading.local()  # .mlp_plans: site key -> this thread's call's plan (MLP patches)
@@ -132,9 +133,11 @@ class ToMePatch(CallPatch):
     def _locate(self, context: dict, n: torch.Tensor, extra_options: dict) -> tuple[tuple[int, int], int] | None:
         """The grid and level of a block call this patch reduces, or None where it is left
         alone: a level above max_downsample, a step outside the window, or tokens that are not
-        the block's grid (another patch reshaped them, or temporal attention)."""
+        the block's grid (another patch reshaped them, or temporal attention), or a level with no
+        self-attention site (the x4 upscaler's attn1 attends to the text there)."""
         located = unet_call_grid(extra_options)
-        if located is None or not context["active"] or located[1] > self.max_level or located[1] in context["left"]:
+        if (located is None or not context["active"] or located[1] > self.max_level or located[1] in context["left"]
+                or located[1] not in self.site_levels):
             return None
         grid = located[0]
         if n.shape[1] != grid[0] * grid[1]:

@@ -47,3 +47,17 @@ REFUSED: dict[str, str] = {
         "Krea2", "Kandinsky5Image", "Kandinsky5", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
 }
+
+# UNets the UNet path leaves alone (tests/test_comfy_unet_variants_inprocess.py). The video UNet's
+# refusal is raised by layout.unet_layout, which walks UNets before any config is looked up.
+VIDEO_UNET = ("a video UNet (SVD / SV3D): each SpatialVideoTransformer runs a spatial block over each frame's grid "
+              "and a temporal block over the frames of each position, and ComfyUI calls both blocks' attention "
+              "patches with the same key (block, block_index, activations_shape); the two can be told apart only by "
+              "token count, which is ambiguous when the frame count equals a grid's size, so neither node patches "
+              "it rather than risk reducing time as if it were space")
+_CASCADE = ("Stable Cascade (stage C / stage B) is not an SD-style UNet: its AttnBlocks attend from the latent grid "
+            "to the grid tokens concatenated with its condition tokens, through the attention override with no "
+            "attention patches (attn1_patch) and no block keys; the UNet path cannot reach it and no DiT family "
+            "maps its call plan (which calls attend over the grid, where the condition tokens sit) yet")
+REFUSED.update({"SVD_img2vid": VIDEO_UNET, "SV3D_u": VIDEO_UNET, "SV3D_p": VIDEO_UNET,
+                "Stable_Cascade_C": _CASCADE, "Stable_Cascade_B": _CASCADE})
