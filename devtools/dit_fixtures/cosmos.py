@@ -15,6 +15,18 @@ _PREDICT2 = {"image_model": "cosmos_predict2", "max_img_h": 240, "max_img_w": 24
              "use_adaln_lora": True, "adaln_lora_dim": 16, "extra_per_block_abs_pos_emb": False}
 
 
+_V1 = {"image_model": "cosmos", "max_img_h": 240, "max_img_w": 240, "max_frames": 128, "out_channels": 16,
+       "patch_spatial": 2, "patch_temporal": 1, "model_channels": 64, "num_blocks": 2, "num_heads": 2,
+       "block_config": "FA-CA-MLP", "concat_padding_mask": True, "crossattn_emb_channels": 32,
+       "pos_emb_cls": "rope3d", "pos_emb_learnable": False, "pos_emb_interpolation": "crop",
+       "block_x_format": "THWBD", "affline_emb_norm": True, "use_adaln_lora": True, "adaln_lora_dim": 16,
+       "extra_per_block_abs_pos_emb": True, "extra_per_block_abs_pos_emb_type": "learnable"}
+
+
+def _v1_text(generator, batch, shape):  # T5-XXL tokens padded to 512 (12 here) and their mask
+    return random_dits.text_tokens(generator, batch, 12, 32), {"attention_mask": torch.ones(batch, 12)}
+
+
 def _text(generator, batch, shape):  # T5-XXL tokens (1024 wide after the projection; 32 here)
     return random_dits.text_tokens(generator, batch, 12, 32), {}
 
@@ -26,6 +38,13 @@ def _first_frame(latent):  # CosmosPredict2ImageToVideoLatent: frame 0 is the cl
 
 
 FIXTURES = {
+    # Cosmos 1.0: 8x temporal VAE, so 9 frames are 2 latent frames
+    "cosmos1_t2v": Fixture(
+        spec=Spec("CosmosT2V", 16, 8, True, 8), config={**_V1, "in_channels": 16}, family="Cosmos 1.0", blocks=2,
+        calls="g-g-", grid=(2, 6, 6), text=_v1_text),
+    "cosmos1_i2v": Fixture(
+        spec=Spec("CosmosI2V", 16, 8, True, 8), config={**_V1, "in_channels": 17}, family="Cosmos 1.0", blocks=2,
+        calls="g-g-", grid=(2, 6, 6), text=_v1_text, mask=_first_frame),
     "cosmos_predict2_t2i": Fixture(
         spec=Spec("CosmosT2IPredict2", 16, 8, False, five_d=True),
         config={**_PREDICT2, "in_channels": 16}, family="Cosmos Predict2 image", blocks=2, calls="g-g-", grid=(8, 6),

@@ -9,8 +9,9 @@ import random_dits
 from random_dits import Fixture, Spec  # text_tokens is defined after the fixtures are collected
 
 
-def _text(generator, batch, shape):  # T5-XXL tokens (4096 wide; 32 here) and their mask, as CLIPTextEncode gives
-    return random_dits.text_tokens(generator, batch, 12, 32), {"attention_mask": torch.ones(batch, 12, dtype=torch.long)}
+def _text(generator, batch, shape):  # T5-XXL tokens (4096 wide; 32 here) and their mask
+    mask = torch.ones(batch, 12, dtype=torch.long)
+    return random_dits.text_tokens(generator, batch, 12, 32), {"attention_mask": mask}
 
 
 FIXTURES = {

@@ -1,9 +1,9 @@
-"""Cosmos Predict2 (MiniTrainDIT) and Anima (the same DiT behind an LLM text adapter): per block a
-self-attention over the frame-major (t, h, w) latent tokens, then a cross-attention to the text.
+"""Cosmos 1.0 (GeneralDIT), Cosmos Predict2 (MiniTrainDIT) and Anima (MiniTrainDIT behind an LLM
+text adapter): per block a self-attention over the frame-major (t, h, w) latent tokens and a
+cross-attention to the text (Cosmos 1.0: in the order of its block_config, "FA-CA-MLP").
 
 The padding mask and the i2v mask are channels of the latent, not tokens. Anima's LLM adapter
-runs its attention without the host's transformer options, so the override never sees it.
-Cosmos 1.0 (GeneralDIT) is not here (see refusals.py)."""
+runs its attention without the host's transformer options, so the override never sees it."""
 
 from __future__ import annotations
 
@@ -36,7 +36,39 @@ def _blocks(model) -> tuple[str, ...]:
     return block_paths(model, "blocks")
 
 
+# Cosmos 1.0: blocks is a ModuleDict ("block0", ...), each a list of building blocks run in order.
+_SELF, _CROSS = ("fa", "full_attn"), ("ca", "cross_attn")
+
+
+def _v1_blocks(model) -> tuple[str, ...]:
+    return tuple(f"blocks.{name}" for name in model.blocks)
+
+
+def _v1_plan(model) -> tuple[Slot, ...]:
+    slots = []
+    for i, block in enumerate(model.blocks.values()):
+        for part in block.blocks:
+            if part.block_type in _SELF:
+                slots.append(Slot(IMAGE, i))
+            elif part.block_type in _CROSS:
+                slots.append(Slot(OTHER, i))
+    return tuple(slots)
+
+
+def _v1_geometry(model) -> Geometry:
+    attention = next(part.block.attn for part in model.blocks["block0"].blocks if part.block_type in _SELF)
+    return Geometry(attention.heads, attention.dim_head, True)  # [B, heads, N, head_dim] (skip_reshape)
+
+
+def _v1_check(model) -> str | None:
+    kinds = {part.block_type for block in model.blocks.values() for part in block.blocks}
+    unknown = kinds - set(_SELF) - set(_CROSS) - {"mlp", "ff"}
+    return f"its blocks have building blocks {sorted(unknown)} the Cosmos plan does not know" if unknown else None
+
+
 FAMILIES = (
+    Family("Cosmos 1.0", ("CosmosT2V", "CosmosI2V"), ("GeneralDIT",), True, True,
+           _v1_blocks, _v1_plan, patch, tokens, _v1_geometry, _v1_check),
     Family("Cosmos Predict2", ("CosmosI2VPredict2",), ("MiniTrainDIT",), True, True,
            _blocks, plan, patch, tokens, geometry),
     # ComfyUI also detects the Predict2 text-to-video models as CosmosT2IPredict2 (the same keys):

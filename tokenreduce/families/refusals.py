@@ -40,7 +40,7 @@ REFUSED: dict[str, str] = {
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
         "Lens",
-        "GenmoMochi", "LTXAV", "MiniMaxH3", "CosmosT2V", "CosmosI2V",
+        "GenmoMochi", "LTXAV", "MiniMaxH3",
         "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
         "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2", "Boogu", "JoyImage",
