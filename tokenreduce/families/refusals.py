@@ -43,7 +43,7 @@ REFUSED: dict[str, str] = {
         "GenmoMochi", "LTXAV", "MiniMaxH3",
         "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
         "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
-        "HiDreamO1", "SeedVR2", "Boogu", "JoyImage",
+        "HiDreamO1", "SeedVR2", "Boogu",
         "Krea2", "Kandinsky5Image", "Kandinsky5", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
 }
