@@ -83,7 +83,7 @@ class UNetToDo(CallPatch):
             return True
         kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method)
         return self.pays(self.session.run, x.device, kind,
-                         lambda: (level_text(level, grid), self.switch.work(lambda: module(*args, **kwargs))))
+                         lambda: (level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs))))
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         for site in self.sites:
@@ -157,7 +157,7 @@ class DiTToDo(CallPatch):
             self.active = True
             call = (lambda: self._sdpa(q, k, v))
             grid = self._layout.grid if self._layout.grid[0] > 1 else self._layout.grid[1:]
-            return f"{grid_text(grid)} grid, attention ({length} keys)", self.switch.work(call)
+            return f"{grid_text(grid)} grid, attention ({length} keys)", lambda: self.switch.work(call)
         return self.pays(self.session.run, hidden.device, kind, describe)
 
     # --- in the attention call --------------------------------------------------------------

@@ -105,7 +105,7 @@ class DiffusersToMe(ToMePatch):
                     module(*args, **kwargs)
                 finally:
                     self.session.context = saved
-            return level_text(level, grid), self.switch.work(call)
+            return level_text(level, grid), lambda: self.switch.work(call)
         return self.pays(self.session.run, x.device, kind, describe)
 
     def end_block(self, module, args, kwargs, output):
