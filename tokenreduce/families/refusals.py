@@ -37,12 +37,18 @@ REFUSED: dict[str, str] = {
                   "attention override ToDo uses never sees their calls; in 0.33 the self-attention runs over the "
                   "video grid followed by reference and packed motion tokens whose count ToDo cannot predict from "
                   "the model call's inputs yet (and its audio injector's attention bypasses the override)"),
+    # Wan variants whose self-attention is not one call over the model call's video grid (0.33).
+    "WAN21_CausalAR_T2V": ("Wan causal autoregressive (0.33): each chunk's queries attend to a KV cache of the "
+                           "frames generated before it, so the keys are not the model call's video grid"),
+    "WAN_Animate2": ("Wan Animate 2 (0.33): with pose guidance each block's self-attention runs once per frame, "
+                     "that frame's queries attending to every video token plus one pose frame, and a pose branch "
+                     "runs its own self-attention first; ToDo's plan has no slots for these per-frame calls yet"),
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
         "Lens",
         "GenmoMochi", "LTXAV", "MiniMaxH3",
-        "PiD", "PixelDiTT2I", "WAN21_CausalAR_T2V",
-        "WAN_Animate2", "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
+        "PiD", "PixelDiTT2I",
+        "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2", "Boogu",
         "Krea2", "Kandinsky5Image", "Kandinsky5", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
