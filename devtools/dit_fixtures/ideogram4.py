@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from dit_fixtures._tiny import keep_tiny
 from random_dits import CONTEXT_DIM, TEXT_TOKENS, Fixture, Spec
 
 _CONFIG = {"image_model": "ideogram4", "in_channels": 128, "num_layers": 1, "num_attention_heads": 2,
            "attention_head_dim": 32, "intermediate_size": 64, "adaln_dim": 32, "llm_features_dim": CONTEXT_DIM,
            "rope_theta": 10000, "mrope_section": [6, 5, 5], "norm_eps": 1e-5}
-
-
-def _build(config):
-    # The host config's unet_extra_config (the real widths) overrides detection's; keep the tiny ones.
-    import comfy.supported_models
-
-    found = comfy.supported_models.Ideogram4(config)
-    found.unet_config.update(config)
-    return found
 
 
 def _text(generator, batch, shape):
@@ -27,5 +19,5 @@ def _text(generator, batch, shape):
 
 FIXTURES = {
     "ideogram4": Fixture(Spec("Ideogram4", 128, 16, False), _CONFIG, "Ideogram 4", 1, "g", (8, 6), text=_text,
-                         build=_build),
+                         build=keep_tiny("Ideogram4")),
 }

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from dit_fixtures._tiny import keep_tiny
 from random_dits import CONTEXT_DIM, TEXT_TOKENS, Fixture, Spec
 
 _CONFIG = {"image_model": "joyimage", "in_channels": 16, "hidden_size": 64, "patch_size": [1, 2, 2],
            "num_layers": 1, "num_attention_heads": 2, "text_dim": CONTEXT_DIM, "rope_dim_list": [8, 12, 12],
            "theta": 10000}
-
-
-def _build(config):
-    # The host config's unet_extra_config (the real rope split) overrides detection's; keep the tiny one.
-    import comfy.supported_models
-
-    found = comfy.supported_models.JoyImage(config)
-    found.unet_config.update(config)
-    return found
 
 
 def _text(generator, batch, shape):
@@ -32,5 +24,5 @@ def _reference(generator, shape):
 
 FIXTURES = {
     "joyimage": Fixture(Spec("JoyImage", 16, 8, False, five_d=True), _CONFIG, "JoyImage", 1, "g", (8, 6),
-                        text=_text, shared=_reference, build=_build),
+                        text=_text, shared=_reference, build=keep_tiny("JoyImage")),
 }
