@@ -50,7 +50,7 @@ REFUSED: dict[str, str] = {
         "PiD", "PixelDiTT2I",
         "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2", "Boogu",
-        "Krea2", "Kandinsky5Image", "Kandinsky5", "CogVideoX_Inpaint",
+        "Krea2", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
 }
 
