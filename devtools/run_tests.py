@@ -10,7 +10,9 @@ installed into that environment when missing; torch and everything else in it is
 
 ``--forge PATH`` also runs the Stable Diffusion WebUI Forge tests (tests/test_forge_server*.py)
 against that Forge tree, started as a server with ``--forge-python`` (default ``PATH/venv``)
-in a throwaway data dir, so the tree is not modified; without it they are skipped, saying so.
+in a throwaway data dir, so the tree is not modified, and tests/test_forge_flux.py, which imports
+that tree's backend modules in-process (``gguf``, which they import, is installed when missing);
+without it they are skipped, saying so.
 ``python3 devtools/run_tests.py --forge PATH tests/test_forge_*.py`` runs only the Forge tests.
 
 ``--gguf PATH`` (city96's ComfyUI-GGUF) and ``--kjnodes PATH`` (kijai's ComfyUI-KJNodes) run the
@@ -35,6 +37,9 @@ import host  # noqa: E402
 
 TEST_TOOLS = {"pytest": "pytest", "playwright": "playwright", "tomesd": "tomesd", "matplotlib": "matplotlib",
               "requests": "requests"}  # import name -> what pip installs
+# What Forge's backend modules import beyond the host's packages: tests/test_forge_flux.py imports
+# them in-process (--forge).
+FORGE_BACKEND = {"gguf": "gguf"}
 
 
 def _imports(python: str, module: str) -> bool:
@@ -104,6 +109,7 @@ def main() -> int:
             _install_missing(python, {module: module for module in pack.requirements}, not args.no_install)
     if args.forge:
         env["TOKENREDUCE_FORGE"] = str(args.forge.expanduser().resolve())
+        _install_missing(python, FORGE_BACKEND, not args.no_install)
         if args.forge_python:
             env["TOKENREDUCE_FORGE_PYTHON"] = args.forge_python
     # The whole suite unless test files or ids were named.

@@ -4,6 +4,7 @@
   settings of each pass; the infotext keys and paste rules (no host imports);
 - ``grid``: the one place Forge differs for the patches (no ``activations_shape``);
 - ``patching``: a pass's patched UNet clone and its run state (Forge's patcher API only);
+- ``flux``: ToDo on Forge's own Flux.1, whose blocks have no override slot (object patches);
 - ``hooks``: what the script does at each point of a generation;
 - ``texts``: the accordion's own words; ``localization``: the WebUI's translation files of the
   accordion, made from the pack's translations (no host imports);

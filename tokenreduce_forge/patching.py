@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 
 from tokenreduce.describe import header, todo_info, tome_info
-from tokenreduce.layout import UNET, model_layout
+from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels
 from tokenreduce.methods import todo_level_factors
 from tokenreduce.pays import Decisions, auto_rule
@@ -34,6 +34,7 @@ from tokenreduce.todo_patch import ToDoPatch
 from tokenreduce.tome_patch import ToMePatch
 from tokenreduce.window import SigmaWindow
 
+from . import flux as forge_flux
 from .grid import supply_activations_shape
 from .settings import PREFIX, label
 
@@ -160,8 +161,8 @@ def _percent_to_sigma(unet):
 
 def not_a_unet(family: str) -> str:
     return (f"{PREFIX} cannot patch this {family} model: it has no UNet transformer blocks. In Forge, {PREFIX} "
-            f"works on UNet models (SD1.x, SD2.x, SDXL); ToDo on DiT models (Flux, SD3, ...) is in the ComfyUI "
-            f"nodes only. Turn {PREFIX} off for this model.")
+            f"works on UNet models (SD1.x, SD2.x, SDXL) and ToDo on Forge's Flux.1; ToDo on other DiT models (Chroma, "
+            f"SD3, ...) is in the ComfyUI nodes only. Turn {PREFIX} off for this model.")
 
 
 def has_ours(unet) -> bool:
@@ -231,7 +232,7 @@ def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, r
     run.refusal = refusal
     if refusal is None and methods:
         diffusion_model = clone.get_model_object("diffusion_model")
-        layout = model_layout(diffusion_model, family)
+        layout = forge_flux.layout_of(diffusion_model) or model_layout(diffusion_model, family)
         run.refusal = _patch(clone, run, layout, family, stage, methods, tuple(latent_shape),
                              decisions if decisions is not None else MEMORY_ONLY)
     if run.refusal is None and not run.methods:
@@ -247,6 +248,11 @@ def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, r
 def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, latent_shape: tuple,
            decisions: Decisions) -> str | None:
     """Decide each method's sites and patch (registered by ``_register``); a refusal or None."""
+    if layout is not None and layout.family is forge_flux.FAMILY:  # Forge's own Flux.1: flux.py
+        refusal, chosen = forge_flux.choose(clone, run, layout, family, stage, methods, latent_shape, decisions,
+                                            _percent_to_sigma(clone))
+        run.methods += [MethodRun(c.method, stage, *c[1:]) for c in chosen]
+        return refusal
     if layout is None or layout.kind != UNET or not layout.sites:
         return not_a_unet(family)
     percent_to_sigma = _percent_to_sigma(clone)
@@ -281,6 +287,8 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
 
 
 def _register(clone, run: PassRun) -> tuple[list, list]:
+    if any(method.target.layout.kind == DIT for method in run.methods):
+        return forge_flux.register(clone, run)
     functions, object_keys = [], []
 
     def add(name: str, function) -> None:

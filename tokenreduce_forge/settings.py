@@ -22,8 +22,8 @@ PREFIX = TITLE  # of every infotext key the extension writes; the built-in's key
 METHODS: dict[str, Method] = {"ToDo": TODO, "ToMe": TOME}
 METHOD_TITLES = {"ToDo": "Token Downsampling", "ToMe": "Token Merging"}
 DEFAULT_ON = {"ToDo": True, "ToMe": False}  # ToDo at its defaults is what the README recommends first
-# Inputs that act on DiTs only; in the WebUI TokenReduce patches UNets, so they are not shown
-# and keep their defaults.
+# Inputs that act on DiTs only; the WebUI does not show them, so they keep their defaults (on
+# Forge's Flux.1, the one DiT the extension patches: its first and last blocks are left alone).
 DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks"})
 
 FIRST, HIRES = "first", "hires"  # the sampling passes of a generation (hires: the hires. fix pass)

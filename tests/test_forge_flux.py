@@ -1,0 +1,324 @@
+"""ToDo on Forge's own Flux.1 (tokenreduce_forge/flux.py), in-process against the Forge tree named
+by ``--forge PATH`` (skipped without it): Forge's ``backend.nn.flux`` imported from that tree on
+the CPU, a tiny ``IntegratedFluxTransformer2DModel`` with random weights in Forge's ``KModel`` and
+``UnetPatcher``, patched by the extension's entry point (``patching.install`` / the hooks) and
+called as Forge's sampling function calls it (``model_function_wrapper``, object patches applied
+and undone as Forge loads and unloads the clone). No server: Forge's Flux needs a T5-XXL."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from forge_helpers import skip_without_forge
+
+skip_without_forge()
+
+from forge_server import check_tree, forge_tree  # noqa: E402
+from random_models import randomize_  # noqa: E402
+from tokenreduce.downsample import grid_keep_index  # noqa: E402
+from tokenreduce.measure import dit_attention_work  # noqa: E402
+from tokenreduce.run import ModelCall, call_context  # noqa: E402
+from tokenreduce_forge import flux as forge_flux  # noqa: E402
+from tokenreduce_forge import hooks, patching  # noqa: E402
+from tokenreduce_forge import settings as S  # noqa: E402
+
+TEXT, LATENT = 6, (1, 4, 12, 10)  # 6 text tokens; a 12x10 latent: a 6x5 token grid
+GRID = (6, 5)
+BLOCKS = 5  # 2 double + 3 single; the defaults leave the first and the last alone
+
+
+def _import_forge():
+    """Forge's backend modules from the named tree, on the CPU (Forge reads its flags at import)."""
+    tree = forge_tree()
+    check_tree(tree)
+    # On the path for this import only (its package then finds its own modules): later tests of
+    # the session must not find the WebUI's ``modules`` (the hooks would take it for a running WebUI).
+    path, argv, bytecode = list(sys.path), sys.argv, sys.dont_write_bytecode
+    sys.path.append(str(tree))
+    sys.argv, sys.dont_write_bytecode = ["forge", "--always-cpu"], True  # and the tree stays as it is
+    try:
+        from backend.modules.k_model import KModel
+        from backend.modules.k_prediction import PredictionFlux
+        from backend.nn import flux
+        from backend.patcher.unet import UnetPatcher
+    except ImportError as missing:
+        pytest.fail(f"cannot import Forge's backend from {tree} in this Python ({sys.executable}): {missing!r}")
+    finally:
+        sys.path[:], sys.argv, sys.dont_write_bytecode = path, argv, bytecode
+
+    class Prediction(PredictionFlux):
+        """Forge's Flux prediction without its shifted sigma table, which this Python's diffusers
+        (newer than Forge's pin) cannot compute unbound; the tests read none of it."""
+
+        def apply_mu_transform(self, *args, mu=None, **kwargs):
+            self.mu = mu
+            self.register_buffer("sigmas", torch.arange(1, self.pseudo_timestep_range + 1) / self.pseudo_timestep_range)
+
+    return types.SimpleNamespace(flux=flux, KModel=KModel, Prediction=Prediction, UnetPatcher=UnetPatcher)
+
+
+@pytest.fixture(scope="module")
+def forge():
+    return _import_forge()
+
+
+def make_unet(forge, seed: int = 0, cls=None):
+    """Forge's UnetPatcher around a tiny random Flux.1 (weights from a private generator)."""
+    cls = cls or forge.flux.IntegratedFluxTransformer2DModel
+    with torch.device("meta"):
+        model = cls(in_channels=4, vec_in_dim=8, context_in_dim=16, hidden_size=32, mlp_ratio=2.0, num_heads=2,
+                    depth=2, depth_single_blocks=3, axes_dim=[4, 6, 6], theta=10000, qkv_bias=True,
+                    guidance_embed=False)
+    model.to_empty(device="cpu")
+    randomize_(model, seed)
+    model.eval()
+    model.storage_dtype = model.computation_dtype = torch.float32
+    kmodel = forge.KModel(model, None, k_predictor=forge.Prediction(mu=1.0))
+    cpu = torch.device("cpu")
+    return forge.UnetPatcher(kmodel, load_device=cpu, offload_device=cpu)
+
+
+@pytest.fixture(scope="module")
+def unet(forge):
+    return make_unet(forge)
+
+
+def inputs(seed: int = 1, latent=LATENT):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(latent, generator=generator), torch.randn(latent[0], TEXT, 16, generator=generator),
+            torch.randn(latent[0], 8, generator=generator))
+
+
+@contextlib.contextmanager
+def loaded(unet):
+    """The clone loaded as Forge loads it: its object patches on the shared model, then undone."""
+    unet.forge_patch_model()
+    try:
+        yield unet
+    finally:
+        unet.forge_unpatch_model()
+
+
+def model_call(unet, sigma: float, x, context, y):
+    """One model call as Forge's sampling function makes it."""
+    options = dict(unet.model_options["transformer_options"])
+    timestep = torch.full((x.shape[0],), sigma)
+    options.update(cond_or_uncond=[0], sigmas=timestep)
+    c = {"c_crossattn": context, "y": y, "transformer_options": options}
+    wrapper = unet.model_options.get("model_function_wrapper")
+    with torch.no_grad():
+        if wrapper is None:
+            return unet.model.apply_model(x, timestep, **c)
+        return wrapper(unet.model.apply_model, {"input": x, "timestep": timestep, "c": c, "cond_or_uncond": [0]})
+
+
+def sample(unet, sigmas=(1.0, 0.5), latent=LATENT, seed: int = 1):
+    """Two Euler-like steps (enough to see the reduction and the report)."""
+    x, context, y = inputs(seed, latent)
+    with loaded(unet):
+        for sigma in sigmas:
+            x = model_call(unet, sigma, x, context, y)
+    return x
+
+
+def todo(stage=S.FIRST, **values):
+    return {"ToDo": S.method_settings("ToDo", stage, values)}
+
+
+def install(unet, methods, latent=LATENT, stage=S.FIRST):
+    return patching.install(unet, "Flux", stage, methods, latent)
+
+
+@contextlib.contextmanager
+def spying(monkeypatch, forge):
+    """Every call of Forge's attention function (the one its Flux module calls): q, k, v."""
+    calls = []
+    real = forge.flux.attention_function
+
+    def spy(q, k, v, heads, *args, **kwargs):
+        calls.append((q, k, v))
+        return real(q, k, v, heads, *args, **kwargs)
+
+    monkeypatch.setattr(forge.flux, "attention_function", spy)  # the test's spy only, undone after it
+    yield calls
+    monkeypatch.setattr(forge.flux, "attention_function", real)
+
+
+def _keep() -> torch.Tensor:
+    kept = grid_keep_index((1, *GRID), (1, 3, 3), (1.0, 2.0, 2.0)) + TEXT
+    return torch.cat([torch.arange(TEXT), kept])
+
+
+# --- what it computes -----------------------------------------------------------------------------
+
+def test_image_keys_reduced_in_every_selected_block_text_and_queries_untouched(forge, unet, monkeypatch):
+    with spying(monkeypatch, forge) as full_calls:
+        sample(unet, sigmas=(1.0,))
+    with spying(monkeypatch, forge) as calls:
+        patched, run = install(unet, todo())
+        sample(patched, sigmas=(1.0,))
+    tokens = TEXT + math.prod(GRID)
+    assert len(calls) == len(full_calls) == BLOCKS
+    for block, ((q, k, v), (fq, fk, fv)) in enumerate(zip(calls, full_calls)):
+        assert q.shape[2] == tokens
+        kept = TEXT + 9 if block in (1, 2, 3) else tokens  # 6x5 grid -> 3x3 kept, 4x fewer keys
+        assert k.shape[2] == v.shape[2] == kept, block
+    # The first reduced block sees what the unpatched one sees: its keys (rope applied to the full
+    # sequence, so each kept key keeps its own position) and values are those kept, text intact.
+    (q, k, v), (fq, fk, fv) = calls[1], full_calls[1]
+    assert torch.equal(q, fq)
+    assert torch.equal(k, fk.index_select(2, _keep())) and torch.equal(v, fv.index_select(2, _keep()))
+    assert torch.equal(k[:, :, :TEXT], fk[:, :, :TEXT])
+    (method, report), = run.finish(True)
+    assert report.levels[0].tokens == {"q": (30, 30), "k/v": (30, 9)} and not report.warnings
+
+
+def test_output_differs_within_a_bounded_error_and_reruns_bit_for_bit(forge, unet):
+    baseline = sample(unet)
+    first = sample(install(unet, todo())[0])
+    again = sample(install(unet, todo())[0])
+    assert torch.equal(first, again)
+    assert not torch.equal(first, baseline)
+    error = (first - baseline).norm() / baseline.norm()
+    assert 0 < error < 0.05, error  # 0.009 here
+
+
+def test_the_model_and_forges_module_are_unchanged_after_the_clone(forge, monkeypatch):
+    unet = make_unet(forge)
+    baseline = sample(unet)
+    module = dict(vars(forge.flux))
+    model = unet.model.diffusion_model
+    patched, run = install(unet, todo())
+    assert set(patched.object_patches) == {"diffusion_model.forward"} | {
+        f"diffusion_model.{path}.forward" for path in ("double_blocks.1", "single_blocks.0", "single_blocks.1")}
+    assert not unet.object_patches and "model_function_wrapper" not in unet.model_options
+    with loaded(patched):
+        block = model.double_blocks[1]
+        assert block.forward.__func__ is not type(block).forward  # ours, on the shared model while loaded
+        assert block.forward.__func__.__code__ is type(block).forward.__code__  # Forge's code, our attention
+    for block in [*model.double_blocks, *model.single_blocks]:
+        assert getattr(block.forward, "__func__", None) is type(block).forward
+    assert vars(forge.flux) == module  # the module's globals (its attention) never changed
+    assert torch.equal(sample(unet), baseline)
+    # A clone Forge dropped without unloading it leaves its patches on the shared model: calls
+    # outside its pass go through them unreduced, and the next clone patches from the class.
+    stale, _ = install(unet, todo())
+    stale.forge_patch_model()
+    assert model.double_blocks[1].forward.__func__ is not type(model.double_blocks[1]).forward
+    x, context, y = inputs()
+    expected = model_call(unet, 1.0, x, context, y)
+    assert torch.equal(model_call(unet, 1.0, x, context, y), expected)
+    fresh, run = install(unet, todo())
+    assert run.refusal is None and run.methods
+    stale.forge_unpatch_model()
+    assert torch.equal(sample(fresh), sample(install(unet, todo())[0]))
+
+
+def test_a_clone_of_a_patched_unet_is_patched_once(forge, unet):
+    """Forge's hires pass calls the hook a second time on the first pass's patched UNet."""
+    once, _ = install(unet, todo())
+    twice, _ = install(once, todo(S.HIRES))
+    assert set(twice.object_patches) == set(once.object_patches)
+    assert torch.equal(sample(twice), sample(once))
+    stripped, _ = install(once, {})
+    assert not stripped.object_patches and patching.INSTALLED not in stripped.model_options
+    assert torch.equal(sample(stripped), sample(unet))
+
+
+# --- checks, refusals and reports ---------------------------------------------------------------
+
+@pytest.mark.parametrize("methods,latent,expected", [
+    ({"ToMe": {}}, LATENT, "TokenReduce ToMe cannot patch Forge's Flux: ToMe works on UNet models"),
+    ({"ToDo": {"method": "average"}}, LATENT, "TokenReduce ToDo: method 'average' does not work on Flux.1: its keys "
+                                              "carry rotary positions"),
+    ({"ToDo": {"factor": 4.0}}, (1, 4, 6, 6), "TokenReduce ToDo: factor 4 does not fit the 3x3 token grid"),
+])
+def test_refusals_raise_at_the_first_model_call(forge, unet, methods, latent, expected):
+    settings = {m: S.method_settings(m, S.FIRST, v) for m, v in methods.items()}
+    patched, run = install(unet, settings, latent)
+    assert run.refusal.startswith(expected), run.refusal
+    assert not patched.object_patches
+    with pytest.raises(patching.Refused, match="^" + expected.replace("(", r"\(")[:40]):
+        sample(patched, latent=latent)
+
+
+def test_settings_that_do_nothing_are_said(forge, unet):
+    patched, run = install(unet, todo(level="2"))
+    assert not run.methods and run.warnings[0].startswith("TokenReduce ToDo: WARNING: ToDo does nothing on this Flux")
+    assert not patched.object_patches and "model_function_wrapper" not in patched.model_options
+    patched, run = install(unet, todo(factor_next=2.0))
+    sample(patched)
+    (method, report), = run.finish(True)
+    assert any("factor_next 2 does nothing on a DiT" in w for w in report.warnings)
+
+
+def test_other_forge_dits_and_subclasses_are_refused_with_the_reason(forge):
+    class FluxWithAnotherStream(forge.flux.IntegratedFluxTransformer2DModel):
+        pass
+
+    _, run = install(make_unet(forge, cls=FluxWithAnotherStream), todo())
+    assert run.refusal.startswith("TokenReduce cannot patch this Flux model: it has no UNet transformer blocks. In "
+                                  "Forge, TokenReduce works on UNet models (SD1.x, SD2.x, SDXL) and ToDo on Forge's "
+                                  "Flux.1"), run.refusal
+
+
+def test_another_extensions_attention_is_refused_not_bypassed(forge, unet, monkeypatch):
+    def attention(q, k, v, pe):  # as a SageAttention extension might swap Forge's module global
+        return None
+
+    monkeypatch.setattr(forge.flux, "attention", attention)
+    _, run = install(unet, todo())
+    assert run.refusal == (
+        "TokenReduce ToDo cannot reach the attention of Forge's Flux: in block double_blocks.1, Forge's Flux attention "
+        "was replaced by test_forge_flux.test_another_extensions_attention_is_refused_not_bypassed.<locals>.attention "
+        "(another extension). Turn one of them off."), run.refusal
+
+
+class Flux:  # named as Forge's Flux engine (backend/diffusion_engine/flux.py)
+    pass
+
+
+def test_the_hooks_patch_and_report_in_the_infotext(forge, unet):
+    args = [arg.default for arg in S.ARGS]
+    args[S.ARG_INDEX["enabled"]] = True
+    sd_model = Flux()
+    sd_model.forge_objects = types.SimpleNamespace(unet=unet)
+    p = types.SimpleNamespace(extra_generation_params={"Steps": 2}, override_settings={}, comments={},
+                              sd_model=sd_model, is_hr_pass=False, enable_hr=False)
+    p.comment = lambda text: p.comments.__setitem__(text, 1)
+    hooks.before_process(p, args)
+    hooks.before_sampling(p, args, {"x": torch.zeros(LATENT)})
+    assert sd_model.forge_objects.unet is not unet
+    sample(sd_model.forge_objects.unet)
+    hooks.after_batch(p, args)
+    assert p.extra_generation_params["TokenReduce ToDo report"] == (
+        "ToDo · Flux · 3 of 5 blocks | ds 1 · 5×6 · q 30→30 · k/v 30→9 | steps 1-2 of 2")
+    assert any(text.startswith("TokenReduce, first pass: ToDo on Flux (Flux.1, DiT): keys/values of the image tokens")
+               for text in p.comments)
+
+
+def test_the_auto_rule_times_through_forges_attention(forge, unet, monkeypatch):
+    """On a GPU the auto rule times one joint call through Forge's attention function, unreduced
+    and reduced (on the CPU it reduces without timing)."""
+    with spying(monkeypatch, forge) as calls:
+        patched, run = install(unet, todo())
+    (method,) = run.methods
+    patch = method.patch
+    x, context, y = inputs()
+    call = ModelCall(x, context, {}, {}, torch.ones(1), torch.float32, run.attention)
+    tokens = TEXT + math.prod(GRID)
+    reducing = call_context(True, keep={("joint", tokens): patch._keep_plans(run.methods[0].run, patch.family.tokens(
+        patch.model, patch.patch, x, context, {}), x.device)[("joint", tokens)]}, left=frozenset())
+    work = dit_attention_work(run.attention, patch.family.geometry(patch.model), tokens, call, patch.override,
+                              patch.context_key, reducing, 1)()
+    with spying(monkeypatch, forge):  # the spy the patch took at install records the calls
+        work.runs["full"]()
+        work.runs["reduced"]()
+    assert [k.shape[2] for _, k, _ in calls] == [tokens, TEXT + 9]
+    assert install(unet, todo())[1].attention.__name__ == forge.flux.attention_function.__name__

@@ -1,0 +1,251 @@
+"""ToDo on Forge's own Flux.1 (``backend/nn/flux.py``, ``IntegratedFluxTransformer2DModel``).
+
+Forge's Flux blocks call the module-level ``attention(q, k, v, pe)`` of their module (rope
+applied inside, then Forge's ``attention_function``): they get no transformer options and have
+no override slot. The way in is per clone and reversible, through Forge's object patches
+(``add_object_patch``; applied to the shared model when the clone loads, undone when it unloads,
+as Forge does for every object patch) and never the module's global:
+
+- each reduced block's ``forward``: its class's own function, the same code object, rebuilt over
+  a copy of its module's globals in which ``attention`` is this pass's (``rebound``), bound to
+  the block. Forge's block code runs unchanged; only the name ``attention`` resolves to ours.
+- the diffusion model's ``forward``: Forge's own, with the call's transformer options (which
+  Forge's Flux drops) noted for this pass's attention for the duration of the call.
+
+This pass's attention applies Forge's ``apply_rope`` to the full q and k (every key keeps its own
+position), then hands them to the core's DiT patch (``tokenreduce/todo_dit.py``: the Flux call
+plan, the token layout and the keep index of ``tokenreduce/downsample.py``), which keeps the
+selected keys and values of the image grid (text tokens intact) and calls Forge's attention
+function. Outside a sampling pass of this clone (a stale patched module, a timing of the auto
+rule) everything passes through to what Forge computes.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import NamedTuple
+
+from tokenreduce.describe import header, todo_info
+from tokenreduce.families import flux
+from tokenreduce.layout import DIT, Layout, dit_layout
+from tokenreduce.methods import DIT_METHODS_WITH_ROPE, dit_blocks, todo_level_factors
+from tokenreduce.pays import auto_rule
+from tokenreduce.preflight import dit_factor
+from tokenreduce.run import CONTEXT_PREFIX, OVERRIDE
+from tokenreduce.target import resolve_target
+from tokenreduce.todo_dit import ToDoDiTPatch
+from tokenreduce.window import SigmaWindow
+
+from .settings import label
+
+MODEL_CLASS = "IntegratedFluxTransformer2DModel"  # Forge's Flux.1 (not its Chroma, nor a subclass)
+PATCH = (1, 2, 2)  # Forge's Flux forward patchifies the latent by 2 (its patch_size, not an attribute)
+FAMILY = flux.FAMILIES[0]._replace(model_classes=(MODEL_CLASS,), patch=lambda model: PATCH)
+FORWARD = "diffusion_model.forward"
+
+
+def layout_of(diffusion_model) -> Layout | None:
+    """The layout of Forge's own Flux.1 (its class exactly), else None."""
+    if type(diffusion_model).__name__ != MODEL_CLASS:
+        return None
+    return dit_layout(diffusion_model, FAMILY)
+
+
+def rebound(method, name: str, value):
+    """``method`` (bound) with its function rebuilt over a copy of its globals in which ``name``
+    is ``value``, bound to the same object: the same code, nothing global changed."""
+    func = method.__func__
+    rebuilt = types.FunctionType(func.__code__, {**func.__globals__, name: value}, func.__name__,
+                                 func.__defaults__, func.__closure__)
+    rebuilt.__kwdefaults__ = func.__kwdefaults__
+    rebuilt.__qualname__ = func.__qualname__
+    return types.MethodType(rebuilt, method.__self__)
+
+
+def forge_block_forward(method) -> str | None:
+    """Why ToDo cannot reach this block's attention through its ``forward``, or None."""
+    func = getattr(method, "__func__", None)
+    if not isinstance(func, types.FunctionType) or "attention" not in func.__code__.co_names:
+        return f"its forward is {getattr(method, '__qualname__', type(method).__name__)}, not Forge's"
+    own = func.__globals__.get("attention")
+    if getattr(own, "__module__", None) != func.__globals__.get("__name__") or \
+            getattr(own, "__qualname__", None) != "attention":
+        name = f"{getattr(own, '__module__', '')}.{getattr(own, '__qualname__', type(own).__name__)}"
+        return f"Forge's Flux attention was replaced by {name.lstrip('.')} (another extension)"
+    return None
+
+
+class ForgeFluxToDo(ToDoDiTPatch):
+    """The core's DiT patch, called by this pass's attention: Forge has no override slot to be in
+    front of, so nothing runs after ours but Forge's attention function."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.attention: PassAttention | None = None  # set with the object patches (``_reach``)
+        self.object_patches: dict = {}  # key -> object, added to the clone by ``register``
+
+    def _in_front(self, run, options):
+        return self.override, None
+
+
+def _backend(attention_function):
+    """Forge's attention function as the core's override calls it (it passes the options)."""
+
+    def call(q, k, v, heads, mask=None, skip_reshape=False, transformer_options=None):
+        if mask is None:
+            return attention_function(q, k, v, heads, skip_reshape=skip_reshape)
+        return attention_function(q, k, v, heads, mask=mask, skip_reshape=skip_reshape)
+
+    return call
+
+
+def host_entry(attention_function):
+    """Forge's attention function as the auto rule times a DiT call: through the override in the
+    options it is given, as ComfyUI's attention entry does. Named as Forge's function, which names
+    the backend in what the rule keeps."""
+    backend = _backend(attention_function)
+
+    @functools.wraps(attention_function)
+    def entry(q, k, v, heads, mask=None, skip_reshape=False, transformer_options=None):
+        override = (transformer_options or {}).get(OVERRIDE)
+        if override is None:
+            return backend(q, k, v, heads, mask, skip_reshape)
+        return override(backend, q, k, v, heads, mask=mask, skip_reshape=skip_reshape,
+                        transformer_options=transformer_options)
+
+    return entry
+
+
+class PassAttention:
+    """This pass's ``attention(q, k, v, pe)`` for Forge's Flux blocks, and the options of the model
+    call running (noted by the diffusion model's patched forward, None outside a call)."""
+
+    def __init__(self, patch: ForgeFluxToDo, apply_rope, attention_function):
+        self.patch = patch
+        self.apply_rope = apply_rope  # Forge's own, from the blocks' module
+        self.attention_function = attention_function
+        self.backend = _backend(attention_function)
+        self.options: dict | None = None
+
+    def for_slot(self, slot: int):
+        """The attention of the block whose calls are ``slot`` in the Flux call plan."""
+        return functools.partial(self.attend, slot)
+
+    def attend(self, slot: int, q, k, v, pe):
+        q, k = self.apply_rope(q, k, pe)  # full q and k: each kept key keeps its own position
+        options = self.options if self.options is not None else {}
+        context = self.patch.call_context(options)
+        if context is not None and context["active"]:
+            context["calls"] = slot
+        return self.patch.override(self.backend, q, k, v, q.shape[1], skip_reshape=True, transformer_options=options)
+
+    def forward(self, original):
+        """The diffusion model's forward: ``original``, with its call's options noted."""
+
+        def forward(*args, **kwargs):
+            self.options = kwargs.get("transformer_options")
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.options = None
+
+        return forward
+
+
+class Chosen(NamedTuple):
+    """A method this pass runs on Forge's Flux (as ``patching.MethodRun`` takes it)."""
+
+    method: str
+    settings: object
+    target: object
+    patch: ForgeFluxToDo
+    window: SigmaWindow
+    warnings: list
+
+
+def _select(settings):
+    return lambda layout, level: dit_blocks(layout.at({lv for _, lv, _ in todo_level_factors(level, settings)}),
+                                            settings)
+
+
+def tome_refusal(stage: str) -> str:
+    return (f"{label(stage, 'ToMe')} cannot patch Forge's Flux: ToMe works on UNet models (SD1.x, SD2.x, SDXL). "
+            f"On Flux use ToDo (Token Downsampling); turn ToMe off for this model.")
+
+
+def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, latent_shape: tuple, decisions,
+           percent_to_sigma) -> tuple[str | None, list[Chosen]]:
+    """The methods this pass runs on Forge's Flux (``clone``: its UnetPatcher), with the same
+    checks as the ComfyUI node: (refusal or None, chosen). Warnings of settings that do nothing
+    go to ``run.warnings``."""
+    if "ToMe" in methods:
+        return tome_refusal(stage), []
+    settings = methods.get("ToDo")
+    if settings is None:
+        return None, []
+    who = label(stage, "ToDo")
+    if settings.method not in DIT_METHODS_WITH_ROPE:
+        return (f"{who}: method {settings.method!r} does not work on {FAMILY.name}: its keys carry rotary positions "
+                f"when they reach attention, and pooling them would mix positions; use nearest, which keeps each "
+                f"key's own position."), []
+    target = resolve_target(layout, family, "ToDo", "level", settings.level, _select(settings), kinds=(DIT,))
+    if target.sites is None:
+        run.warnings.append(f"{who}: {target.message}")
+        return None, []
+    diffusion_model = clone.get_model_object("diffusion_model")
+    patch = ForgeFluxToDo(layout, frozenset(site.key[1] for site in target.sites), settings.factor, 1.0,
+                          settings.method, diffusion_model, f"{CONTEXT_PREFIX}forge.{stage}.ToDo", who,
+                          auto_rule(settings.reduce_when, decisions, per_process=True))
+    problem = _reach(clone, layout, target, patch)
+    if problem is not None:
+        return f"{who} cannot reach the attention of Forge's Flux: {problem}. Turn one of them off.", []
+    try:
+        warnings = [f"{who}: {w}" for w in todo_info(settings, target)[1]]
+        warnings += dit_factor(who, PATCH, settings.factor)(latent_shape)
+    except ValueError as refused:
+        return str(refused), []
+    run.attention = host_entry(patch.attention.attention_function)  # the auto rule times through it
+    window = SigmaWindow(percent_to_sigma(settings.start_percent), percent_to_sigma(settings.end_percent))
+    return None, [Chosen("ToDo", settings, target, patch, window, warnings)]
+
+
+def _forward_of(clone, key: str, module, name: str = "forward"):
+    """The ``forward`` ours wraps: another extension's object patch on this clone, else the
+    class's own (never the shared module's attribute: an earlier pass's clone may still have its
+    patches on it until Forge unloads that clone)."""
+    if key in clone.object_patches:
+        return clone.object_patches[key]
+    return getattr(type(module), name).__get__(module)
+
+
+def _reach(clone, layout: Layout, target, patch: ForgeFluxToDo) -> str | None:
+    """Put the object patches of ``patch`` on it (``register`` adds them), or say why there can be none."""
+    slots = {slot.block: index for index, slot in enumerate(layout.plan)}  # Flux: one joint call per block
+    found = {}
+    for site in target.sites:
+        key = f"{site.path}.forward"
+        current = _forward_of(clone, key, clone.get_model_object(site.path))
+        problem = forge_block_forward(current)
+        if problem is not None:
+            return f"in block {site.path.split('.', 1)[1]}, {problem}"
+        found[(key, slots[site.key[1]])] = current
+    module = next(iter(found.values())).__func__.__globals__
+    attention = PassAttention(patch, module["apply_rope"], module["attention_function"])
+    patch.attention = attention
+    patch.object_patches = {key: rebound(current, "attention", attention.for_slot(slot))
+                            for (key, slot), current in found.items()}
+    patch.object_patches[FORWARD] = attention.forward(_forward_of(clone, FORWARD,
+                                                                  clone.get_model_object("diffusion_model")))
+    return None
+
+
+def register(clone, run) -> tuple[list, list]:
+    """Add the object patches of the pass's Flux methods to ``clone``: (functions, object keys),
+    as ``patching.Installed`` records them."""
+    keys = []
+    for method in run.methods:
+        for key, value in method.patch.object_patches.items():
+            clone.add_object_patch(key, value)
+            keys.append(key)
+    return [], keys
