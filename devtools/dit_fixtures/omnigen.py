@@ -22,3 +22,13 @@ FIXTURES = {
     # context refiner (left alone), noise refiner (image only), joint layer
     "omnigen2": Fixture(Spec("Omnigen2", 16, 8, False), _CONFIG, "OmniGen2", 2, "-gg", (8, 6), text=_text),
 }
+
+_BOOGU = {"image_model": "boogu", "axes_dim_rope": [8, 12, 12], "axes_lens": [300, 512, 512],
+          "ffn_dim_multiplier": None, "hidden_size": 64, "in_channels": 16, "multiple_of": 16, "norm_eps": 1e-5,
+          "num_attention_heads": 2, "num_kv_heads": 1, "num_layers": 0, "num_double_stream_layers": 1,
+          "num_refiner_layers": 1, "out_channels": None, "patch_size": 2, "instruction_feat_dim": CONTEXT_DIM,
+          "timestep_scale": 1000.0}
+
+# context refiner (left alone), noise refiner (image only), dual-stream joint + image-only; no
+# single-stream layer (OmniGen2's, tested above), so the model has the 2 blocks the test expects
+FIXTURES["boogu"] = Fixture(Spec("Boogu", 16, 8, False), _BOOGU, "Boogu-Image", 2, "-ggg", (8, 6), text=_text)

@@ -5,7 +5,7 @@ does not place: such model calls are left alone (tokens() says so)."""
 
 from __future__ import annotations
 
-from ..dit import Family, Geometry, TokenLayout, block_paths, image_grid
+from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
 from .lumina import plan  # the same order: text refiners, noise refiners, joint layers
 
 
@@ -26,4 +26,28 @@ FAMILIES = (
     Family("OmniGen2", ("Omnigen2",), ("OmniGen2Transformer2DModel",), True, False,
            lambda m: block_paths(m, "noise_refiner", "layers"), plan, lambda m: (1, m.patch_size, m.patch_size),
            tokens, geometry),
+)
+
+
+# Boogu-Image (BooguTransformer2DModel, ComfyUI 0.33): OmniGen2's refiners, then dual-stream layers
+# (a joint call over [text, image], then an image-only self-attention call each), then OmniGen2's
+# single-stream layers over [text, image]. The same reference-image caveat.
+
+def boogu_plan(model) -> tuple[Slot, ...]:
+    refiners, doubles = len(model.noise_refiner), len(model.double_stream_layers)
+    return (tuple(Slot(OTHER, -1) for _ in model.context_refiner)  # text only
+            + tuple(Slot(IMAGE, i) for i in range(refiners))
+            + tuple(Slot(kind, refiners + i) for i in range(doubles) for kind in (JOINT, IMAGE))
+            + tuple(Slot(JOINT, refiners + doubles + i) for i in range(len(model.single_stream_layers))))
+
+
+def boogu_geometry(model) -> Geometry:
+    attention = model.double_stream_layers[0].img_self_attn  # OmniGen2's attention, as every layer's
+    return Geometry(attention.heads, attention.dim_head, True)
+
+
+FAMILIES += (
+    Family("Boogu-Image", ("Boogu",), ("BooguTransformer2DModel",), True, False,
+           lambda m: block_paths(m, "noise_refiner", "double_stream_layers", "single_stream_layers"), boogu_plan,
+           lambda m: (1, m.patch_size, m.patch_size), tokens, boogu_geometry),
 )

@@ -49,7 +49,7 @@ REFUSED: dict[str, str] = {
         "GenmoMochi", "LTXAV", "MiniMaxH3",
         "PiD", "PixelDiTT2I",
         "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
-        "HiDreamO1", "SeedVR2", "Boogu",
+        "HiDreamO1", "SeedVR2",
         "Krea2", "CogVideoX_Inpaint",
         "CogVideoX_I2V", "CogVideoX_T2V")},
 }
