@@ -97,6 +97,14 @@ class Fixture(NamedTuple):
     build: Callable = None
     # latent -> noise mask (image to video), or None
     mask: Callable = None
+    # unet_config overrides for a few blocks more (the benchmark: blocks must remain between the
+    # first and last ones ToDo leaves alone); None: the first depth key found is set to 4
+    deep: dict = None
+
+
+def text_tokens(generator, batch: int, tokens: int = 12, width: int = 32):
+    """Random text-encoder tokens [batch, tokens, width] (the tiny models' text width: CONTEXT_DIM)."""
+    return torch.randn(batch, tokens, width, generator=generator)
 
 
 def _collect_fixtures() -> dict:
@@ -122,9 +130,6 @@ def available(family: str) -> bool:
     return hasattr(supported, FAMILY_SPECS[family].config)
 
 
-def text_tokens(generator, batch: int, tokens: int = 12, width: int = 32):
-    """Random text-encoder tokens [batch, tokens, width] (the tiny models' text width: CONTEXT_DIM)."""
-    return torch.randn(batch, tokens, width, generator=generator)
 FAMILY_SPECS.update({name: fixture.spec for name, fixture in FIXTURES.items()})
 FAMILIES = tuple(FAMILY_SPECS)
 IMAGE_FAMILIES = tuple(f for f, s in FAMILY_SPECS.items() if not s.video)

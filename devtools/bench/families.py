@@ -88,6 +88,39 @@ FAMILIES.update({
 })
 
 
+# The families whose tiny fixtures live in devtools/dit_fixtures/ (--tiny only), by their fixture
+# name; those whose conditioning carries image inputs sized for the test latent (i2v images, VACE
+# frames, references) are left out: the benchmark's sizes would not fit them.
+_DEPTH_KEYS = ("num_layers", "depth", "n_layers", "num_blocks", "layers")
+
+
+def _fixture_depth(fixture) -> dict:
+    if fixture.deep is not None:
+        return fixture.deep
+    key = next((key for key in _DEPTH_KEYS if isinstance(fixture.config.get(key), int)), None)
+    return {} if key is None else {key: 4}
+
+
+def _fixture_families() -> dict:
+    import random_dits
+
+    found = {}
+    for name, fixture in random_dits.FIXTURES.items():
+        if fixture.shared is not None:
+            continue
+        DIT_DEPTH[name] = _fixture_depth(fixture)
+        found[name] = Family(name, partial(_dit, name), partial(_dit_conditioning, name), tiny_only=True,
+                             downscale=fixture.spec.space_down,
+                             frames=WAN_LATENT_FRAMES if fixture.spec.video else 1)
+    return found
+
+
+try:
+    FAMILIES.update(_fixture_families())
+except ImportError:  # outside a host (no comfy to import random_dits' fixtures from): the built-in ones
+    pass
+
+
 def parse_size(text: str) -> int | str:
     """A ``--sizes`` entry: ``1024`` (square, kept an int as in older results) or ``832x480``
     (width x height px, kept as that text)."""
