@@ -45,7 +45,7 @@ REFUSED: dict[str, str] = {
                      "runs its own self-attention first; ToDo's plan has no slots for these per-frame calls yet"),
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
-        "Lens",
+       
         "GenmoMochi", "LTXAV", "MiniMaxH3",
         "PiD", "PixelDiTT2I",
         "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
