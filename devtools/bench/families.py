@@ -64,6 +64,9 @@ FULL_SIZE_TEXT = {"flux_dev": {"text_dim": 4096, "pooled_dim": 768}, "wan21_t2v"
 def _dit(family: str, tiny: bool, seed: int, dtype):
     import random_dits
 
+    if not random_dits.available(family):  # a family of later ComfyUI trees only
+        raise SystemExit(f"{family}: this ComfyUI has no {random_dits.FAMILY_SPECS[family].config}; "
+                         f"run the benchmark with --comfyui PATH of a tree that has it")
     layout = DIT_DEPTH[family] if tiny else DIT_FULL_SIZE[family]
     return random_dits.make_dit(family, seed=seed, dtype=dtype, **layout)
 
@@ -117,7 +120,7 @@ def _fixture_families() -> dict:
 
 try:
     FAMILIES.update(_fixture_families())
-except ImportError:  # outside a host (no comfy to import random_dits' fixtures from): the built-in ones
+except ImportError:  # outside a host (no comfy to import): the built-in ones
     pass
 
 
