@@ -3,6 +3,7 @@
     python3 devtools/benchmark.py                        # pinned ComfyUI, random weights, CPU or GPU
     python3 devtools/benchmark.py --quick                # a short subset
     python3 devtools/benchmark.py --compile              # also every config under torch.compile
+    python3 devtools/benchmark.py --diffusers            # diffusers pipelines: the table of diffusers' ToMe docs
     /path/to/ComfyUI/venv/python devtools/benchmark.py --comfyui /path/to/ComfyUI [--checkpoint ckpt.safetensors]
 
 For each model family, size and attention backend it runs one denoising step (one model call
@@ -44,6 +45,10 @@ from bench import cli  # noqa: E402
 
 
 def main() -> int:
+    if "--diffusers" in sys.argv[1:]:  # diffusers pipelines: their own table (bench/diffusers_table.py)
+        host.run_inside_host(__file__)
+        from bench import diffusers_table
+        return diffusers_table.main(sys.argv[1:])
     parser = cli.parser(__doc__)
     args = parser.parse_args()
     if args.comfyui is None:
