@@ -52,9 +52,9 @@ REFUSED: dict[str, str] = {
                      "runs its own self-attention first; ToDo's plan has no slots for these per-frame calls yet"),
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
-        "Lens",
+       
         "MiniMaxH3",
-        "PiD", "PixelDiTT2I",
+        "PiD",
         "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2",
         "Krea2", "CogVideoX_Inpaint",

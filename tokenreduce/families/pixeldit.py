@@ -1,0 +1,32 @@
+"""PixelDiT (PixDiT_T2I, ComfyUI 0.33): pixel space, patch 16 on the RGB image. Patch blocks
+attend jointly over [text (at most txt_max_length tokens), patch grid]; then pixel blocks
+compress each patch's pixels to one token and attend over the patch grid alone (image-only calls,
+their own heads)."""
+
+from __future__ import annotations
+
+from ..dit import IMAGE, JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
+
+
+def plan(model) -> tuple[Slot, ...]:
+    patches = len(model.patch_blocks)
+    return (tuple(Slot(JOINT, i) for i in range(patches))
+            + tuple(Slot(IMAGE, patches + i) for i in range(len(model.pixel_blocks))))
+
+
+def geometry(model) -> Geometry:
+    return Geometry(model.num_groups, model.hidden_size // model.num_groups, True)  # the patch blocks'
+
+
+def tokens(model, patch, x, context, kwargs) -> TokenLayout:
+    grid = image_grid(x, patch)
+    text = min(context.shape[1], model.txt_max_length)  # longer text is cut
+    image = grid[1] * grid[2]
+    return TokenLayout(grid, joint=(text + image, text), image=(image, 0))
+
+
+FAMILIES = (
+    Family("PixelDiT", ("PixelDiTT2I",), ("PixDiT_T2I",), True, False,
+           lambda m: block_paths(m, "patch_blocks", "pixel_blocks"), plan,
+           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry),
+)
