@@ -57,8 +57,7 @@ REFUSED: dict[str, str] = {
         "PiD",
         "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2",
-        "Krea2", "CogVideoX_Inpaint",
-        "CogVideoX_I2V", "CogVideoX_T2V")},
+        "Krea2")},
 }
 
 # UNets the UNet path leaves alone (tests/test_comfy_unet_variants_inprocess.py). The video UNet's
