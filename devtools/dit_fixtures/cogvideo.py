@@ -29,4 +29,7 @@ FIXTURES = {
     "cogvideox_i2v": Fixture(
         spec=Spec("CogVideoX_I2V", 16, 8, True, 4), config={**_COG, "in_channels": 32}, family="CogVideoX",
         blocks=2, calls="gg", grid=(3, 6, 6), text=_text, shared=_image),
+    "cogvideox_inpaint": Fixture(  # 32 extra channels (image and mask latents); the model pads what it gets
+        spec=Spec("CogVideoX_Inpaint", 16, 8, True, 4), config={**_COG, "in_channels": 48}, family="CogVideoX",
+        blocks=2, calls="gg", grid=(3, 6, 6), text=_text, shared=_image),
 }
