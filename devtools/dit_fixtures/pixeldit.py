@@ -16,7 +16,16 @@ def _text(generator, batch, shape):
     return torch.randn(batch, TEXT_TOKENS, CONTEXT_DIM, generator=generator), {}
 
 
+def _low_quality(generator, shape):
+    # PiDConditioning: the 4x-smaller image's 8x-VAE latent (128x96 px -> 4x3) and its degradation
+    return {"lq_latent": torch.randn(1, 16, shape[-2] // 32, shape[-1] // 32, generator=generator),
+            "degrade_sigma": torch.tensor([0.1])}
+
+
 FIXTURES = {
     # the patch block (joint), the pixel block (patch grid only); 128x96 px -> 8x6 patches
     "pixeldit": Fixture(Spec("PixelDiTT2I", 3, 1, False), _CONFIG, "PixelDiT", 2, "gg", (8, 6), text=_text),
+    "pid": Fixture(Spec("PiD", 3, 1, False), {**_CONFIG, "image_model": "pid", "lq_hidden_dim": 16,
+                                               "lq_num_res_blocks": 1, "lq_interval": 1},
+                   "PiD", 2, "gg", (8, 6), text=_text, shared=_low_quality),
 }

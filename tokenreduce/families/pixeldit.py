@@ -1,7 +1,8 @@
 """PixelDiT (PixDiT_T2I, ComfyUI 0.33): pixel space, patch 16 on the RGB image. Patch blocks
 attend jointly over [text (at most txt_max_length tokens), patch grid]; then pixel blocks
 compress each patch's pixels to one token and attend over the patch grid alone (image-only calls,
-their own heads)."""
+their own heads). PiD (PidNet) is PixelDiT with low-quality image features gated into the patch
+tokens (no tokens added): the same calls and layout."""
 
 from __future__ import annotations
 
@@ -25,8 +26,15 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
     return TokenLayout(grid, joint=(text + image, text), image=(image, 0))
 
 
+def blocks(model) -> tuple[str, ...]:
+    return block_paths(model, "patch_blocks", "pixel_blocks")
+
+
+def patch(model) -> tuple[int, int, int]:
+    return (1, model.patch_size, model.patch_size)
+
+
 FAMILIES = (
-    Family("PixelDiT", ("PixelDiTT2I",), ("PixDiT_T2I",), True, False,
-           lambda m: block_paths(m, "patch_blocks", "pixel_blocks"), plan,
-           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry),
+    Family("PixelDiT", ("PixelDiTT2I",), ("PixDiT_T2I",), True, False, blocks, plan, patch, tokens, geometry),
+    Family("PiD", ("PiD",), ("PidNet",), True, False, blocks, plan, patch, tokens, geometry),
 )

@@ -54,7 +54,7 @@ REFUSED: dict[str, str] = {
     **{name: _UNMAPPED for name in (
        
         "MiniMaxH3",
-        "PiD",
+       
         "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2",
         "Krea2")},
