@@ -1,6 +1,6 @@
 """Every model config the running ComfyUI ships is accounted for: a DiT family ToDo reduces
 (``tokenreduce/families/``, with a tiny random model in ``devtools/random_dits.py`` or
-``devtools/dit_fixtures/`` that the DiT tests sample), a UNet both nodes patch (the table below,
+``devtools/dit_fixtures/`` that the DiT tests sample), a UNet both nodes patch (``tokenreduce/families/unets.py``,
 each with its tiny-model test), or refused with its reason (``tokenreduce/families/refusals.py``).
 A config the host adds later fails here until it is one of the three. Run on the pinned 0.3.75 in
 CI and on any other tree with ``--comfyui``."""
@@ -10,17 +10,6 @@ from __future__ import annotations
 import sys
 
 import random_dits
-
-# UNet configs: both nodes patch them through the UNet path (sites found by walking the model).
-# config -> the test that samples a tiny model of it.
-UNETS = {
-    "SD15": "test_comfy_tome_inprocess.py",
-    "SD20": "test_comfy_tome_inprocess.py (SD21)",
-    "SDXL": "test_comfy_tome_inprocess.py",
-    **{name: "test_comfy_unet_variants_inprocess.py" for name in (
-        "SD15_instructpix2pix", "Stable_Zero123", "SD21UnclipL", "SD21UnclipH", "LotusD", "SD_X4Upscaler",
-        "SDXL_instructpix2pix", "SDXLRefiner", "SSD1B", "Segmind_Vega", "KOALA_700M", "KOALA_1B")},
-}
 
 
 def families():
@@ -35,6 +24,7 @@ def host_configs(comfy) -> list[str]:
 
 def test_every_host_config_is_covered_or_refused_with_a_reason(comfy):
     registry = families()
+    UNETS = registry.UNETS
     covered = {config for family in registry.FAMILIES for config in family.configs}
     unaccounted = [name for name in host_configs(comfy)
                    if name not in covered and name not in UNETS and name not in registry.REFUSED]
@@ -43,6 +33,7 @@ def test_every_host_config_is_covered_or_refused_with_a_reason(comfy):
 
 def test_no_config_is_in_two_places(comfy):
     registry = families()
+    UNETS = registry.UNETS
     covered = [config for family in registry.FAMILIES for config in family.configs]
     assert len(covered) == len(set(covered))
     assert not set(covered) & set(registry.REFUSED) and not set(covered) & set(UNETS)
@@ -57,3 +48,10 @@ def test_every_covered_config_the_host_has_has_a_tiny_model(comfy):
     untested = [config for family in registry.FAMILIES for config in family.configs
                 if config in present and config not in tested]
     assert not untested, f"covered configs without a tiny model in the DiT tests: {untested}"
+
+
+def test_every_unet_config_has_a_tiny_model(comfy):
+    import random_unets
+
+    tested = {"SD15", "SD20", "SDXL"} | set(random_unets.CONFIGS)  # the node tests' models, then the variants
+    assert not [config for config in families().UNETS if config not in tested]

@@ -29,7 +29,7 @@ def test_a_subclass_of_a_family_is_refused_for_that_reason_not_reduced():
     family, reason = recognise(_named("WAN99_NewStream", base_config)(), _named("NewStreamWan", base_module)())
     assert family is None and "variant of Wan 2.1 / 2.2 (WAN21_T2V)" in reason and "NewStreamWan" in reason
     family, reason = recognise(_named("WAN21_T2V")(), _named("NewStreamWan", base_module)())
-    assert family is None and "not the WanModel ToDo knows" in reason
+    assert family is None and "but the model is a NewStreamWan, not the WanModel" in reason
     family, reason = recognise(_named("SomethingNew")(), _named("NewStreamWan", base_module)())
     assert family is None and "derives from WanModel (Wan 2.1 / 2.2)" in reason
 
