@@ -151,3 +151,17 @@ def test_regional_compile_has_no_graph_break_and_no_recompile_per_step():
             for step in (900.0, 500.0, 100.0):
                 model(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
     assert torch.allclose(compiled, eager, atol=1e-5)
+
+
+def test_a_flux_pipeline_runs_by_its_own_timesteps():
+    """Flux's pipeline passes sigma-scaled timesteps (t / 1000): the window and the run's steps
+    are read from those, and the next pipeline call is a new run."""
+    pipe = tiny.flux_pipeline()
+    base = tiny.generate(pipe, steps=4, size=128)
+    with apply_patch(pipe, "ToDo", start_percent=0.5) as patch:
+        for _ in range(2):
+            reduced = tiny.generate(pipe, steps=4, size=128)
+            report = patch.report()
+            assert report.steps == 4 and report.active_steps == (3, 4) and not report.warnings
+    assert report.levels[0].tokens == {"q": (64, 64), "k/v": (64, 16)}
+    assert not torch.equal(reduced, base) and torch.equal(tiny.generate(pipe, steps=4, size=128), base)

@@ -73,10 +73,23 @@ def pipeline(sdxl: bool = False, seed: int = 0, size: int = 16):
     return pipe
 
 
+def flux_pipeline(seed: int = 0):
+    """A Flux pipeline of a tiny random transformer and VAE, without text encoders."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+
+    pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae(), text_encoder=None, tokenizer=None,
+                        text_encoder_2=None, tokenizer_2=None, transformer=transformer("Flux", seed))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def prompt(pipe, batch: int = 1, seed: int = 2) -> dict:
-    """Random prompt embeddings (and SDXL's pooled ones) for ``batch`` prompts, with negatives."""
+    """Random prompt embeddings (and the pooled ones SDXL and Flux take) for ``batch`` prompts,
+    with negatives where the pipeline runs CFG."""
     generator = _seeded(seed)
     embeds = lambda *shape: torch.randn(batch, *shape, generator=generator)  # noqa: E731
+    if type(pipe).__name__.startswith("Flux"):  # guidance-distilled: no negatives
+        return {"prompt_embeds": embeds(TEXT_TOKENS, TEXT_DIM), "pooled_prompt_embeds": embeds(TEXT_DIM)}
     values = {"prompt_embeds": embeds(TEXT_TOKENS, TEXT_DIM), "negative_prompt_embeds": embeds(TEXT_TOKENS, TEXT_DIM)}
     if type(pipe).__name__.startswith("StableDiffusionXL"):
         values.update(pooled_prompt_embeds=embeds(TEXT_DIM), negative_pooled_prompt_embeds=embeds(TEXT_DIM))

@@ -107,7 +107,7 @@ class DiTToDo(CallPatch):
         self.plans: dict = {}  # key length -> KeepPlan of the current layout (the same dict while it holds)
         self._layout: TokenLayout | None = None
         self._classes: dict = {}  # processor class -> our subclass
-        self._swapped: list = []  # (attention module, its original processor)
+        self._swapped: list = []  # (attention module, its original processor, ours)
         self._timing: tuple | None = None  # the auto rule: a grid call's q, k, v to time, when wanted
 
     # --- before each model call (outside the blocks) ---------------------------------------
@@ -236,12 +236,13 @@ class DiTToDo(CallPatch):
                 processor.__dict__ = original.__dict__
                 processor.__class__ = self._reducing_class(type(original))
                 attention.processor = processor
-                self._swapped.append((attention, original))
+                self._swapped.append((attention, original, processor))
         if not self._swapped:
             raise ValueError(f"{self.label}: found no attention module in the selected blocks of this "
                              f"{self.family.name} model.")
 
     def uninstall(self) -> None:
-        for attention, original in reversed(self._swapped):
-            attention.processor = original
+        for attention, original, ours in reversed(self._swapped):
+            if attention.processor is ours:  # a processor set after ours (IP-Adapter, ...) stays
+                attention.processor = original
         self._swapped.clear()
