@@ -49,10 +49,14 @@ def main() -> int:
         host.run_inside_host(__file__)
         from bench import diffusers_table
         return diffusers_table.main(sys.argv[1:])
+    pinned = None
+    if not any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:]):
+        # Into the pinned host before parsing: the tiny DiT fixtures (--families) import torch.
+        pinned = host.run_inside_host(__file__)
     parser = cli.parser(__doc__)
     args = parser.parse_args()
     if args.comfyui is None:
-        args.comfyui = host.run_inside_host(__file__).comfyui
+        args.comfyui = pinned.comfyui
     cli.complete(parser, args)
     return cli.main(args)
 
