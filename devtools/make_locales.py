@@ -5,10 +5,13 @@
     python3 devtools/make_locales.py --stamp zh ja   # after translating: record which English each
                                                      # text of these languages was made from
     python3 devtools/make_locales.py --check         # only check; exit 1 if something is wrong
+    python3 devtools/make_locales.py --stamp-help zh # after translating the help pages (js/docs/<node>/<lang>.md)
+                                                     # from today's English pages (js/docs/<node>.md)
 
 A translator edits ``locales/<lang>/{nodeDefs,settings,main,forge}.json`` by hand, then stamps
 the language (and runs this again: ``localizations/`` follows). The tests run the same check: a text added, removed or changed in English without the
-translations following fails them, naming the key.
+translations following fails them, naming the key. The help pages are tracked the same way, one
+digest per page: a changed English page names each translated page made from an older one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tokenreduce import locales  # noqa: E402
 from tokenreduce_forge import localization  # noqa: E402
 
 LOCALES = REPO / "locales"
+HELP = REPO / "js" / "docs"  # the help pages: <node>.md in English, <node>/<lang>.md translated
 WEBUI = REPO / "localizations"  # the WebUI's (Forge's) translation files of the extension
 TABLES = (*locales.TABLES, "forge")  # forge.json: the accordion's own words (tokenreduce_forge/texts.py)
 
@@ -53,8 +57,21 @@ def tables_of(lang: str) -> dict:
 
 
 def problems(lang: str) -> list[str]:
-    return locales.stale_or_missing(lang, tables_of(lang), read_json(LOCALES / lang / f"{locales.DIGESTS}.json"),
-                                    english())
+    return (locales.stale_or_missing(lang, tables_of(lang), read_json(LOCALES / lang / f"{locales.DIGESTS}.json"),
+                                     english())
+            + (locales.stale_help_pages(lang, read_json(LOCALES / lang / f"{locales.HELP_DIGESTS}.json"),
+                                        english_help_pages()) if lang != "en" else []))
+
+
+def english_help_pages() -> dict[str, str]:
+    """Node id -> its English help page (``js/docs/<node>.md``, the one translations are made from)."""
+    return {page.stem: page.read_text(encoding="utf-8") for page in sorted(HELP.glob("*.md"))}
+
+
+def stamp_help(lang: str) -> None:
+    """Record that the language's help pages are translated from today's English pages."""
+    write_json(LOCALES / lang / f"{locales.HELP_DIGESTS}.json",
+               {node: locales.digest(text) for node, text in english_help_pages().items()})
 
 
 def webui_tables() -> dict[str, dict]:
@@ -87,11 +104,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     parser.add_argument("--stamp", nargs="+", default=[], metavar="LANG", help="languages whose translations are done")
+    parser.add_argument("--stamp-help", nargs="+", default=[], metavar="LANG",
+                        help="languages whose help pages are translated from today's English pages")
     args = parser.parse_args()
     if not args.check:
         write_english()
     for lang in args.stamp:
         stamp(lang)
+    for lang in args.stamp_help:
+        stamp_help(lang)
     found = [line for lang in locales.LANGUAGES for line in problems(lang)]
     if not args.check and not found:
         write_webui()

@@ -87,10 +87,24 @@ class PatchSession:
         finally:
             run = self.run
             self.run = previous
+            self._end(run, completed, time.perf_counter() - start, schedule)
+
+    def _end(self, run: RunState, completed: bool, seconds: float, schedule) -> None:
+        """End the run and report it. Called in ``finally``: an error here must not replace the
+        sampler's result or its interrupt, so it is logged and said in the report instead."""
+        try:
             if self.patch is not None:
                 self.patch.end_run(run)
-            self._finish(run.report(self.label, self.start_percent, self.end_percent, time.perf_counter() - start,
-                                    completed, schedule))
+            report = run.report(self.label, self.start_percent, self.end_percent, seconds, completed, schedule)
+        except Exception as problem:  # noqa: BLE001 - the run's own outcome matters more than its report
+            LOG.exception("%s: could not make the run's report", self.label)
+            report = RunReport(seconds, 0.0, 0, completed, warnings=(
+                f"{self.label}: could not make this run's report ({type(problem).__name__}: {problem}); the run "
+                f"itself was not affected. Please report this.",))
+        try:
+            self._finish(report)
+        except Exception:  # noqa: BLE001
+            LOG.exception("%s: could not send the run's report", self.label)
 
     def apply_model_wrapper(self, executor, *args, **kwargs):
         # BaseModel.apply_model(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs)

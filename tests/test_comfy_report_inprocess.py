@@ -109,3 +109,35 @@ def test_an_interrupted_run_is_reported_as_such(comfy, models):
     report = session_of(model).last_report
     assert not report.completed and report.active_steps == (1, 2)
     assert report_module().run_lines(session_of(model).header, report)[-1].endswith("interrupted")
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_an_error_in_the_report_never_replaces_the_result_or_the_interrupt(comfy, models, monkeypatch, caplog,
+                                                                            interrupted):
+    """The report is made in the sampler wrapper's ``finally``: if making it fails, the sampler's
+    result (or its interrupt) still comes out, and the failure is logged and said."""
+    import comfy.model_management as mm
+    import torch
+
+    run_module = sys.modules["tokenreduce_pack.tokenreduce.run"]
+    model = patched(comfy, "todo", models["SD15"])
+    expected = sample(comfy, model, steps=1)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("report broke")
+
+    monkeypatch.setattr(run_module.RunState, "report", broken)
+    if interrupted:
+        stop = model.clone()
+        stop.set_model_sampler_post_cfg_function(
+            lambda args: (mm.interrupt_current_processing(True), args["denoised"])[1])
+        try:
+            with pytest.raises(mm.InterruptProcessingException):
+                sample(comfy, stop, steps=2)  # raised when the second step starts
+        finally:
+            mm.interrupt_current_processing(False)
+    else:
+        assert torch.equal(sample(comfy, model, steps=1), expected)
+    report = session_of(model).last_report
+    assert report.completed is not interrupted and "report broke" in report.warnings[0]
+    assert "could not make the run's report" in caplog.text

@@ -49,6 +49,18 @@ def test_the_check_names_a_missing_a_removed_and_a_stale_translation():
     assert "nodeDefs.TokenReduceToDo.inputs.method.tooltip was translated from other English" in problems
 
 
+def test_the_check_names_the_help_pages_translated_from_an_older_english_page(monkeypatch):
+    """A changed English help page makes the check name every translated page made from the old one."""
+    english = make_locales.english_help_pages()
+    assert set(english) == {node.node_id for node in NODES}
+    changed = {**english, "TokenReduceToDo": english["TokenReduceToDo"] + "\nA new paragraph.\n"}
+    monkeypatch.setattr(make_locales, "english_help_pages", lambda: changed)
+    for lang in locales.LANGUAGES[1:]:
+        assert make_locales.problems(lang) == [
+            f"{lang}: js/docs/TokenReduceToDo/{lang}.md was translated from another js/docs/TokenReduceToDo.md "
+            f"than today's"]
+
+
 def test_translations_are_in_their_language_and_keep_the_searchable_names():
     scripts = {"zh": r"[\u4e00-\u9fff]", "ja": r"[\u3040-\u30ff]", "ko": r"[\uac00-\ud7af]"}
     for lang, script in scripts.items():

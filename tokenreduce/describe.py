@@ -6,9 +6,18 @@ from __future__ import annotations
 
 from .layout import DIT
 from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
-from .pays import MEASURED
-from .run import RunReport
+from typing import TYPE_CHECKING
+
+from .pays import FAILED, MARGIN, MEASURED
 from .target import Target
+
+if TYPE_CHECKING:  # run.py words its reports with this module
+    from .run import RunReport, RunState
+
+
+def margin_text() -> str:
+    """The auto rule's margin as the texts say it ("3 %"), from the one constant."""
+    return f"{MARGIN * 100:g} %"
 
 
 def header(method: str, target: Target) -> str:
@@ -129,8 +138,9 @@ def decision_lines(report: RunReport, timing: bool = True) -> list[str]:
         lines.append(f"auto · {site} · {decision.full_ms:.2f} → {decision.reduced_ms:.2f} ms · {verdict}")
     measured = sum(1 for _, decision in report.decisions if decision.source == MEASURED)
     if timing and measured:
+        kept = f"kept in {report.decisions_file}" if report.decisions_file else "kept for this process"
         lines.append(f"auto · measured {measured} kind{'s' if measured > 1 else ''} of call now in "
-                     f"{report.measure_seconds:.2f} s; kept for the next runs")
+                     f"{report.measure_seconds:.2f} s; {kept}")
     return lines
 
 
@@ -161,3 +171,43 @@ def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[
     lines.append(active + (f" · {report.sampling_seconds:.1f} s sampling" if timing else "")
                  + ("" if report.completed else " · interrupted"))
     return lines
+
+
+def run_warnings(label: str, run: RunState, decided: tuple, steps: int, active: tuple, start_percent: float,
+                 end_percent: float, completed: bool) -> list[str]:
+    """What a run's report warns of, beyond what its calls warned of as they ran."""
+    warnings = []
+    all_left = bool(decided) and not any(d.decision.reduce for d in decided)
+    if all_left:
+        warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: on this device the "
+                        f"reduced calls were not at least {margin_text()} faster (the times are in the report). Set "
+                        f"reduce_when to always to reduce anyway.")
+    elif run.unreached_calls and not run.reduced_sigmas:
+        # Never a silent no-op: step caches that replace the model's forward (TeaCache's and
+        # MagCache's) call its blocks without ComfyUI's transformer options.
+        warnings.append(f"{label} did nothing: in {run.unreached_calls} model calls the model's attention never "
+                        f"reached its attention override. Another node replaced the model's forward with one that "
+                        f"does not pass ComfyUI's transformer options to its blocks (the TeaCache and MagCache "
+                        f"nodes do), so no attention override can act there (nor a SageAttention patch). For a "
+                        f"step cache that keeps the model's forward, use ComfyUI's EasyCache or LazyCache.")
+    elif completed and steps and not active:
+        warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
+                        f"between start_percent {start_percent:g} and end_percent {end_percent:g}, "
+                        f"or no block could be reduced.")
+    if run.skipped_calls and run.dit_calls:
+        # A DiT's grid attention call whose keys are not the layout predicted for the model.
+        warnings.append(f"{label} left {run.skipped_calls} attention calls of this run unreduced: their keys "
+                        f"were not the token layout it predicts for this model. An attention patch applied "
+                        f"before it changed them, or the model added tokens {label} does not know (extra "
+                        f"reference images, say). Apply {label} before other attention patches; if there are "
+                        f"none, please report the model and workflow.")
+    elif run.skipped_calls:
+        # Never a silent no-op: another attention patch that runs before ours reshaped the
+        # tokens (HyperTile tiles the queries, for example).
+        warnings.append(f"{label} was skipped in {run.skipped_calls} block calls of this run: the tokens "
+                        f"it received were not the block's grid: an attention patch applied before it reshaped "
+                        f"them (HyperTile tiles the queries; ToMe in its q, k, v mode merges keys and values). "
+                        f"Apply {label} before that patch (closer to the checkpoint loader).")
+    warnings += [f"{label}: could not measure {d.site} ({d.decision.error}); reduced as set."
+                 for d in decided if d.decision.source == FAILED]
+    return warnings

@@ -19,6 +19,8 @@ TABLES = ("nodeDefs", "settings", "main")  # locales/<lang>/<table>.json that Co
 # Other tables translated the same way (the WebUI extension's own words, ``forge.json``) are given
 # to ``stale_or_missing`` by who owns them: the core does not know its hosts.
 DIGESTS = "translated_from"  # locales/<lang>/translated_from.json: key -> digest of its English
+# locales/<lang>/help_translated_from.json: node id -> digest of the English help page it was translated from
+HELP_DIGESTS = "help_translated_from"
 
 # The front-end extension's setting (js/tokenreduce.js declares it; a test compares the two).
 SETTING_ID = "TokenReduce.Overlay.Show"
@@ -76,6 +78,21 @@ def digest(text: str) -> str:
 def digests_of(tables: dict) -> dict[str, str]:
     """What ``translated_from.json`` records when a translation of ``tables`` is made from today's English."""
     return {key: digest(text) for key, text in sorted(flat(tables).items())}
+
+
+def stale_help_pages(lang: str, recorded: dict[str, str], english_pages: dict[str, str]) -> list[str]:
+    """The help pages of a language not translated from today's English page (``english_pages``:
+    node id -> the English page's text), one line each naming the page."""
+    problems = []
+    for node, text in sorted(english_pages.items()):
+        page = f"js/docs/{node}/{lang}.md"
+        if node not in recorded:
+            problems.append(f"{lang}: {page} has no record of the English page it was translated from")
+        elif recorded[node] != digest(text):
+            problems.append(f"{lang}: {page} was translated from another js/docs/{node}.md than today's")
+    problems += [f"{lang}: help page {node} is recorded but has no English page" for node in recorded
+                 if node not in english_pages]
+    return problems
 
 
 def stale_or_missing(lang: str, translated: dict, recorded: dict[str, str], source_tables: dict | None = None

@@ -286,6 +286,12 @@ class Decisions:
     def measurements(self) -> int:
         return len(self.log)
 
+    @property
+    def where(self) -> str:
+        """The file the decisions are kept in, as the report says it; "" where they hold for this
+        process only."""
+        return "" if self.path is None or self._memory_only else str(self.path)
+
     def remeasure_rule(self) -> AutoRule:
         """The process's one "measure again" rule on this store (see ``auto_rule``)."""
         with self._lock:

@@ -31,7 +31,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .pays import CPU, FAILED, MEASURED, AutoRule, Decision, Work, synchronizer
+from .describe import run_warnings
+from .pays import CPU, MEASURED, AutoRule, Decision, Work, synchronizer
 from .window import SigmaWindow, steps_of
 
 LOG = logging.getLogger("tokenreduce")
@@ -94,6 +95,7 @@ class RunReport:
     measure_seconds: float = 0.0  # what measuring for the auto rule cost in this run
     notes: tuple[str, ...] = ()  # what the patch did about its surroundings (not warnings: it works)
     windows: tuple[tuple[int, ...], ...] = ()  # ComfyUI context windows seen, as their frame indices, in order
+    decisions_file: str = ""  # where the auto rule keeps its decisions ("": this process only)
 
 
 @dataclass
@@ -113,7 +115,8 @@ class RunState:
     # The noise-level tensor of every call that reduced tokens; read once, at the end.
     reduced_sigmas: list = field(default_factory=list)
     cache: dict = field(default_factory=dict)  # per-run values patches compute once (partitions, ...)
-    decisions: dict = field(default_factory=dict)  # site -> Decision of the auto rule, first met first
+    decisions: dict = field(default_factory=dict)  # (site, device) -> Decision of the auto rule, first met first
+    decisions_file: str = ""  # where the auto rule keeps its decisions ("": in memory only)
     windows: dict = field(default_factory=dict)  # context windows seen: frames of the window -> model calls
     _last_sigma: tuple | None = None  # (sigmas tensor, its value): one device read per call
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -159,14 +162,22 @@ class RunState:
             self.reduced_sigmas.append(sigmas)
 
     def warn_once(self, message: str) -> None:
-        """A warning for the run's report, said once however many calls meet it."""
-        if message not in self.warnings:
-            self.warnings.append(message)
+        """A warning for the run's report, said once however many calls (and threads) meet it."""
+        with self._lock:
+            if message not in self.warnings:
+                self.warnings.append(message)
 
     def note_once(self, message: str) -> None:
         """A note for the run's report (something the patch handled), said once."""
-        if message not in self.notes:
-            self.notes.append(message)
+        with self._lock:
+            if message not in self.notes:
+                self.notes.append(message)
+
+    def decided(self, site: str, device: torch.device, decision: Decision, where: str) -> None:
+        """What the auto rule decided for ``site`` on ``device`` (kept in the file ``where``, or "")."""
+        with self._lock:
+            self.decisions.setdefault((site, str(device)), decision)
+            self.decisions_file = where
 
     def timed(self, device: torch.device, work):
         """Run work() and add its duration (device-synchronised) to plan_seconds: benchmarks only."""
@@ -188,49 +199,39 @@ class RunState:
                schedule) -> RunReport:
         sigmas = [float(s) for s in schedule] if schedule is not None else []
         steps = max(0, len(sigmas) - 1)
-        # One transfer for the whole run, not one per call.
-        seen = torch.stack([s.max() for s in self.reduced_sigmas]).float().cpu().tolist() if self.reduced_sigmas else []
-        active = steps_of(sigmas, set(seen))
-        warnings = list(self.warnings)
-        decided = tuple(SiteDecision(site, decision) for site, decision in self.decisions.items())
-        all_left = bool(decided) and not any(d.decision.reduce for d in decided)
-        if all_left:
-            warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: on this device the "
-                            f"reduced calls were not at least 3 % faster (the times are in the report). Set "
-                            f"reduce_when to always to reduce anyway.")
-        elif self.unreached_calls and not self.reduced_sigmas:
-            # Never a silent no-op: step caches that replace the model's forward (TeaCache's and
-            # MagCache's) call its blocks without ComfyUI's transformer options.
-            warnings.append(f"{label} did nothing: in {self.unreached_calls} model calls the model's attention never "
-                            f"reached its attention override. Another node replaced the model's forward with one that "
-                            f"does not pass ComfyUI's transformer options to its blocks (the TeaCache and MagCache "
-                            f"nodes do), so no attention override can act there (nor a SageAttention patch). For a "
-                            f"step cache that keeps the model's forward, use ComfyUI's EasyCache or LazyCache.")
-        elif completed and steps and not active:
-            warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
-                            f"between start_percent {start_percent:g} and end_percent {end_percent:g}, "
-                            f"or no block could be reduced.")
-        if self.skipped_calls and self.dit_calls:
-            # A DiT's grid attention call whose keys are not the layout predicted for the model.
-            warnings.append(f"{label} left {self.skipped_calls} attention calls of this run unreduced: their keys "
-                            f"were not the token layout it predicts for this model. An attention patch applied "
-                            f"before it changed them, or the model added tokens {label} does not know (extra "
-                            f"reference images, say). Apply {label} before other attention patches; if there are "
-                            f"none, please report the model and workflow.")
-        elif self.skipped_calls:
-            # Never a silent no-op: another attention patch that runs before ours reshaped the
-            # tokens (HyperTile tiles the queries, for example).
-            warnings.append(f"{label} was skipped in {self.skipped_calls} block calls of this run: the tokens "
-                            f"it received were not the block's grid: an attention patch applied before it reshaped "
-                            f"them (HyperTile tiles the queries; ToMe in its q, k, v mode merges keys and values). "
-                            f"Apply {label} before that patch (closer to the checkpoint loader).")
-        warnings += [f"{label}: could not measure {d.site} ({d.decision.error}); reduced as set."
-                     for d in decided if d.decision.source == FAILED]
+        active = steps_of(sigmas, set(_noise_levels(self.reduced_sigmas)))
+        decided = _site_decisions(self.decisions)
+        warnings = list(self.warnings) + run_warnings(label, self, decided, steps, active, start_percent,
+                                                      end_percent, completed)
         levels = tuple(sorted(self.levels.values(), key=lambda lv: (lv.downsample, -lv.grid[0] * lv.grid[1])))
         return RunReport(seconds, self.plan_seconds, self.skipped_calls, completed, steps, active, levels,
                          tuple(warnings), decisions=decided,
-                         measure_seconds=sum(d.decision.seconds for d in decided if d.decision.source == MEASURED),
-                         notes=tuple(self.notes), windows=tuple(sorted(self.windows)))
+                         measure_seconds=sum(d.seconds for d in self.decisions.values() if d.source == MEASURED),
+                         notes=tuple(self.notes), windows=tuple(sorted(self.windows)), decisions_file=self.decisions_file)
+
+
+def _noise_levels(sigmas: list) -> list[float]:
+    """The noise level of each call that reduced: one transfer per device for the whole run, not
+    one per call (under ComfyUI's multi-GPU split the calls' sigmas live on several devices)."""
+    maxima: dict = {}
+    for s in sigmas:
+        maxima.setdefault(s.device, []).append(s.max())
+    return [value for group in maxima.values() for value in torch.stack(group).float().cpu().tolist()]
+
+
+def _site_decisions(decisions: dict) -> tuple[SiteDecision, ...]:
+    """(site, device) -> Decision, as the report lists them: one line per site where every device
+    decided alike, one per device where they differ (two GPU models in one multi-GPU run)."""
+    sites: dict = {}
+    for (site, device), decision in decisions.items():
+        sites.setdefault(site, []).append((device, decision))
+    listed = []
+    for site, per_device in sites.items():
+        if len({decision.reduce for _, decision in per_device}) == 1:
+            listed.append(SiteDecision(site, per_device[0][1]))
+        else:
+            listed += [SiteDecision(f"{site} on {device}", decision) for device, decision in per_device]
+    return tuple(listed)
 
 
 def note_reduced(context: dict, grid: tuple[int, int], level: int, stages) -> None:
@@ -283,7 +284,7 @@ class CallPatch:
             site, work = describe()
             decision = run.cache[key] = self.rule.decide(device, kind, work, site)
             if decision.source != CPU:
-                run.decisions.setdefault(site, decision)
+                run.decided(site, device, decision, self.rule.decisions.where)
         return decision.reduce
 
     def call_context(self, options: dict) -> dict | None:

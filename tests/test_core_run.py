@@ -1,0 +1,113 @@
+"""Host-free tests of a run's state and report (tokenreduce/run.py) under ComfyUI's multi-GPU
+split: work units on two devices, several worker threads noting at once, a decision per device."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from tokenreduce.pays import MEASURED, Decision
+from tokenreduce.run import CallPatch, RunState
+from tokenreduce.window import SigmaWindow
+
+SCHEDULE = torch.tensor([3.0, 2.0, 1.0, 0.0])
+
+
+class OnSecondDevice(torch.Tensor):
+    """A CPU tensor that says it lives on a second device, as a work unit's sigmas on ``cuda:1``
+    do: results of ops on it stay there, and ``torch.stack`` refuses to mix it with another
+    device's tensors, as torch does with real devices; ``.cpu()`` brings it back."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 1)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.stack and len({str(t.device) for t in args[0]}) > 1:
+            raise RuntimeError("Expected all tensors to be on the same device")
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if func is torch.Tensor.cpu or not isinstance(out, torch.Tensor):
+            return out
+        return out.as_subclass(cls)
+
+
+def test_the_report_reads_the_noise_levels_of_calls_on_two_devices():
+    run = RunState(SigmaWindow(10.0, 0.0))
+    run.reduced_sigmas = [torch.tensor([3.0]), torch.tensor([2.0]).as_subclass(OnSecondDevice),
+                          torch.tensor([1.0]).as_subclass(OnSecondDevice)]
+    report = run.report("ToDo", 0.0, 1.0, 1.0, True, SCHEDULE)
+    assert report.active_steps == (1, 2, 3) and not report.warnings
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_report_reads_the_noise_levels_of_calls_on_the_cpu_and_a_gpu():
+    run = RunState(SigmaWindow(10.0, 0.0))
+    run.reduced_sigmas = [torch.tensor([3.0]), torch.tensor([2.0], device="cuda")]
+    assert run.report("ToDo", 0.0, 1.0, 1.0, True, SCHEDULE).active_steps == (1, 2)
+
+
+class Preempted(list):
+    """A list whose membership test waits (briefly) before answering for a second thread to test too, as a
+    free-threaded interpreter or a thread switch may interleave two threads between checking for
+    a message and adding it. Where the callers hold a lock the second never comes: the wait times
+    out and the barrier stays broken."""
+
+    def __init__(self):
+        super().__init__()
+        self.meet = threading.Barrier(2, timeout=0.3)
+
+    def __contains__(self, item):
+        answer = super().__contains__(item)
+        try:
+            self.meet.wait()
+        except threading.BrokenBarrierError:
+            pass
+        return answer
+
+
+def test_warnings_and_notes_met_by_concurrent_workers_are_said_once():
+    run = RunState(SigmaWindow(10.0, 0.0), warnings=Preempted())
+    run.notes = Preempted()
+
+    def meet():
+        run.warn_once("a warning")
+        run.note_once("a note")
+
+    threads = [threading.Thread(target=meet) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert run.warnings == ["a warning"] and run.notes == ["a note"]
+
+
+class PerDevice:
+    """An auto rule whose decision depends on the device (two GPU models in one multi-GPU run)."""
+
+    class decisions:
+        where = "/somewhere/auto_decisions.json"
+
+    def __init__(self, reduce_on: set):
+        self.reduce_on = reduce_on
+
+    def decide(self, device, kind, work, site):
+        return Decision(str(device) in self.reduce_on, 10.0, 8.0, MEASURED)
+
+
+@pytest.mark.parametrize("reduce_on,expected", [
+    ({"cuda:0", "cuda:1"}, [("downsample 1 (32×32)", True)]),
+    ({"cuda:0"}, [("downsample 1 (32×32) on cuda:0", True), ("downsample 1 (32×32) on cuda:1", False)]),
+])
+def test_the_report_shows_each_devices_decision_where_they_differ(reduce_on, expected):
+    patch = CallPatch("tokenreduce.test", "ToDo", PerDevice(reduce_on))
+    run = RunState(SigmaWindow(10.0, 0.0))
+    for device in (torch.device("cuda", 0), torch.device("cuda", 1)):
+        patch.pays(run, device, ("kind",), lambda: ("downsample 1 (32×32)", None))
+    report = run.report("ToDo", 0.0, 1.0, 1.0, True, SCHEDULE)
+    assert [(site, decision.reduce) for site, decision in report.decisions] == expected
+    assert report.decisions_file == "/somewhere/auto_decisions.json"
