@@ -58,3 +58,26 @@ def test_apply_patch_says_what_it_takes_without_diffusers():
         apply_patch(torch.nn.Linear(2, 2), "ToDo")
     with pytest.raises(TypeError, match="diffusers pipeline or model"):
         apply_patch(object(), "ToMe")
+
+
+def test_pip_install_gives_the_tokenreduce_package_alone(tmp_path):
+    """``pip install .`` of a clean checkout installs ``tokenreduce`` (core and diffusers adapter),
+    needing nothing but torch; the ComfyUI pack and the Forge extension stay in the checkout."""
+    from test_registry import tracked_copy
+
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                              "--no-input", "--target", str(target), str(tracked_copy(tmp_path))],
+                             capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) == ["tokenreduce"]
+    metadata = next(target.glob("tokenreduce-*.dist-info")) / "METADATA"
+    requires = [line for line in metadata.read_text().splitlines() if line.startswith("Requires-Dist:")]
+    assert [r for r in requires if "extra ==" not in r] == ["Requires-Dist: torch>=2.1"], requires
+    check = ("import sys; sys.path.insert(0, sys.argv[1]); "
+             "import tokenreduce, tokenreduce.diffusers; assert tokenreduce.__file__.startswith(sys.argv[1]); "
+             "from tokenreduce.diffusers import apply_patch, remove_patch; print('ok')")
+    # -I: no PYTHONPATH, no current folder: only what is installed, and the target.
+    result = subprocess.run([sys.executable, "-I", "-c", check, str(target)], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.stdout.strip() == "ok", result.stderr
