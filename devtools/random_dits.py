@@ -100,6 +100,9 @@ class Fixture(NamedTuple):
     # unet_config overrides for a few blocks more (the benchmark: blocks must remain between the
     # first and last ones ToDo leaves alone); None: the first depth key found is set to 4
     deep: dict = None
+    # (generator, latent shape) -> the latent the sampler gets, where the empty one would not do
+    # (a model that samples from the input image itself); None: the empty latent
+    latent: Callable = None
 
 
 def text_tokens(generator, batch: int, tokens: int = 12, width: int = 32):
@@ -317,7 +320,10 @@ def latent_shape(family: str, batch: int = 1, height_px: int = 128, width_px: in
 def latent(family: str, batch: int = 1, height_px: int = 128, width_px: int = 128, frames: int = 9) -> torch.Tensor:
     """The empty latent (EmptySD3LatentImage, EmptyHunyuanLatentVideo, ...) as the sampler gets
     it; ``frames`` (pixel frames) only for video families."""
-    return torch.zeros(latent_shape(family, batch, height_px, width_px, frames))
+    shape = latent_shape(family, batch, height_px, width_px, frames)
+    if family in FIXTURES and FIXTURES[family].latent is not None:
+        return FIXTURES[family].latent(torch.Generator().manual_seed(3), shape)
+    return torch.zeros(shape)
 
 
 def noise_mask(family: str, latent_image: torch.Tensor) -> torch.Tensor | None:

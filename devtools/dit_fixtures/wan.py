@@ -75,6 +75,11 @@ def _humo_reference(generator, shape) -> dict:
 
 
 FIXTURES = {
+    # FlowRVS: a t2v Wan whose sampling starts from the input video's latent and takes the model's
+    # output as the result; an empty latent would give identical tokens everywhere.
+    "wan21_flow_rvs": Fixture(
+        Spec("WAN21_FlowRVS", 16, 8, True, 4), {**_WAN, "model_type": "flow_rvs", "in_dim": 16, "out_dim": 16},
+        _FAMILY, 2, "g-g-", _GRID, text=_text, latent=lambda g, shape: torch.randn(shape, generator=g)),
     "wan21_fun_control": Fixture(
         Spec("WAN21_FunControl2V", 16, 8, True, 4), {**_WAN, "model_type": "i2v", "in_dim": 48, "out_dim": 16},
         _FAMILY, 2, "g--g--", _GRID, text=_text, shared=_fun_control),

@@ -55,7 +55,7 @@ REFUSED: dict[str, str] = {
        
         "MiniMaxH3",
        
-        "WAN21_FlowRVS", "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
+        "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2",
         "Krea2")},
 }

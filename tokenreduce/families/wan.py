@@ -2,7 +2,9 @@
 text (and, for Wan 2.1 i2v, to CLIP image tokens). Fun Control (control latents concatenated in
 channels) and the camera models (camera embeddings added to the patch embedding) keep that
 token layout, as does Wan 2.2 Animate (pose latents added to the patch embedding; its face
-adapter's attention is called without transformer_options, so the override never counts it). Wan VACE adds VACE blocks that run a hint stream of the same grid (its own
+adapter's attention is called without transformer_options, so the override never counts it).
+FlowRVS is a t2v Wan sampled from the input video's latent (image-to-image flow): the same calls.
+Wan VACE adds VACE blocks that run a hint stream of the same grid (its own
 self-attention, then cross-attention) after some main blocks. HuMo appends a reference frame's
 tokens after the video and cross-attends to audio tokens after the text."""
 
@@ -97,7 +99,8 @@ def humo_check(model) -> str | None:
 
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
-                             "WAN22_Camera", "WAN22_Animate"), ("WanModel", "CameraWanModel", "AnimateWanModel"),
+                             "WAN22_Camera", "WAN22_Animate", "WAN21_FlowRVS"),
+           ("WanModel", "CameraWanModel", "AnimateWanModel"),
            True, True,
            lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
     Family("Wan VACE", ("WAN21_Vace",), ("VaceWanModel",), True, True,
