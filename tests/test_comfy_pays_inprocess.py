@@ -189,3 +189,33 @@ def test_the_run_that_measures_gives_the_image_later_runs_give(comfy, models, me
     assert store.measurements == 2
     second = run()
     assert store.measurements == 2 and torch.equal(first, second)
+
+
+def test_a_kept_decision_is_keyed_by_comfyui_version_runtime_and_compiled_or_not(comfy, models):
+    """A decision fits the conditions it was made in: the nodes' store keys by ComfyUI's version
+    and the runtime (torch, its CUDA/ROCm build, driver, attention libraries where knowable); a
+    model call under TorchCompileModel is its own kind."""
+    import comfyui_version
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    common = sys.modules["tokenreduce_pack.nodes.common"]
+    host = sys.modules["tokenreduce_pack.nodes.host"]
+    measure = sys.modules["tokenreduce_pack.tokenreduce.measure"]
+    run = sys.modules["tokenreduce_pack.tokenreduce.run"]
+    environment = common.decisions().environment
+    assert f"ComfyUI {comfyui_version.__version__}" in environment and f"torch {torch.__version__}" in environment
+    assert json_key_holds(common.decisions().key(torch.device("cpu"), ("kind",)), environment)
+    model = patched(comfy, "todo", models["SD15"])
+    compiled = model.clone()
+    set_torch_compile_wrapper(compiled, backend="eager")  # compiles lazily: nothing is compiled here
+    # A model call's options hold its patcher's wrappers (the sampler merges them in).
+    assert not host.compiled({"wrappers": model.wrappers}) and host.compiled({"wrappers": compiled.wrappers})
+    x = torch.zeros(1, 4, 8, 8)
+    calls = [run.ModelCall(x, None, {}, {}, torch.ones(1), compiled=flag) for flag in (False, True)]
+    assert measure.backend_of(calls[0]) != measure.backend_of(calls[1])
+
+
+def json_key_holds(key: str, environment: tuple) -> bool:
+    import json
+
+    return all(part in json.loads(key) for part in environment)
