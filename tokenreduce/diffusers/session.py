@@ -53,7 +53,7 @@ class Session:
         t = torch.as_tensor(timestep)
         now = time.perf_counter()
         value = None if self.run is None else self.run.sigma(t)
-        if self.run is None or (self._timesteps and value >= self._timesteps[0] and value > self._timesteps[-1]):
+        if self.run is None or (self._timesteps and value > self._timesteps[-1]):  # rising again: a new run
             self._finish()
             self.run = RunState(self.window, always_active=self.always_active)
             self._timesteps, self._started, self._checked = [], now, False

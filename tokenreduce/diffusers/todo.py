@@ -105,10 +105,10 @@ class DiTToDo(CallPatch):
         self.switch = Switch()
         self.active = False  # read in the blocks: set per model call
         self.plans: dict = {}  # key length -> KeepPlan of the current layout (the same dict while it holds)
-        self._layout: TokenLayout | None = None
+        self._layout: tuple | None = None  # (TokenLayout, device) the plans are for
         self._classes: dict = {}  # processor class -> our subclass
         self._swapped: list = []  # (attention module, its original processor, ours)
-        self._timing: tuple | None = None  # the auto rule: a grid call's q, k, v to time, when wanted
+        self.model = None  # the transformer (set when installed): its layout is read from its config
 
     # --- before each model call (outside the blocks) ---------------------------------------
     def prepare(self, context: dict, arguments) -> None:
@@ -121,8 +121,8 @@ class DiTToDo(CallPatch):
                                        f"layout ToDo does not know; those calls were left alone.")
             return
         hidden = arguments("hidden_states")
-        if layout != self._layout:
-            self._layout, self.plans = layout, self._keep_plans(layout, hidden.device)
+        if (layout, hidden.device) != self._layout:  # a new size, or the model moved (offloading)
+            self._layout, self.plans = (layout, hidden.device), self._keep_plans(layout, hidden.device)
         self.active = bool(self.plans) and self._pays(hidden)
         if self.active:
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
@@ -138,8 +138,8 @@ class DiTToDo(CallPatch):
                 for spec in (layout.joint, layout.image) if spec is not None}
 
     def _pays(self, hidden: torch.Tensor) -> bool:
-        """reduce_when auto, per layout: one grid attention call of the model's width timed with
-        full and reduced keys through the model's own attention."""
+        """reduce_when auto, per layout: one grid attention call of the model's width and key
+        count timed with full and reduced keys (torch's SDPA)."""
         if self.rule is None or self.switch.forced is not None:
             return True
         length, plan = max(self.plans.items())
@@ -156,7 +156,7 @@ class DiTToDo(CallPatch):
                        .to(hidden.device, hidden.dtype) for i in range(3))
             self.active = True
             call = (lambda: self._sdpa(q, k, v))
-            grid = self._layout.grid if self._layout.grid[0] > 1 else self._layout.grid[1:]
+            grid = plan.grid if plan.grid[0] > 1 else plan.grid[1:]
             return f"{grid_text(grid)} grid, attention ({length} keys)", lambda: self.switch.work(call)
         return self.pays(self.session.run, hidden.device, kind, describe)
 
