@@ -74,12 +74,54 @@ def _humo_reference(generator, shape) -> dict:
     return {"reference_latents": [torch.randn([1, 16, 1] + shape[3:], generator=generator)]}
 
 
+def _scail(generator, shape) -> dict:
+    # WanSCAILToVideo: one reference image's latent (a frame before the video), the pose video's
+    # latent at half the size, CLIP vision of the reference.
+    reference = torch.randn([1, 16, 1] + shape[3:], generator=generator)
+    pose = torch.randn([shape[0], 16, shape[2], shape[3] // 2, shape[4] // 2], generator=generator)
+    return {"reference_latents": [reference], "pose_video_latent": pose, **_clip(generator, shape)}
+
+
+def _scail2(generator, shape) -> dict:
+    # SCAIL-2 in replacement mode: the 28-channel identity masks of the pose frames (at the pose's
+    # size) and of the reference frame followed by zeros over the video frames.
+    masks = {"driving_mask_28ch": (torch.rand([1, shape[2], 28, shape[3] // 2, shape[4] // 2],
+                                              generator=generator) > 0.5).float(),
+             "ref_mask_28ch": torch.cat([(torch.rand([1, 1, 28] + shape[3:], generator=generator) > 0.5).float(),
+                                         torch.zeros([1, shape[2], 28] + shape[3:])], dim=1),
+             "ref_mask_flag": False}
+    return {**_scail(generator, shape), **masks}
+
+
+def _dancer(generator, shape) -> dict:
+    # WanDancerToVideo: a start image, CLIP vision of it and of the reference image, and the
+    # music features [1, audio frames, 35] the WanDancer audio encoder node gives.
+    reference = random_dits._clip_vision_output(
+        penultimate_hidden_states=torch.randn(shape[0], random_dits.WAN_CLIP_TOKENS, 1280, generator=generator))
+    return {**_start_image(generator, shape), **_clip(generator, shape), "clip_vision_output_ref": reference,
+            "audio_embed": torch.randn([1, 4 * shape[2], 35], generator=generator)}
+
+
 FIXTURES = {
     # FlowRVS: a t2v Wan whose sampling starts from the input video's latent and takes the model's
     # output as the result; an empty latent would give identical tokens everywhere.
     "wan21_flow_rvs": Fixture(
         Spec("WAN21_FlowRVS", 16, 8, True, 4), {**_WAN, "model_type": "flow_rvs", "in_dim": 16, "out_dim": 16},
         _FAMILY, 2, "g-g-", _GRID, text=_text, latent=lambda g, shape: torch.randn(shape, generator=g)),
+    # SCAIL: self-attention over [reference frame, video, pose frames at half size]; i2v blocks.
+    "wan21_scail": Fixture(
+        Spec("WAN21_SCAIL", 16, 8, True, 4), {**_WAN, "model_type": "scail", "in_dim": 20, "out_dim": 16},
+        "Wan SCAIL", 2, "g--g--", _GRID, text=_text, shared=_scail),
+    "wan21_scail2": Fixture(
+        Spec("WAN21_SCAIL2", 16, 8, True, 4), {**_WAN, "model_type": "scail2", "in_dim": 20, "out_dim": 16},
+        "Wan SCAIL", 2, "g--g--", _GRID, text=_text, shared=_scail2),
+    # WanDancer: patch 1, so a frame's tokens split evenly over the 8 music windows per latent
+    # frame its injector attends from (a real 480p frame has 1560 tokens).
+    "wan22_wandancer": Fixture(
+        Spec("WAN22_WanDancer", 16, 8, True, 4),
+        {**_WAN, "model_type": "wandancer", "in_dim": 36, "out_dim": 16, "patch_size": (1, 1, 1),
+         "audio_inject_layers": [0, 1], "music_dim": 32, "music_heads": 2, "music_latent_dim": 32},
+        _FAMILY, 2, "g--g--", (3, 12, 12), text=_text, shared=_dancer),
     "wan21_fun_control": Fixture(
         Spec("WAN21_FunControl2V", 16, 8, True, 4), {**_WAN, "model_type": "i2v", "in_dim": 48, "out_dim": 16},
         _FAMILY, 2, "g--g--", _GRID, text=_text, shared=_fun_control),

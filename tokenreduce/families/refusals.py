@@ -55,7 +55,6 @@ REFUSED: dict[str, str] = {
        
         "MiniMaxH3",
        
-        "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_WanDancer",
         "HiDreamO1", "SeedVR2",
         "Krea2")},
 }

@@ -4,6 +4,10 @@ channels) and the camera models (camera embeddings added to the patch embedding)
 token layout, as does Wan 2.2 Animate (pose latents added to the patch embedding; its face
 adapter's attention is called without transformer_options, so the override never counts it).
 FlowRVS is a t2v Wan sampled from the input video's latent (image-to-image flow): the same calls.
+WanDancer (0.33) is an i2v Wan with a reference image's CLIP tokens in the cross-attention; its
+music encoder and per-frame music injector call attention without transformer_options (never
+counted). SCAIL puts reference frames before the video and pose tokens after it in the
+self-attention.
 Wan VACE adds VACE blocks that run a hint stream of the same grid (its own
 self-attention, then cross-attention) after some main blocks. HuMo appends a reference frame's
 tokens after the video and cross-attends to audio tokens after the text."""
@@ -42,6 +46,20 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     prefix = grid[1] * grid[2] if (getattr(model, "ref_conv", None) is not None
                                    and kwargs.get("reference_latent") is not None) else 0
     return TokenLayout(grid, joint=None, image=(prefix + math.prod(grid), prefix))
+
+
+def scail_tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
+    """SCAIL / SCAIL-2 (0.33): self-attention over [reference frames, video, pose frames]. The
+    reference latents are put before the video in time and the pose latent (often at half the
+    size) is patchified on its own and appended after it; neither is mixed into the grid."""
+    if kwargs.get("context_latents") is not None:
+        return None
+    concat = kwargs.get("time_dim_concat")
+    grid = video_grid(x, patch, x.shape[2] + (concat.shape[2] if concat is not None else 0))
+    reference, pose = kwargs.get("reference_latent"), kwargs.get("pose_latents")
+    before = math.prod(video_grid(reference, patch)) if reference is not None else 0
+    after = math.prod(video_grid(pose, patch)) if pose is not None else 0
+    return TokenLayout(grid, joint=None, image=(before + math.prod(grid) + after, before))
 
 
 def vace_plan(model) -> tuple[Slot, ...]:
@@ -99,10 +117,13 @@ def humo_check(model) -> str | None:
 
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
-                             "WAN22_Camera", "WAN22_Animate", "WAN21_FlowRVS"),
-           ("WanModel", "CameraWanModel", "AnimateWanModel"),
+                             "WAN22_Camera", "WAN22_Animate", "WAN21_FlowRVS",
+                             "WAN22_WanDancer"),
+           ("WanModel", "CameraWanModel", "AnimateWanModel", "WanDancerModel"),
            True, True,
            lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
+    Family("Wan SCAIL", ("WAN21_SCAIL", "WAN21_SCAIL2"), ("SCAILWanModel", "SCAIL2WanModel"), True, True,
+           lambda m: block_paths(m, "blocks"), plan, patch, scail_tokens, geometry),
     Family("Wan VACE", ("WAN21_Vace",), ("VaceWanModel",), True, True,
            lambda m: block_paths(m, "blocks"), vace_plan, patch, vace_tokens, geometry, vace_check),
     Family("Wan HuMo", ("WAN21_HuMo",), ("HumoWanModel",), True, True,
