@@ -19,9 +19,13 @@ of the model it changes, run as it would run unreduced and as it runs reduced, t
 patch (our own pooling, index selects and Python included). Both are timed on the device,
 synchronised, interleaved after a warm-up, and the reduction is kept only where the reduced work
 is faster by ``MARGIN``. A decision is made once per kind and kept for the process and in a JSON
-file (keyed by device name, torch version, pack version and the kind), so the same workflow on
-the same machine gives the same images on every run and after a restart; removing the file (or
-``reduce_when`` "auto (measure again)") measures anew.
+file (keyed by device name, pack version, the runtime: torch, its CUDA/ROCm build, the driver and
+attention libraries where knowable, what the host adds: its version; and the kind, which names
+the attention backend and whether the model is compiled), so the same workflow on the same machine
+gives the same images on every run and after a restart; removing the file (or ``reduce_when``
+"auto (measure again)") measures anew. Measuring leaves no trace: the random number generators
+and the options other packs keep state in are as they were (see ``untouched_rng`` and
+``measure.measuring_options``).
 
 CPUs are not measured by default: there a forward is bound by arithmetic, not by kernel launches,
 and every size we measured gained (SD1.5 512 px, 64x64 tokens: 1.13x-1.19x on 2 cores; DiTs
