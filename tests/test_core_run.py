@@ -111,3 +111,15 @@ def test_the_report_shows_each_devices_decision_where_they_differ(reduce_on, exp
     report = run.report("ToDo", 0.0, 1.0, 1.0, True, SCHEDULE)
     assert [(site, decision.reduce) for site, decision in report.decisions] == expected
     assert report.decisions_file == "/somewhere/auto_decisions.json"
+
+
+@pytest.mark.parametrize("where,said", [("/somewhere/auto_decisions.json", "kept in /somewhere/auto_decisions.json"),
+                                        ("", "kept for this process")])
+def test_the_report_says_where_the_decisions_are_kept(where, said):
+    from tokenreduce.describe import run_lines
+
+    run = RunState(SigmaWindow(10.0, 0.0))
+    run.decided("downsample 1 (32×32)", torch.device("cuda", 0), Decision(True, 10.0, 8.0, MEASURED, 0.5), where)
+    lines = run_lines("ToDo", run.report("ToDo", 0.0, 1.0, 1.0, True, SCHEDULE))
+    assert any(line.startswith("auto · measured 1 kind of call now in 0.50 s; ") and line.endswith(said)
+               for line in lines), lines
