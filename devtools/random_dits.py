@@ -103,6 +103,9 @@ class Fixture(NamedTuple):
     # (generator, latent shape) -> the latent the sampler gets, where the empty one would not do
     # (a model that samples from the input image itself); None: the empty latent
     latent: Callable = None
+    # diffusion model -> None: after randomize_, sets the weights a real model keeps in another
+    # form than randomize_'s (norm scales stored zero-centred, applied as 1 + scale); None: nothing
+    weights: Callable = None
 
 
 def text_tokens(generator, batch: int, tokens: int = 12, width: int = 32):
@@ -280,6 +283,8 @@ def make_dit(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **o
     model = model_config(family, dtype, **overrides).get_model({})
     randomize_(model.diffusion_model, seed)
     fill_pos_embed_(model.diffusion_model)
+    if family in FIXTURES and FIXTURES[family].weights is not None:
+        FIXTURES[family].weights(model.diffusion_model)
     model.eval()
     return _patcher(model)
 

@@ -55,8 +55,7 @@ REFUSED: dict[str, str] = {
        
         "MiniMaxH3",
        
-        "HiDreamO1", "SeedVR2",
-        "Krea2")},
+        "HiDreamO1", "SeedVR2")},
 }
 
 # UNets the UNet path leaves alone (tests/test_comfy_unet_variants_inprocess.py). The video UNet's
