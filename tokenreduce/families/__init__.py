@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..dit import Family
-from . import auraflow, cogvideo, cosmos, flux, hidream, hunyuan, ideogram4, joyimage, kandinsky, krea2, lens, ltx, lumina, mage_flow, mochi, omnigen, pixeldit, qwen, sd3, wan, zimage_pixel
+from . import auraflow, cogvideo, cosmos, flux, hidream, hunyuan, ideogram4, joyimage, kandinsky, krea2, lens, ltx, lumina, mage_flow, minimax, mochi, omnigen, pixeldit, qwen, sd3, wan, zimage_pixel
 from .refusals import REFUSED
 from .unets import UNETS
 
@@ -22,7 +22,7 @@ FAMILIES: tuple[Family, ...] = (*flux.FAMILIES, *qwen.FAMILIES, *lumina.FAMILIES
                                 *hunyuan.FAMILIES, *zimage_pixel.FAMILIES, *auraflow.FAMILIES,
                                 *ltx.FAMILIES, *hidream.FAMILIES, *mage_flow.FAMILIES, *omnigen.FAMILIES, *ideogram4.FAMILIES, *joyimage.FAMILIES,
                                 *cosmos.FAMILIES, *kandinsky.FAMILIES, *mochi.FAMILIES, *lens.FAMILIES, *pixeldit.FAMILIES, *cogvideo.FAMILIES,
-                                *krea2.FAMILIES)
+                                *krea2.FAMILIES, *minimax.FAMILIES)
 
 
 class Recognition(NamedTuple):

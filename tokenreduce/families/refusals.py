@@ -53,7 +53,6 @@ REFUSED: dict[str, str] = {
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
        
-        "MiniMaxH3",
        
         "HiDreamO1", "SeedVR2")},
 }
