@@ -139,18 +139,33 @@ def test_composes_with_set_attention_backend_and_first_block_cache():
     assert patch.report().levels
 
 
-def test_regional_compile_has_no_graph_break_and_no_recompile_per_step():
-    model = tiny.transformer("Wan")
-    inputs = tiny.transformer_inputs("Wan", model, frames=2)
+@pytest.mark.parametrize("family,how", [("Wan", "regional"), ("Flux", "whole")])
+def test_compiled_without_graph_breaks_or_recompiles_per_step(family, how):
+    """Regional: diffusers' compile_repeated_blocks of the patched model. Whole: torch.compile of
+    the model, then apply_patch to the compiled model (its call hooks run on the wrapper, outside
+    the compiled region). fullgraph: a graph break raises; error_on_recompile: so does a recompile."""
+    model = tiny.transformer(family)
+    inputs = tiny.transformer_inputs(family, model, frames=2)
+    steps = (0.9, 0.5, 0.1) if family == "Flux" else (900.0, 500.0, 100.0)
+    settings = {"skip_first_blocks": 0, "skip_last_blocks": 0}
     torch._dynamo.reset()
-    with torch.no_grad(), apply_patch(model, "ToDo", skip_first_blocks=0, skip_last_blocks=0):
-        eager = model(**inputs, return_dict=False)[0]
-        model.compile_repeated_blocks(fullgraph=True, backend="eager")  # fullgraph: a graph break raises
-        compiled = model(**inputs, return_dict=False)[0]
+    with torch.no_grad():
+        with apply_patch(model, "ToDo", **settings):
+            eager = model(**inputs, return_dict=False)[0]
+        if how == "regional":
+            patch = apply_patch(model, "ToDo", **settings)
+            model.compile_repeated_blocks(fullgraph=True, backend="eager")
+            compiled = model
+        else:
+            compiled = torch.compile(model, fullgraph=True, backend="eager")
+            patch = apply_patch(compiled, "ToDo", **settings)
+        first = compiled(**inputs, return_dict=False)[0]
         with torch._dynamo.config.patch(error_on_recompile=True):
-            for step in (900.0, 500.0, 100.0):
-                model(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
-    assert torch.allclose(compiled, eager, atol=1e-5)
+            for step in steps:
+                compiled(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
+        patch.remove()
+    assert torch.allclose(first, eager, atol=1e-5)
+    assert patch.report().levels
 
 
 def test_a_flux_pipeline_runs_by_its_own_timesteps():

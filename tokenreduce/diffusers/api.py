@@ -162,7 +162,9 @@ def _check_dit_method(label: str, family, method: str) -> None:
                f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))
 
 
-def _patch_model(model: torch.nn.Module, method: str, label: str, settings, rule) -> ModelPatch:
+def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule) -> ModelPatch:
+    """Patch one model (``given``: it, or its torch.compile wrapper)."""
+    model = unwrapped(given)
     name, layout = model_layout(model)
     kinds = (UNET,) if method == "ToMe" else (UNET, DIT)
     setting, choice = ("max_downsample", settings.max_downsample) if method == "ToMe" else ("level", settings.level)
@@ -193,7 +195,8 @@ def _patch_model(model: torch.nn.Module, method: str, label: str, settings, rule
         patch = DiTToDo(family, settings.factor, settings.temporal_factor, settings.method, target.sites, label,
                         session, rule)
     patch.install(hooks, model)
-    track_calls(hooks, model, session, patch.prepare)
+    # On a compiled model's wrapper the call hooks run outside the compiled region: it compiles whole.
+    track_calls(hooks, model, session, patch.prepare, hooked=given)
     LOG.info("%s", info)
     for warning in warnings:
         LOG.warning("%s", warning)
@@ -219,7 +222,7 @@ def apply_patch(pipe_or_model, method: str = "ToMe", /, **inputs) -> TokenReduce
     message, for values it cannot use and for a model it cannot patch."""
     node = _method(method)
     settings = _settings(node, inputs)
-    models = [unwrapped(m) for m in denoisers(pipe_or_model)]
+    models = denoisers(pipe_or_model)
     rule = auto_rule(settings.reduce_when, decisions_at(decisions_path()))
     remove_patch(pipe_or_model)
     applied = []

@@ -49,10 +49,11 @@ class Hooks:
         self.handles.clear()
 
 
-def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare: Callable) -> None:
-    """Open a call context before each model call, let ``prepare(context, read)`` decide what
-    the call reduces (outside the blocks, which a regional torch.compile compiles), close it
-    after."""
+def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare: Callable,
+                hooked: torch.nn.Module | None = None) -> None:
+    """Open a call context before each call of ``model`` (hooked on ``hooked``: it, or its
+    torch.compile wrapper), let ``prepare(context, read)`` decide what the call reduces (outside
+    the blocks, which a regional torch.compile compiles), close it after."""
     read = argument_reader(model.forward)
 
     def before(module, args, kwargs):
@@ -61,8 +62,9 @@ def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare:
         context = session.open_call(0 if timestep is None else timestep)
         prepare(context, arguments)
 
-    hooks.pre(model, before)
-    hooks.post(model, lambda module, args, kwargs, output: session.close_call())
+    hooked = model if hooked is None else hooked  # (a compiled wrapper has no truth value: it has no len())
+    hooks.pre(hooked, before)
+    hooks.post(hooked, lambda module, args, kwargs, output: session.close_call())
 
 
 class Switch:
