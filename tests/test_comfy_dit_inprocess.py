@@ -54,7 +54,7 @@ VARIANTS.update({name: (f.spec.config, f.family, f.blocks, f.calls, f.grid) for 
 assert set(VARIANTS) == set(random_dits.FAMILIES)
 # Models that never batch cond with uncond: MiniMax-H3 takes one batch item a call (each
 # conditioning's payload holds its own packed layout), so a CFG step makes two model calls.
-SEPARATE_CFG = {"minimax_h3"}
+SEPARATE_CFG = {"minimax_h3", "minimax_h3_keyframe"}
 
 
 def pack(name):
@@ -79,10 +79,15 @@ def size_of(variant):
     return VIDEO if random_dits.FAMILY_SPECS[variant].video else IMAGE
 
 
-def run(comfy, model, variant, steps=2, cfg=2.0, seed=0):
+def run(comfy, model, variant, steps=2, cfg=2.0, seed=0, latent_seed=None):
     size = size_of(variant)
     positive, negative = random_dits.conditioning(variant, **size)
     latent = random_dits.latent(variant, **size)
+    if latent_seed is not None and latent.is_nested:  # MiniMax-H3's video and audio: each stream random
+        latent, latent_seed = randn_like(latent, latent_seed), None
+    if latent_seed is not None and random_dits.noise_mask(variant, latent) is not None:
+        # the frames the noise mask keeps clean come from the latent image: one of its own
+        latent = torch.randn(latent.shape, generator=torch.Generator().manual_seed(latent_seed))
     noise = randn_like(latent, seed)
     with torch.inference_mode():
         out = comfy.sample.sample(model, noise, steps, cfg, "euler", "simple", positive, negative, latent,
@@ -190,6 +195,50 @@ def test_every_variant_reduces_every_grid_call_and_nothing_else(comfy, dits, var
                            f"downsampled 2x per side (about 4x fewer), nearest, in blocks "
                            f"{'1' if blocks == 1 else '1-2'} of {blocks}")
     assert output.ui["tokenreduce"] == [{"lines": [lines[0]], "warnings": []}]
+
+
+def first_grid_keys(comfy, model, variant, calls, seed):
+    """The keys of the first grid call of one model call, as [batch, tokens, features]."""
+    seen = []
+    probed = model.clone()
+
+    def probe(func, *args, **kwargs):
+        if len(seen) == calls.index("g"):
+            k = args[1].movedim(2 if kwargs.get("skip_reshape") else 1, 1)
+            seen.append(k.reshape(*k.shape[:2], -1).clone())
+        else:
+            seen.append(None)
+        return func(*args, **kwargs)
+
+    probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
+    run(comfy, probed, variant, steps=1, cfg=1.0, seed=seed, latent_seed=seed)
+    return seen[calls.index("g")]
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_only_latent_tokens_leave_the_keys(comfy, dits, variant):
+    """Where the grid sits in the key sequence, checked against the model itself: in the first
+    grid call (nothing reduced before it), a key that depends on the latent (noise and latent
+    image) is an image/video token; text, reference and register tokens do not. Every key ToDo
+    drops must be one that depends on the latent, and the keys it keeps are the unreduced keys
+    themselves, in order."""
+    config, _, _, calls, grid = VARIANTS[variant]
+    if not random_dits.available(variant):
+        pytest.skip(f"this ComfyUI has no {config}")
+    base = dits(variant)
+    plain, other = (first_grid_keys(comfy, base, variant, calls, seed) for seed in (0, 1))
+    latent_rows = {i for i in range(plain.shape[1]) if not torch.equal(plain[:, i], other[:, i])}
+    kept = first_grid_keys(comfy, todo(comfy, base, **ALL_BLOCKS).result[0], variant, calls, 0)
+    dropped, j = [], 0
+    for i in range(kept.shape[1]):  # kept keys are a subsequence of the unreduced ones
+        while j < plain.shape[1] and not torch.equal(plain[:, j], kept[:, i]):
+            dropped.append(j)
+            j += 1
+        assert j < plain.shape[1], f"kept key {i} is not an unreduced key"
+        j += 1
+    dropped += range(j, plain.shape[1])
+    assert len(dropped) == math.prod(grid) - kept_tokens(grid)
+    assert set(dropped) <= latent_rows, f"keys that do not depend on the latent were dropped: {sorted(set(dropped) - latent_rows)}"
 
 
 # --- which blocks ---------------------------------------------------------------------------------
