@@ -22,6 +22,13 @@ def _text(generator, batch, shape):
     return random_dits.text_tokens(generator, batch, TEXT, 32), {}
 
 
+def _first_frame(generator, shape) -> dict:
+    """MiniMaxH3ImageToVideo's first keyframe: one latent frame packed as cond rows between the
+    text and the audio."""
+    frame = torch.randn([1, 24, 1, *shape[3:]], generator=generator)
+    return {"minimax_keyframes": [{"resolved_frame_index": 0, "latent": frame}]}
+
+
 def _latent(generator, shape):
     """The nested video + audio latent the sampler gets (as MiniMaxH3AV.fix_empty_latent makes it)."""
     import comfy.nested_tensor
@@ -39,3 +46,4 @@ FIXTURES = {
                 "time_embed_dim": 32, "rope_inv_freq_len": 4},
         family="MiniMax-H3", blocks=2, calls="gg", grid=(3, 3, 3), text=_text, latent=_latent),
 }
+FIXTURES["minimax_h3_keyframe"] = FIXTURES["minimax_h3"]._replace(shared=_first_frame)
