@@ -50,11 +50,18 @@ REFUSED: dict[str, str] = {
     "WAN_Animate2": ("Wan Animate 2 (0.33): with pose guidance each block's self-attention runs once per frame, "
                      "that frame's queries attending to every video token plus one pose frame, and a pose branch "
                      "runs its own self-attention first; ToDo's plan has no slots for these per-frame calls yet"),
+    # HiDream-O1 (comfy/ldm/hidream_o1/attention.py): each decoder layer runs the prompt prefix
+    # causally through SDPA directly and only the rest through the host's attention.
+    "HiDreamO1": ("HiDream-O1 (0.33): each decoder layer's call through the host's attention has queries only for "
+                  "the tokens after the prompt prefix (timestep token, image and reference patches) over keys of the "
+                  "whole sequence [prompt, image, references]: the prefix's causal pass calls SDPA directly and "
+                  "later steps take its keys from a cache. ToDo's DiT override reduces a call only where its "
+                  "queries and keys are the same sequence, so these calls would pass unreduced"),
     # Image and video DiTs whose layout is not mapped yet.
     **{name: _UNMAPPED for name in (
        
        
-        "HiDreamO1", "SeedVR2")},
+        "SeedVR2")},
 }
 
 # UNets the UNet path leaves alone (tests/test_comfy_unet_variants_inprocess.py). The video UNet's
