@@ -35,10 +35,12 @@ def main() -> int:
 
         dtype = torch.float16 if args.device == "cuda" else torch.float32
         pipe = DiffusionPipeline.from_pretrained(args.model, torch_dtype=dtype).to(args.device)
-        run = lambda: pipe(args.prompt, num_inference_steps=args.steps, generator=torch.Generator().manual_seed(0))  # noqa: E731
+        def run():
+            return pipe(args.prompt, num_inference_steps=args.steps, generator=torch.Generator().manual_seed(0))
     else:
         pipe = tiny.pipeline()
-        run = lambda: tiny.generate(pipe, steps=args.steps, size=128)  # noqa: E731
+        def run():
+            return tiny.generate(pipe, steps=args.steps, size=128)
 
     # ToMe: the ComfyUI node's inputs, by name; what it patched is in .info.
     with apply_patch(pipe, "ToMe", ratio=0.5, seed=0) as patch:

@@ -119,6 +119,14 @@ def test_unet_todo_pools_the_normed_tokens_as_comfyui_does():
     assert "ds 1 · 8×8 · q 64→64 · k/v 64→16" in lines
 
 
+def test_unet_todo_level_auto_is_the_finest_with_blocks_on_sdxl():
+    pipe = tiny.pipeline(sdxl=True)
+    with apply_patch(pipe, "ToDo", factor=2) as patch:
+        assert "downsample 2: 3 blocks, keys/values pooled 2x per side" in patch.info
+        tiny.generate(pipe, steps=1, size=64)
+        assert "ds 2 · 4×4 · q 16→16 · k/v 16→4" in patch.report_lines()
+
+
 def test_composes_with_set_attention_backend_and_first_block_cache():
     from diffusers.hooks import FirstBlockCacheConfig
 
