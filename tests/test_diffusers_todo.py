@@ -127,7 +127,8 @@ def test_unet_todo_level_auto_is_the_finest_with_blocks_on_sdxl():
         assert "ds 2 · 4×4 · q 16→16 · k/v 16→4" in patch.report_lines()
 
 
-def test_composes_with_set_attention_backend_and_first_block_cache():
+def test_composes_with_set_attention_backend_and_diffusers_caches():
+    from diffusers import PyramidAttentionBroadcastConfig
     from diffusers.hooks import FirstBlockCacheConfig
 
     model = tiny.transformer("Wan")
@@ -136,11 +137,19 @@ def test_composes_with_set_attention_backend_and_first_block_cache():
         patch = apply_patch(model, "ToDo", skip_first_blocks=0, skip_last_blocks=0)
         model.set_attention_backend("native")  # reaches our processors' shared state
         reduced = model(**inputs, return_dict=False)[0]
-        model.enable_cache(FirstBlockCacheConfig(threshold=0.5))
-        for step in (900.0, 800.0):
-            with model.cache_context("cond"):
-                model(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
-        model.disable_cache()
+        now = {"step": 900.0}
+        for cache in (FirstBlockCacheConfig(threshold=0.5),
+                      PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
+                                                      spatial_attention_timestep_skip_range=(100, 800),
+                                                      current_timestep_callback=lambda: now["step"])):
+            model.enable_cache(cache)
+            for step in (900.0, 700.0, 500.0):
+                now["step"] = step
+                with model.cache_context("cond"):
+                    model(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
+            model.disable_cache()
+            report = patch.report()
+            assert report.steps == 3 and report.active_steps == (1, 2, 3) and not report.warnings
         patch.remove()
         assert model.blocks[0].attn1.processor._attention_backend is not None  # kept after removal
         assert not torch.equal(model(**inputs, return_dict=False)[0], reduced)
