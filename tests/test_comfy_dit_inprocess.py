@@ -85,8 +85,10 @@ def run(comfy, model, variant, steps=2, cfg=2.0, seed=0, latent_seed=None):
     latent = random_dits.latent(variant, **size)
     if latent_seed is not None and latent.is_nested:  # MiniMax-H3's video and audio: each stream random
         latent, latent_seed = randn_like(latent, latent_seed), None
-    if latent_seed is not None and random_dits.noise_mask(variant, latent) is not None:
-        # the frames the noise mask keeps clean come from the latent image: one of its own
+    sampled_from_latent = variant in random_dits.FIXTURES and random_dits.FIXTURES[variant].latent is not None
+    if latent_seed is not None and (sampled_from_latent or random_dits.noise_mask(variant, latent) is not None):
+        # the frames the noise mask keeps clean, or all of a model that samples from the latent
+        # image itself (FlowRVS), come from the latent image: one of its own
         latent = torch.randn(latent.shape, generator=torch.Generator().manual_seed(latent_seed))
     noise = randn_like(latent, seed)
     with torch.inference_mode():
