@@ -61,7 +61,7 @@ REFUSED: dict[str, str] = {
     **{name: _UNMAPPED for name in (
        
        
-        "SeedVR2")},
+        "SeedVR2",)},
 }
 
 # UNets the UNet path leaves alone (tests/test_comfy_unet_variants_inprocess.py). The video UNet's
