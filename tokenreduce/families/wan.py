@@ -7,8 +7,7 @@ FlowRVS is a t2v Wan sampled from the input video's latent (image-to-image flow)
 WanDancer (0.33) is an i2v Wan with a reference image's CLIP tokens in the cross-attention; its
 music encoder and per-frame music injector call attention without transformer_options (never
 counted). SCAIL puts reference frames before the video and pose tokens after it in the
-self-attention.
-Wan VACE adds VACE blocks that run a hint stream of the same grid (its own
+self-attention. Wan VACE adds VACE blocks that run a hint stream of the same grid (its own
 self-attention, then cross-attention) after some main blocks. HuMo appends a reference frame's
 tokens after the video and cross-attends to audio tokens after the text."""
 
