@@ -14,15 +14,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..dit import Family
-from . import auraflow, cogvideo, cosmos, flux, hidream, hunyuan, ideogram4, joyimage, kandinsky, krea2, lens, ltx, lumina, mage_flow, minimax, mochi, omnigen, pixeldit, qwen, sd3, wan, zimage_pixel
+from . import (auraflow, cogvideo, cosmos, flux, hidream, hunyuan, ideogram4, joyimage, kandinsky, krea2, lens, ltx,
+               lumina, mage_flow, minimax, mochi, omnigen, pixeldit, qwen, sd3, wan, zimage_pixel)
 from .refusals import REFUSED
 from .unets import UNETS
 
-FAMILIES: tuple[Family, ...] = (*flux.FAMILIES, *qwen.FAMILIES, *lumina.FAMILIES, *sd3.FAMILIES, *wan.FAMILIES,
-                                *hunyuan.FAMILIES, *zimage_pixel.FAMILIES, *auraflow.FAMILIES,
-                                *ltx.FAMILIES, *hidream.FAMILIES, *mage_flow.FAMILIES, *omnigen.FAMILIES, *ideogram4.FAMILIES, *joyimage.FAMILIES,
-                                *cosmos.FAMILIES, *kandinsky.FAMILIES, *mochi.FAMILIES, *lens.FAMILIES, *pixeldit.FAMILIES, *cogvideo.FAMILIES,
-                                *krea2.FAMILIES, *minimax.FAMILIES)
+FAMILIES: tuple[Family, ...] = tuple(family for module in (
+    flux, qwen, lumina, sd3, wan, hunyuan, zimage_pixel, auraflow, ltx, hidream, cosmos, mage_flow, omnigen, ideogram4,
+    joyimage, kandinsky, mochi, lens, pixeldit, cogvideo, krea2, minimax) for family in module.FAMILIES)
 
 
 class Recognition(NamedTuple):

@@ -18,8 +18,6 @@ _LTX2_AV = ("LTX-2 (audio and video in one model): how many attention calls a bl
             "strengths split a video self-attention into masked calls), and the video and audio latents come "
             "packed in one tensor; ToDo's call plan is fixed per model, so its video self-attention cannot be "
             "placed yet")
-_UNMAPPED = ("ToDo does not know this model's attention calls and token layout yet (its call plan: which calls "
-             "attend over the image/video grid, and where the other tokens sit); see docs/models.md")
 
 # PixArt (comfy/ldm/pixart), HunyuanDiT (comfy/ldm/hydit) and ERNIE-Image (comfy/ldm/ernie, 0.33
 # only) call optimized_attention without transformer_options in every tree that has them: the
@@ -29,12 +27,13 @@ _NO_OVERRIDE = ("its attention calls do not pass transformer_options to the host
                 "0.33), so the attention override ToDo uses never sees them: nothing to reduce through it")
 
 REFUSED: dict[str, str] = {
-    "LTXAV": _LTX2_AV,
     # Not image or video generators.
     "StableAudio": _AUDIO, "StableAudio3": _AUDIO, "ACEStep": _AUDIO, "ACEStep15": _AUDIO, "MiniMaxMusic3": _AUDIO,
     "Hunyuan3Dv2": _SHAPE, "Hunyuan3Dv2mini": _SHAPE, "Hunyuan3Dv2_1": _SHAPE, "TripoSplat": _SHAPE,
     "Trellis2": _SHAPE,
     "RT_DETR_v4": _NOT_DIFFUSION, "SAM3": _NOT_DIFFUSION, "SAM31": _NOT_DIFFUSION, "DepthAnything3": _NOT_DIFFUSION,
+    # Image and video DiTs.
+    "LTXAV": _LTX2_AV,
     "PixArtAlpha": _NO_OVERRIDE, "PixArtSigma": _NO_OVERRIDE, "HunyuanDiT": _NO_OVERRIDE,
     "HunyuanDiT1": _NO_OVERRIDE, "ErnieImage": _NO_OVERRIDE,
     # Wan 2.2 S2V: 0.3.75 calls its blocks without transformer_options (comfy/ldm/wan/model.py,
@@ -57,11 +56,10 @@ REFUSED: dict[str, str] = {
                   "whole sequence [prompt, image, references]: the prefix's causal pass calls SDPA directly and "
                   "later steps take its keys from a cache. ToDo's DiT override reduces a call only where its "
                   "queries and keys are the same sequence, so these calls would pass unreduced"),
-    # Image and video DiTs whose layout is not mapped yet.
-    **{name: _UNMAPPED for name in (
-       
-       
-        "SeedVR2",)},
+    "SeedVR2": ("SeedVR2 (0.33, video restoration): its attention runs over variable-length packed windows "
+                "(the video cut into shifted 3-D windows, each window's tokens concatenated with the text, all "
+                "windows in one sequence split by cumulative lengths) and calls the host's attention per window "
+                "without transformer_options, so the override ToDo uses never sees those calls"),
 }
 
 # UNets the UNet path leaves alone (tests/test_comfy_unet_variants_inprocess.py). The video UNet's
