@@ -39,8 +39,7 @@ def _tomesd(pipe, batch, guidance, **args) -> torch.Tensor:
 @pytest.mark.parametrize("family,batch,guidance,args", [
     ("SD15", 1, 5.0, {}),  # CFG: cond and uncond in one batch of 2
     ("SD15", 2, 1.0, {}),  # no CFG, two prompts
-    ("SD15", 1, 5.0, {"max_downsample": 2, "merge_crossattn": True, "merge_mlp": True}),
-    ("SD15", 1, 5.0, {"ratio": 0.3, "sx": 1, "sy": 2}),
+    ("SD15", 1, 5.0, {"ratio": 0.3, "sx": 1, "sy": 2, "max_downsample": 2, "merge_crossattn": True, "merge_mlp": True}),
     ("SDXL", 1, 5.0, {"max_downsample": 2}),
     ("SDXL", 3, 5.0, {"max_downsample": 4, "merge_mlp": True}),
 ])
