@@ -50,16 +50,34 @@ def _expected_index(family: str, length: int, grid: tuple, factor: int, temporal
     kept = grid_keep_index(grid, target, (temporal, factor, factor))
     tokens = t * h * w
     order = FAMILIES[family][3]
-    start = length - tokens if order == "text first" else 0
+    start = TEXT if order == "text first" else 0
     return torch.cat([torch.arange(start), kept + start, torch.arange(start + tokens, length)])
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+def _with_reference(family: str, inputs: dict) -> dict:
+    """Flux Kontext's and Qwen-Image-Edit's reference image: its tokens follow the grid's (Flux:
+    ids with first index 1; Qwen: a second image shape); they must stay whole."""
+    hidden = inputs["hidden_states"]
+    reference = torch.randn(hidden.shape[0], 4 * 4, hidden.shape[2], generator=torch.Generator().manual_seed(9))
+    inputs = {**inputs, "hidden_states": torch.cat([hidden, reference], dim=1)}
+    if family == "Flux":
+        ids = torch.zeros(4, 4, 3)
+        ids[..., 0], ids[..., 1], ids[..., 2] = 1, torch.arange(4)[:, None], torch.arange(4)[None, :]
+        inputs["img_ids"] = torch.cat([inputs["img_ids"], ids.reshape(-1, 3)])
+    else:
+        inputs["img_shapes"] = [[(1, 8, 8), (1, 4, 4)]] * hidden.shape[0]
+    return inputs
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "Flux+reference", "Qwen-Image+reference"])
 def test_dit_keys_reduced_on_the_grid_only(monkeypatch, family):
+    family, reference = family.split("+")[0], "+" in family
     model = tiny.transformer(family)
     frames = 3 if family in VIDEO else 1
     temporal = 2 if family in VIDEO else 1
     inputs = tiny.transformer_inputs(family, model, batch=2, frames=frames)
+    if reference:
+        inputs = _with_reference(family, inputs)
     grid = (frames, 8, 8)
     dim = FAMILIES[family][2]
     full, reduced = [], []
