@@ -91,3 +91,16 @@ def test_queries_only_mode_keeps_keys_and_values_full(pipes):
         finally:
             hook.remove()
     assert seen and all(q == 32 and kv is not None and kv.shape[1] == 64 for q, kv in seen)
+
+
+def test_the_packs_own_modes_run_and_repeat(pipes):
+    """share_plans (one plan per level and call) and local matching are not tomesd's: they run on
+    diffusers as in the nodes, repeat bit for bit, and share_plans changes the later blocks' plans."""
+    pipe = pipes["SD15"]
+    with apply_patch(pipe, "ToMe", use_rand=False):
+        per_block = _run(pipe, 1, 5.0)
+    with apply_patch(pipe, "ToMe", use_rand=False, share_plans=True, matching="3x3 cells") as patch:
+        shared = _run(pipe, 1, 5.0)
+        assert torch.equal(_run(pipe, 1, 5.0), shared)
+        assert "one plan per level and model call" in patch.info
+    assert not torch.equal(shared, per_block)
