@@ -4,6 +4,7 @@
     python3 devtools/benchmark.py --quick                # a short subset
     python3 devtools/benchmark.py --compile              # also every config under torch.compile
     python3 devtools/benchmark.py --diffusers            # diffusers pipelines: the table of diffusers' ToMe docs
+        [--full] [--device cuda] [--sizes 512 1024] [--batches 1 2] [--steps N] [--repeats N] [--clock cpu]
     /path/to/ComfyUI/venv/python devtools/benchmark.py --comfyui /path/to/ComfyUI [--checkpoint ckpt.safetensors]
 
 For each model family, size and attention backend it runs one denoising step (one model call
