@@ -174,7 +174,8 @@ class Frontend:
     def thumbnails(self, dialog, names: list[str], timeout_ms: int = 120_000) -> dict[str, int]:
         """Natural width of the picture on each template's card (0: none loaded within the
         timeout). The browser fetches thumbnails itself and shows them as blob URLs, so the
-        picture is found by its card's title."""
+        picture is found by its card's title. Each card is scrolled into view first: the
+        dialog loads a card's picture only once it is shown (more cards than fit in it)."""
         widths = """(names) => Object.fromEntries(names.map(name => {
             let card = [...document.querySelectorAll('[role=dialog] *')]
                 .find(e => e.children.length === 0 && e.textContent.trim() === name);
@@ -182,14 +183,18 @@ class Frontend:
             const images = card ? card.querySelectorAll('img') : [];
             return [name, images.length === 1 && images[0].complete ? images[0].naturalWidth : 0];
         }))"""
+        found = {}
         for name in names:
-            dialog.get_by_text(name, exact=True).first.wait_for()
-        try:
-            self.page.wait_for_function(f"(names) => Object.values(({widths})(names)).every(w => w > 0)",
-                                        arg=names, timeout=timeout_ms)
-        except Exception:  # noqa: BLE001 - the caller asserts on the widths it gets
-            pass
-        return self.evaluate(widths, names)
+            title = dialog.get_by_text(name, exact=True).first
+            title.wait_for()
+            title.scroll_into_view_if_needed()
+            try:
+                self.page.wait_for_function(f"(names) => Object.values(({widths})(names)).every(w => w > 0)",
+                                            arg=[name], timeout=timeout_ms)
+            except Exception:  # noqa: BLE001 - the caller asserts on the widths it gets
+                pass
+            found.update(self.evaluate(widths, [name]))
+        return found
 
     def load_template(self, name: str) -> None:
         """Load one of this pack's example workflows through the template browser."""
