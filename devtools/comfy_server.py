@@ -264,6 +264,8 @@ EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer "module.function" in d
     "unsupported_dit": ("diffusion_models", "random_dits.write_unsupported_dit", 2),  # v2: Hunyuan 3D 2.0
     "wan21_t2v_lora": ("loras", "random_dits.write_attention_lora", 1),  # on the Wan file above
     "wan21_t2v_fp8_scaled": ("diffusion_models", "random_dits.write_wan_scaled_fp8", 1),
+    "wan21_vace": ("diffusion_models", "random_dits.write_wan_vace_diffusion_model", 1),
+    "ltxv": ("diffusion_models", "random_dits.write_ltxv_diffusion_model", 1),
 }
 
 

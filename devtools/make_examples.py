@@ -1,8 +1,8 @@
 """Write the UI-format example workflows in ``example_workflows/``: txt2img graphs for SD1.5 and
 SDXL with each patch node between the checkpoint loader and the sampler, and ToDo on the DiTs
-most users run: Wan 2.1 text to video and Flux.1 [dev] text to image, with the loaders, file
-names and sizes of ComfyUI's own templates for them, and a long Wan 2.1 clip sampled in
-ComfyUI's context windows.
+most users run: Wan 2.1 text to video, Wan 2.1 VACE (1.3B), LTX-Video text to video and Flux.1
+[dev] text to image, with the loaders, file names and sizes of ComfyUI's own templates for them,
+and a long Wan 2.1 clip sampled in ComfyUI's context windows.
 
     python3 devtools/make_examples.py
 
@@ -88,15 +88,23 @@ class Graph:
     def __init__(self):
         self.nodes, self.links = [], []
 
-    def add(self, node_id, node_type, pos, size, widgets, outputs=(), inputs=(), **extra):
-        """``outputs``: (name, type) per output slot; ``inputs``: (name, type, (from id, slot))."""
+    def add(self, node_id, node_type, pos, size, widgets, outputs=(), inputs=(), widget_inputs=(), **extra):
+        """``outputs``: (name, type) per output slot; ``inputs``: (name, type, (from id, slot)),
+        or (name, type, None) for an optional input left unconnected; ``widget_inputs``: the
+        names among them that are widgets fed by a link (the frontend marks those)."""
         node = _node(node_id, node_type, pos, size, [], [], list(widgets), len(self.nodes), **extra)
         for name, kind in outputs:
             node["outputs"].append(_out(name, kind, [], len(node["outputs"])))
-        for name, kind, (source, slot) in inputs:
+        for name, kind, source in inputs:
+            if source is None:
+                node["inputs"].append({"name": name, "shape": 7, "type": kind, "link": None})
+                continue
+            source, slot = source
             link_id = len(self.links) + 1
             self.links.append([link_id, source, slot, node_id, len(node["inputs"]), kind])
             node["inputs"].append({"name": name, "type": kind, "link": link_id})
+            if name in widget_inputs:
+                node["inputs"][-1]["widget"] = {"name": name}
             (origin,) = [n for n in self.nodes if n["id"] == source]
             origin["outputs"][slot]["links"].append(link_id)
         self.nodes.append(node)
@@ -123,6 +131,25 @@ def _todo_node(graph, model_source, pos):
                      [("model", "MODEL", model_source)], color="#233", bgcolor="#355")
 
 
+def _wan_loaders(g, model_file):
+    """The Wan 2.1 templates' loaders: the diffusion model, umt5-xxl (fp8) and the Wan 2.1 VAE."""
+    unet = g.add(1, "UNETLoader", [40, 60], [340, 82], [model_file, "default"], [("MODEL", "MODEL")])
+    clip = g.add(2, "CLIPLoader", [40, 190], [340, 106], ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"],
+                 [("CLIP", "CLIP")])
+    vae = g.add(3, "VAELoader", [40, 340], [340, 58], ["wan_2.1_vae.safetensors"], [("VAE", "VAE")])
+    return unet, clip, vae
+
+
+def _prompts(g, clip, positive, negative, pos):
+    """The positive and negative prompts (nodes 4 and 5), the negative below the positive at ``pos``."""
+    nodes = []
+    for node_id, text, (x, y), height, title in ((4, positive, pos, 160, "Positive prompt"),
+                                                 (5, negative, (pos[0], pos[1] + 200), 130, "Negative prompt")):
+        nodes.append(g.add(node_id, "CLIPTextEncode", [x, y], [420, height], [text],
+                           [("CONDITIONING", "CONDITIONING")], [("clip", "CLIP", (clip, 0))], title=title))
+    return nodes
+
+
 def wan_workflow(frames: int = 33, windows: bool = False) -> dict:
     """Wan 2.1 1.3B text to video at 832x480, 33 frames (ComfyUI's Wan 2.1 template), with ToDo
     at its defaults between the diffusion-model loader and the sampler. ``windows``: a long clip
@@ -130,15 +157,8 @@ def wan_workflow(frames: int = 33, windows: bool = False) -> dict:
     ComfyUI's WAN Context Windows node: the length Wan 2.1 was trained on), each window one
     model call that ToDo reduces as its own."""
     g = Graph()
-    unet = g.add(1, "UNETLoader", [40, 60], [340, 82], ["wan2.1_t2v_1.3B_fp16.safetensors", "default"],
-                 [("MODEL", "MODEL")])
-    clip = g.add(2, "CLIPLoader", [40, 190], [340, 106], ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"],
-                 [("CLIP", "CLIP")])
-    vae = g.add(3, "VAELoader", [40, 340], [340, 58], ["wan_2.1_vae.safetensors"], [("VAE", "VAE")])
-    positive = g.add(4, "CLIPTextEncode", [420, 390], [420, 160], [WAN_PROMPT], [("CONDITIONING", "CONDITIONING")],
-                     [("clip", "CLIP", (clip, 0))], title="Positive prompt")
-    negative = g.add(5, "CLIPTextEncode", [420, 590], [420, 130], [WAN_NEGATIVE], [("CONDITIONING", "CONDITIONING")],
-                     [("clip", "CLIP", (clip, 0))], title="Negative prompt")
+    unet, clip, vae = _wan_loaders(g, "wan2.1_t2v_1.3B_fp16.safetensors")
+    positive, negative = _prompts(g, clip, WAN_PROMPT, WAN_NEGATIVE, [420, 390])
     latent = g.add(6, "EmptyHunyuanLatentVideo", [40, 440], [340, 130], [832, 480, frames, 1], [("LATENT", "LATENT")])
     model = patch = _todo_node(g, (unet, 0), [420, 60])
     if windows:
@@ -157,6 +177,78 @@ def wan_workflow(frames: int = 33, windows: bool = False) -> dict:
           [("images", "IMAGE", (decode, 0))])
     return g.flow("Wan 2.1 long clip (161 frames) in context windows with ToDo" if windows else
                   "Wan 2.1 text to video with ToDo")
+
+
+VACE_PROMPT = ("a red fox trotting through fresh snow in a birch forest, soft morning light, the camera "
+               "tracks alongside it, cinematic, highly detailed")
+
+
+def wan_vace_workflow() -> dict:
+    """Wan 2.1 VACE 1.3B at 832x480, 81 frames, wired as ComfyUI's VACE templates: WanVaceToVideo
+    between the prompts and the sampler (its control video, control masks and reference image
+    left for the user to connect: without them it generates from the text), TrimVideoLatent
+    taking off the reference frames it adds; ToDo at its defaults between the diffusion-model
+    loader and the sampler. The templates' CausVid LoRA (4 steps, CFG 1) is left out: 30 steps,
+    CFG 6, as the Wan 2.1 text-to-video template samples."""
+    g = Graph()
+    unet, clip, vae = _wan_loaders(g, "wan2.1_vace_1.3B_fp16.safetensors")
+    positive, negative = _prompts(g, clip, VACE_PROMPT, WAN_NEGATIVE, [40, 440])
+    vace = g.add(6, "WanVaceToVideo", [500, 440], [340, 254], [832, 480, 81, 1, 1.0],
+                 [("positive", "CONDITIONING"), ("negative", "CONDITIONING"), ("latent", "LATENT"),
+                  ("trim_latent", "INT")],
+                 [("positive", "CONDITIONING", (positive, 0)), ("negative", "CONDITIONING", (negative, 0)),
+                  ("vae", "VAE", (vae, 0)), ("control_video", "IMAGE", None), ("control_masks", "MASK", None),
+                  ("reference_image", "IMAGE", None)])
+    patch = _todo_node(g, (unet, 0), [420, 60])
+    sampler = g.add(7, "KSampler", [880, 60], [315, 262], [42, "fixed", 30, 6.0, "uni_pc", "simple", 1.0],
+                    [("LATENT", "LATENT")],
+                    [("model", "MODEL", (patch, 0)), ("positive", "CONDITIONING", (vace, 0)),
+                     ("negative", "CONDITIONING", (vace, 1)), ("latent_image", "LATENT", (vace, 2))])
+    trim = g.add(11, "TrimVideoLatent", [880, 380], [315, 58], [0], [("LATENT", "LATENT")],
+                 [("samples", "LATENT", (sampler, 0)), ("trim_amount", "INT", (vace, 3))],
+                 widget_inputs=("trim_amount",))
+    decode = g.add(8, "VAEDecode", [1240, 60], [210, 46], [], [("IMAGE", "IMAGE")],
+                   [("samples", "LATENT", (trim, 0)), ("vae", "VAE", (vae, 0))])
+    g.add(9, "SaveAnimatedWEBP", [1240, 160], [480, 420], ["TokenReduce_wan21_vace_todo", 16.0, False, 90, "default"],
+          [], [("images", "IMAGE", (decode, 0))])
+    return g.flow("Wan 2.1 VACE video with ToDo")
+
+
+LTXV_PROMPT = ("a lighthouse on a rocky cliff at sunset, waves crashing against the rocks below, seagulls "
+               "circling the tower, the camera slowly pushes in, warm golden light, real-life footage")
+LTXV_NEGATIVE = ("low quality, worst quality, deformed, distorted, disfigured, motion smear, motion artifacts, "
+                 "fused fingers, bad anatomy, weird hand, ugly")
+
+
+def ltxv_workflow() -> dict:
+    """LTX-Video 2B text to video at 768x512, 121 frames, wired as ComfyUI's LTXV text-to-video
+    template: the checkpoint (model and VAE) with the T5-XXL text encoder, LTXVConditioning at 25
+    fps, LTXVScheduler (30 steps) and SamplerCustom (euler, CFG 3); ToDo at its defaults between
+    the checkpoint loader and the sampler."""
+    g = Graph()
+    checkpoint = g.add(1, "CheckpointLoaderSimple", [40, 60], [340, 98], ["ltx-video-2b-v0.9.safetensors"],
+                       [("MODEL", "MODEL"), ("CLIP", "CLIP"), ("VAE", "VAE")])
+    clip = g.add(2, "CLIPLoader", [40, 210], [340, 106], ["t5xxl_fp16.safetensors", "ltxv", "default"],
+                 [("CLIP", "CLIP")])
+    positive, negative = _prompts(g, clip, LTXV_PROMPT, LTXV_NEGATIVE, [40, 360])
+    conditioning = g.add(11, "LTXVConditioning", [500, 440], [315, 78], [25.0],
+                         [("positive", "CONDITIONING"), ("negative", "CONDITIONING")],
+                         [("positive", "CONDITIONING", (positive, 0)), ("negative", "CONDITIONING", (negative, 0))])
+    latent = g.add(6, "EmptyLTXVLatentVideo", [40, 730], [340, 130], [768, 512, 121, 1], [("LATENT", "LATENT")])
+    scheduler = g.add(12, "LTXVScheduler", [500, 560], [315, 154], [30, 2.05, 0.95, True, 0.1],
+                      [("SIGMAS", "SIGMAS")], [("latent", "LATENT", (latent, 0))])
+    select = g.add(13, "KSamplerSelect", [500, 750], [315, 58], ["euler"], [("SAMPLER", "SAMPLER")])
+    patch = _todo_node(g, (checkpoint, 0), [420, 60])
+    sampler = g.add(7, "SamplerCustom", [880, 60], [315, 230], [True, 42, "fixed", 3.0],
+                    [("output", "LATENT"), ("denoised_output", "LATENT")],
+                    [("model", "MODEL", (patch, 0)), ("positive", "CONDITIONING", (conditioning, 0)),
+                     ("negative", "CONDITIONING", (conditioning, 1)), ("sampler", "SAMPLER", (select, 0)),
+                     ("sigmas", "SIGMAS", (scheduler, 0)), ("latent_image", "LATENT", (latent, 0))])
+    decode = g.add(8, "VAEDecode", [1240, 60], [210, 46], [], [("IMAGE", "IMAGE")],
+                   [("samples", "LATENT", (sampler, 0)), ("vae", "VAE", (checkpoint, 2))])
+    g.add(9, "SaveAnimatedWEBP", [1240, 160], [480, 420], ["TokenReduce_ltxv_t2v_todo", 24.0, False, 90, "default"],
+          [], [("images", "IMAGE", (decode, 0))])
+    return g.flow("LTX-Video text to video with ToDo")
 
 
 def flux_workflow() -> dict:
@@ -190,6 +282,8 @@ def examples() -> dict[str, dict]:
     flows = {f"{family}_txt2img_{patch}.json": workflow(family, patch) for family in FAMILIES for patch in PATCHES}
     flows["wan21_t2v_todo.json"] = wan_workflow()
     flows["wan21_t2v_long_context_windows_todo.json"] = wan_workflow(frames=161, windows=True)
+    flows["wan21_vace_todo.json"] = wan_vace_workflow()
+    flows["ltxv_t2v_todo.json"] = ltxv_workflow()
     flows["flux_txt2img_todo.json"] = flux_workflow()
     return flows
 

@@ -18,7 +18,9 @@ lacks) the config is trimmed to what the running tree accepts.
     noise_mask(family, latent)            -> None, or Wan 2.2 5B's first-frame mask (image to video)
     make_unsupported_dit(seed=0)          -> a tiny Hunyuan 3D 2.0
     write_flux_diffusion_model(path, ...), write_wan_diffusion_model(path, variant, ...),
-    write_unsupported_dit(path)           -> files UNETLoader detects (Flux.1 dev, Wan 2.1, Hunyuan 3D 2.0)
+    write_wan_vace_diffusion_model(path), write_ltxv_diffusion_model(path),
+    write_unsupported_dit(path)           -> files UNETLoader detects (Flux.1 dev, Wan 2.1 / VACE,
+                                             LTX-Video, Hunyuan 3D 2.0)
 
 Runs inside a host venv with the ComfyUI folder importable (imports only torch and comfy, and
 ``random_models`` beside it).
@@ -535,6 +537,32 @@ def write_wan_diffusion_model(path: str, variant: str = "t2v", seed: int = 0) ->
     import comfy.utils
 
     comfy.utils.save_torch_file(wan_file_state_dict(variant, seed), path)
+
+
+# LTX-Video as detection reads a file (model_detection, the "adaln_single" branch): the block
+# count, attention_head_dim = attn2.to_k rows // 32 and cross_attention_dim from its columns, then
+# the "transformer" part of the file's "config" metadata over them (the real files carry it).
+LTXV_FILE_CONFIG = {"num_attention_heads": 2, "attention_head_dim": 32, "cross_attention_dim": 64,
+                    "caption_channels": 4096, "in_channels": 128, "out_channels": 128}
+
+
+def write_ltxv_diffusion_model(path: str, seed: int = 0) -> None:
+    """A tiny random LTX-Video diffusion-model file (2 blocks, 2 heads of 32; T5-XXL's 4096-wide
+    tokens in, ~0.9 MB) with its "config" metadata, which UNETLoader detects as LTXV."""
+    import json
+
+    import comfy.utils
+
+    model = make_dit("ltxv", seed, **LTXV_FILE_CONFIG).model.diffusion_model
+    metadata = {"config": json.dumps({"transformer": LTXV_FILE_CONFIG})}
+    comfy.utils.save_torch_file({k: t.detach().contiguous().to(torch.bfloat16) for k, t in model.state_dict().items()},
+                                path, metadata=metadata)
+
+
+def write_wan_vace_diffusion_model(path: str, seed: int = 0) -> None:
+    """``write_wan_diffusion_model`` of the VACE variant (1 block, 1 VACE block on a 96-channel
+    hint: 32 frame latent + 64 mask channels), detected as WAN21_Vace."""
+    write_wan_diffusion_model(path, "vace", seed)
 
 
 def write_wan_scaled_fp8(path: str, seed: int = 0) -> None:

@@ -1,16 +1,18 @@
 """End to end on DiTs: ComfyUI's ``main.py`` on 127.0.0.1 with this pack in custom_nodes, the
-example workflows for Wan 2.1 text to video and Flux.1 [dev] text to image, driven through the
-HTTP API and the websocket.
+example workflows for Wan 2.1 text to video, Wan 2.1 VACE, LTX-Video text to video and Flux.1
+[dev] text to image, driven through the HTTP API and the websocket.
 
-The graphs are the committed examples with three stand-ins for what cannot be had here: the
-diffusion-model files are random (devtools/random_dits.py: the smallest Flux.1 dev and Wan 2.1
-t2v files ComfyUI's UNETLoader detects as those models, written once per ComfyUI tree and
-cached); the text encoders are replaced by the tests' own node, random conditioning in their
-shape (tests/comfy_test_nodes: a T5-XXL cannot be built or run here); and the VAE decode by
-SaveLatent, whose file is the sampler's output itself: no VAE of either family can be had at a
-useful cost (their loaders read fixed full-size configs, ~80 M parameters of random weights to
-write and run) and decoding adds nothing about ToDo. Small sizes and 2 steps keep it fast; ToDo
-leaves no block unreduced (the files have one block)."""
+The graphs are the committed examples with these stand-ins for what cannot be had here: the
+diffusion-model files are random (devtools/random_dits.py: the smallest Flux.1 dev, Wan 2.1 t2v
+and VACE, and LTX-Video files ComfyUI's UNETLoader detects as those models, written once per
+ComfyUI tree and cached; LTX-Video's checkpoint loader becomes a UNETLoader of its file); the
+text encoders are replaced by the tests' own node, random conditioning in their shape
+(tests/comfy_test_nodes: a T5-XXL cannot be built or run here), and so is WanVaceToVideo, which
+encodes its control video with the VAE (random VACE frames and mask in its shapes); and the VAE
+decode by SaveLatent, whose file is the sampler's output itself: no VAE of these families can be
+had at a useful cost (their loaders read fixed full-size configs, ~80 M parameters of random
+weights to write and run) and decoding adds nothing about ToDo. Small sizes and 2 steps keep it
+fast; ToDo leaves no block unreduced (skip_first/last_blocks 0)."""
 
 from __future__ import annotations
 
@@ -40,8 +42,16 @@ GRAPHS = {
                  dict(width=128, height=96, length=33), "ToDo · WAN21_T2V · 1 of 1 blocks",
                  "ds 1 · 5 frames × 8×6 · q 240→240 · k/v 240→60",
                  "ToDo on WAN21_T2V (Wan 2.1 / 2.2, DiT): keys/values of the video tokens"),
+    # The VACE block's self-attention over the hint tokens (the same grid) is reduced with the block's.
+    "wan_vace": ("wan21_vace_todo.json", "TokenReduceTestVaceConditioning", dict(width=128, height=96, length=9),
+                 "ToDo · WAN21_Vace · 1 of 1 blocks", "ds 1 · 3 frames × 8×6 · q 144→144 · k/v 144→36",
+                 "ToDo on WAN21_Vace (Wan VACE, DiT): keys/values of the video tokens"),
+    # 9 frames of 128x128 px: 2 latent frames of 4x4 (LTX-Video's VAE: 8x in time, 32x in space; patch 1).
+    "ltxv": ("ltxv_t2v_todo.json", "EmptyLTXVLatentVideo", dict(width=128, height=128, length=9),
+             "ToDo · LTXV · 2 of 2 blocks", "ds 1 · 2 frames × 4×4 · q 32→32 · k/v 32→8",
+             "ToDo on LTXV (LTX-Video, DiT): keys/values of the video tokens"),
 }
-MODEL_FILES = {"wan": "wan21_t2v", "flux": "flux", "wan_long": "wan21_t2v"}
+MODEL_FILES = {"wan": "wan21_t2v", "flux": "flux", "wan_long": "wan21_t2v", "wan_vace": "wan21_vace", "ltxv": "ltxv"}
 CONTEXT_WINDOWS = dict(context_length=17, context_overlap=9)  # the stand-in for the long clip's 81 / 30
 
 
@@ -49,7 +59,7 @@ CONTEXT_WINDOWS = dict(context_length=17, context_overlap=9)  # the stand-in for
 def files(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-dit")
     link_test_nodes(base)
-    return base, link_extra_models(base, ["wan21_t2v", "flux", "unsupported_dit"])
+    return base, link_extra_models(base, ["wan21_t2v", "flux", "wan21_vace", "ltxv", "unsupported_dit"])
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +81,14 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
     prompt = workflow.to_api(workflow.load(REPO / "example_workflows" / example), object_info)
     for nid, node in list(prompt.items()):
         kind = node["class_type"]
-        if kind in ("CLIPLoader", "DualCLIPLoader", "VAELoader", "SaveImage", "SaveAnimatedWEBP"):
+        if kind == "CheckpointLoaderSimple":  # LTX-Video's checkpoint: its VAE output goes to the decode only
+            prompt[nid] = {"class_type": "UNETLoader", "inputs": {"unet_name": "", "weight_dtype": "default"}}
+        elif kind == "WanVaceToVideo":
+            inputs = {k: v for k, v in node["inputs"].items() if k not in ("vae", "control_video", "control_masks",
+                                                                           "reference_image")}
+            prompt[nid] = {"class_type": "TokenReduceTestVaceConditioning",
+                           "inputs": {**inputs, "reference": False, "seed": 3}}
+        elif kind in ("CLIPLoader", "DualCLIPLoader", "VAELoader", "SaveImage", "SaveAnimatedWEBP"):
             del prompt[nid]
         elif kind == "CLIPTextEncode":
             prompt[nid] = {"class_type": "TokenReduceTestDiTConditioning",
@@ -81,7 +98,8 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
                                                                   "filename_prefix": f"latents/{family}"}}
     workflow.find(prompt, "UNETLoader")["unet_name"] = files[1][MODEL_FILES[family]]
     workflow.find(prompt, latent_node).update(size)
-    workflow.find(prompt, "KSampler")["steps"] = steps
+    steps_node = "LTXVScheduler" if family == "ltxv" else "KSampler"
+    workflow.find(prompt, steps_node)["steps"] = steps
     workflow.find(prompt, TODO).update({"skip_first_blocks": 0, "skip_last_blocks": 0, **todo_settings})
     if family == "wan_long":
         workflow.find(prompt, "WanContextWindowsManual").update(CONTEXT_WINDOWS)
