@@ -93,7 +93,8 @@ FAMILIES.update({
 
 # The families whose tiny fixtures live in devtools/dit_fixtures/ (--tiny only), by their fixture
 # name; those whose conditioning carries image inputs sized for the test latent (i2v images, VACE
-# frames, references) are left out: the benchmark's sizes would not fit them.
+# frames, references) are left out: the benchmark's sizes would not fit them; so are image
+# families with a 5-D latent (the HunyuanImage 2.1 refiner).
 _DEPTH_KEYS = ("num_layers", "depth", "n_layers", "num_blocks", "layers")
 
 
@@ -109,7 +110,7 @@ def _fixture_families() -> dict:
 
     found = {}
     for name, fixture in random_dits.FIXTURES.items():
-        if fixture.shared is not None:
+        if fixture.shared is not None or fixture.spec.five_d:  # (5-D image latents: the bench makes 4-D ones)
             continue
         DIT_DEPTH[name] = _fixture_depth(fixture)
         found[name] = Family(name, partial(_dit, name), partial(_dit_conditioning, name), tiny_only=True,
