@@ -4,8 +4,9 @@ By default on the pinned ComfyUI host, built on first use (cached outside the cl
 devtools/host.py). ``--comfyui PATH`` runs the same suite against any other ComfyUI tree (your
 own checkout after an update, say) with that tree's Python environment: ``--python`` names it,
 otherwise the first of ``PATH/venv``, ``PATH/.venv`` and the Python running this script that
-imports torch is taken. The suite's own test tools (pytest, playwright, tomesd, matplotlib) are
-installed into that environment when missing; torch and everything else in it is left as it is
+imports torch is taken. The suite's own test tools (pytest, playwright, tomesd, matplotlib;
+diffusers and accelerate at the versions tests/requirements.txt pins) are installed into that
+environment when missing; torch and everything else in it is left as it is
 (``--no-install`` refuses even that). Extra arguments go to pytest (e.g. ``-k tome -x``).
 
 ``--forge PATH`` also runs the Stable Diffusion WebUI Forge tests (tests/test_forge_server*.py)
@@ -37,6 +38,18 @@ import host  # noqa: E402
 
 TEST_TOOLS = {"pytest": "pytest", "playwright": "playwright", "tomesd": "tomesd", "matplotlib": "matplotlib",
               "requests": "requests"}  # import name -> what pip installs
+
+
+def _pinned(name: str) -> str:
+    """The requirement tests/requirements.txt pins for ``name`` (the diffusers adapter's tests)."""
+    for line in (REPO / "tests" / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        requirement = line.split("#")[0].strip()
+        if requirement.split("==")[0].strip() == name:
+            return requirement
+    return name
+
+
+TEST_TOOLS.update({name: _pinned(name) for name in ("diffusers", "accelerate")})
 # What Forge's backend modules import beyond the host's packages: tests/test_forge_flux.py imports
 # them in-process (--forge).
 FORGE_BACKEND = {"gguf": "gguf"}

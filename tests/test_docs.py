@@ -68,10 +68,6 @@ OLD_README_HEADINGS = (
     "Credits",
 )
 
-# Pages written by others and pages still being written; their own links are their owners' to
-# check. A link *to* a page listed in PENDING passes while the page does not exist yet.
-NOT_CHECKED_FOR_LINKS = {"docs/benchmarks.md", "docs/diffusers.md"}
-PENDING = {"docs/diffusers.md"}  # the diffusers adapter's page (issue #33), being written
 
 
 def _docs() -> list[Path]:
@@ -211,8 +207,6 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 def test_local_links_and_anchors_resolve():
     problems = []
     for path in [*_docs(), REPO / "CHANGELOG.md"]:
-        if _rel(path) in NOT_CHECKED_FOR_LINKS:
-            continue
         prose, _ = _prose_and_code(path.read_text(encoding="utf-8"))
         for target in LINK.findall("\n".join(prose)):
             if re.match(r"[a-z]+:", target):
@@ -221,8 +215,7 @@ def test_local_links_and_anchors_resolve():
             linked = (path.parent / file_part).resolve() if file_part else path
             where = _rel(linked) if linked.is_relative_to(REPO) else str(linked)
             if not linked.exists():
-                if where not in PENDING:
-                    problems.append(f"{_rel(path)}: {target}: no such file")
+                problems.append(f"{_rel(path)}: {target}: no such file")
                 continue
             if anchor and linked.suffix == ".md" and anchor not in anchors(linked):
                 problems.append(f"{_rel(path)}: {target}: no heading with that anchor in {where}")
