@@ -93,8 +93,9 @@ FAMILIES.update({
 
 # The families whose tiny fixtures live in devtools/dit_fixtures/ (--tiny only), by their fixture
 # name; those whose conditioning carries image inputs sized for the test latent (i2v images, VACE
-# frames, references) are left out: the benchmark's sizes would not fit them; so are image
-# families with a 5-D latent (the HunyuanImage 2.1 refiner).
+# frames, references) are left out: the benchmark's sizes would not fit them; so are those whose
+# latent is not the plain one the benchmark makes (a 5-D image latent: the HunyuanImage 2.1
+# refiner; a latent of their own: MiniMax-H3's video + audio, FlowRVS's image).
 _DEPTH_KEYS = ("num_layers", "depth", "n_layers", "num_blocks", "layers")
 
 
@@ -110,7 +111,7 @@ def _fixture_families() -> dict:
 
     found = {}
     for name, fixture in random_dits.FIXTURES.items():
-        if fixture.shared is not None or fixture.spec.five_d:  # (5-D image latents: the bench makes 4-D ones)
+        if fixture.shared is not None or fixture.spec.five_d or fixture.latent is not None:
             continue
         DIT_DEPTH[name] = _fixture_depth(fixture)
         found[name] = Family(name, partial(_dit, name), partial(_dit_conditioning, name), tiny_only=True,
