@@ -17,6 +17,7 @@ MATCHING_REACH = {MATCH_WHOLE_GRID: None, "3x3 cells": 1, "5x5 cells": 2}  # opt
 
 
 REDUCE_AUTO, REDUCE_ALWAYS, REDUCE_REMEASURE = "auto", "always", "auto (measure again)"
+AUTO_MARGIN = 0.03  # reduce_when auto: the reduced work must be at least this much faster (pays.MARGIN)
 
 
 def reduce_when_input() -> Input:
@@ -24,8 +25,10 @@ def reduce_when_input() -> Input:
                  optional=True,
                  tooltip="auto: reduce only where it pays on this device. The first time a kind of attention call is "
                          "met, it is timed on the device, unreduced and reduced (a few milliseconds), and reduced only "
-                         "where that is at least 3 % faster; the decision is kept in a file, so identical runs give "
-                         "identical images, also after a restart. CPUs reduce every size without measuring (it paid "
+                         f"where that is at least {AUTO_MARGIN * 100:g} % faster; the decision is kept in a file, so "
+                         "identical runs give identical images, also after a restart. The decisions are kept in "
+                         "ComfyUI's user directory, tokenreduce/auto_decisions.json (Forge: its data directory); the "
+                         "report names the file. CPUs reduce every size without measuring (it paid "
                          "at every size measured). The node's report shows the times. always: reduce wherever the "
                          "other settings say. auto (measure again): as auto, but time each kind anew once and replace "
                          "the kept decisions.")

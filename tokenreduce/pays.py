@@ -55,12 +55,12 @@ except ImportError:  # Windows
 
 import torch
 
-from .methods import REDUCE_ALWAYS, REDUCE_REMEASURE
+from .methods import AUTO_MARGIN, REDUCE_ALWAYS, REDUCE_REMEASURE
 from .version import VERSION
 
 LOG = logging.getLogger("tokenreduce")
 
-MARGIN = 0.03  # the reduced work must be at least this much faster
+MARGIN = AUTO_MARGIN  # the reduced work must be at least this much faster (declared with reduce_when)
 WARMUP = 1  # untimed runs of each work first (kernel selection, caches, autotuning)
 REPEATS = 5  # timed runs of each work, interleaved; the median counts
 LEAST_SECONDS = 0.005  # one timing lasts at least this long (sub-millisecond blocks run back to back)
