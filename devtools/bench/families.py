@@ -96,7 +96,7 @@ FAMILIES.update({
 # frames, references) are left out: the benchmark's sizes would not fit them; so are those whose
 # latent is not the plain one the benchmark makes (a 5-D image latent: the HunyuanImage 2.1
 # refiner; a latent of their own: MiniMax-H3's video + audio, FlowRVS's image).
-_DEPTH_KEYS = ("num_layers", "depth", "n_layers", "num_blocks", "layers")
+_DEPTH_KEYS = ("num_layers", "depth", "n_layers", "num_blocks", "layers", "num_visual_blocks", "patch_depth")
 
 
 def _fixture_depth(fixture) -> dict:
