@@ -4,10 +4,10 @@ host says the same thing."""
 
 from __future__ import annotations
 
-from .layout import DIT
-from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
 from typing import TYPE_CHECKING
 
+from .layout import DIT
+from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
 from .pays import FAILED, MARGIN, MEASURED
 from .target import Target
 
