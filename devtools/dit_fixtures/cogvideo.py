@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import random_dits
-from random_dits import Fixture, Spec  # text_tokens is defined after the fixtures are collected
+from random_dits import Fixture, Spec
 
 _COG = {"image_model": "cogvideox", "num_attention_heads": 2, "attention_head_dim": 32, "time_embed_dim": 32,
         "num_layers": 2, "patch_size": 2, "text_embed_dim": 32, "use_rotary_positional_embeddings": True}

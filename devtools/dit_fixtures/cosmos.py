@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import random_dits
-from random_dits import Fixture, Spec  # text_tokens is defined after the fixtures are collected
+from random_dits import Fixture, Spec
 
 _PREDICT2 = {"image_model": "cosmos_predict2", "max_img_h": 240, "max_img_w": 240, "max_frames": 128,
              "out_channels": 16, "patch_spatial": 2, "patch_temporal": 1, "model_channels": 64, "num_heads": 2,

@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from random_dits import CONTEXT_DIM, POOLED_DIM, TEXT_TOKENS, Fixture, Spec
+from random_dits import CONTEXT_DIM, POOLED_DIM, Fixture, Spec, text_tokens
 
 _FLUX = {"image_model": "flux", "axes_dim": [4, 6, 6], "num_heads": 4, "mlp_ratio": 4.0, "theta": 10000,
          "out_channels": 16, "in_channels": 16, "qkv_bias": True, "txt_ids_dims": [], "patch_size": 2,
@@ -23,11 +23,6 @@ _RADIANCE = {"image_model": "chroma_radiance", "axes_dim": [4, 6, 6], "num_heads
              "nerf_max_freqs": 4, "nerf_tile_size": 0, "nerf_final_head_type": "linear",
              "nerf_embedder_dtype": None, "use_x0": False, "use_sequential_txt_ids": False}
 LONGCAT_TEXT_DIM = 3584  # detection keys LongCat-Image on this context width (Qwen2.5-VL 7B)
-
-
-def text_tokens(generator, batch: int, tokens: int = TEXT_TOKENS, width: int = CONTEXT_DIM):
-    # random_dits defines its own only after it collects the fixtures
-    return torch.randn(batch, tokens, width, generator=generator)
 
 
 def _detect_trimmed(params_path: str):

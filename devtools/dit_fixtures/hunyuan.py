@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import random_dits
-from random_dits import Fixture, Spec  # text_tokens is defined after the fixtures are collected
+from random_dits import Fixture, Spec
 
 TEXT = 24  # llama / Qwen2.5-VL tokens after the template is trimmed
 BYT5 = 8  # byT5 glyph tokens (quoted text in the prompt)

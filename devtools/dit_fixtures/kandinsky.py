@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import random_dits
-from random_dits import Fixture, Spec  # text_tokens is defined after the fixtures are collected
+from random_dits import Fixture, Spec
 
 _K5 = {"image_model": "kandinsky5", "in_visual_dim": 16, "out_visual_dim": 16, "in_text_dim": 32, "in_text_dim2": 32,
        "time_dim": 32, "model_dim": 64, "ff_dim": 128, "patch_size": (1, 2, 2), "num_text_blocks": 1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import random_dits
-from random_dits import Fixture, Spec  # text_tokens is defined after the fixtures are collected
+from random_dits import Fixture, Spec
 
 
 def _text(generator, batch, shape):  # T5-XXL tokens (4096 wide; 32 here) and their mask

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import random_dits
-from random_dits import Fixture, Spec  # text_tokens is defined after the fixtures are collected
+from random_dits import Fixture, Spec
 
 TEXT = 32  # T5-XXL tokens (256 padded; the mask counts the real ones: num_tokens)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from random_dits import CONTEXT_DIM, TEXT_TOKENS, Fixture, Spec
+from random_dits import CONTEXT_DIM, TEXT_TOKENS, Fixture, Spec, text_tokens
 
 # dim >= 256: the modulation feeds a 256-wide time embedding to Linear(min(dim, 256), ...).
 _CONFIG = {"image_model": "zimage_pixel", "patch_size": 16, "in_channels": 3, "dim": 256, "cap_feat_dim": CONTEXT_DIM,
@@ -14,11 +14,6 @@ _CONFIG = {"image_model": "zimage_pixel", "patch_size": 16, "in_channels": 3, "d
            "ffn_dim_multiplier": 8.0 / 3.0, "z_image_modulation": True, "time_scale": 1000.0,
            "pad_tokens_multiple": 32, "decoder_in_channels": 16 * 16 * 3, "decoder_hidden_size": 32,
            "decoder_num_res_blocks": 1, "decoder_max_freqs": 4}
-
-
-def text_tokens(generator, batch: int, tokens: int = TEXT_TOKENS, width: int = CONTEXT_DIM):
-    # random_dits defines its own only after it collects the fixtures
-    return torch.randn(batch, tokens, width, generator=generator)
 
 
 def _text(generator, batch, shape):
