@@ -4,15 +4,20 @@ host says the same thing."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from .layout import DIT
 from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
 from .pays import FAILED, MARGIN, MEASURED
 from .target import Target
 
-if TYPE_CHECKING:  # run.py words its reports with this module
-    from .run import RunReport, RunState
+
+class RunCalls(NamedTuple):
+    """What a run's calls met, for its warnings."""
+    unreached: int  # model calls in which the attention never reached the patch's override
+    reduced: bool  # some call was reduced
+    skipped: int  # calls left alone because their tokens were not the layout predicted
+    dit: bool  # the calls went through a DiT's attention override
 
 
 def margin_text() -> str:
@@ -126,9 +131,10 @@ def level_text(level: int, grid: tuple[int, int]) -> str:
     return f"downsample {level} ({grid_text(grid)})"
 
 
-def decision_lines(report: RunReport, timing: bool = True) -> list[str]:
-    """What the auto rule measured and decided in a run, one line per level or kind of DiT call
-    (``timing`` False: without what measuring cost and whether it happened now, which differ
+def decision_lines(report, timing: bool = True) -> list[str]:
+    """What the auto rule measured and decided in a run (``report``: a ``run.RunReport``; this
+    module imports nothing of run.py, which words its warnings with it), one line per level or
+    kind of DiT call (``timing`` False: without what measuring cost and whether it happened now, which differ
     between identical runs)."""
     lines = []
     for site, decision in report.decisions:
@@ -152,9 +158,9 @@ def window_line(windows: tuple[tuple[int, ...], ...]) -> str:
     return f"context windows · {len(windows)} of {size} frames (frames {spans}), each its own call"
 
 
-def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[str]:
-    """The node's lines after a run: what it patched, tokens per level, steps and time
-    (``timing`` False: without the time, for a record of the image such as the WebUI's
+def run_lines(header_line: str, report, timing: bool = True) -> list[str]:
+    """The node's lines after a run (``report``: a ``run.RunReport``): what it patched, tokens
+    per level, steps and time (``timing`` False: without the time, for a record of the image such as the WebUI's
     infotext, which identical runs should repeat)."""
     lines = [header_line]
     if report.refused:
@@ -173,19 +179,20 @@ def run_lines(header_line: str, report: RunReport, timing: bool = True) -> list[
     return lines
 
 
-def run_warnings(label: str, run: RunState, decided: tuple, steps: int, active: tuple, start_percent: float,
+def run_warnings(label: str, calls: RunCalls, decided: tuple, steps: int, active: tuple, start_percent: float,
                  end_percent: float, completed: bool) -> list[str]:
-    """What a run's report warns of, beyond what its calls warned of as they ran."""
+    """What a run's report warns of, beyond what its calls warned of as they ran (``calls``: what
+    the run's calls met, as plain counts)."""
     warnings = []
     all_left = bool(decided) and not any(d.decision.reduce for d in decided)
     if all_left:
         warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: on this device the "
                         f"reduced calls were not at least {margin_text()} faster (the times are in the report). Set "
                         f"reduce_when to always to reduce anyway.")
-    elif run.unreached_calls and not run.reduced_sigmas:
+    elif calls.unreached and not calls.reduced:
         # Never a silent no-op: step caches that replace the model's forward (TeaCache's and
         # MagCache's) call its blocks without ComfyUI's transformer options.
-        warnings.append(f"{label} did nothing: in {run.unreached_calls} model calls the model's attention never "
+        warnings.append(f"{label} did nothing: in {calls.unreached} model calls the model's attention never "
                         f"reached its attention override. Another node replaced the model's forward with one that "
                         f"does not pass ComfyUI's transformer options to its blocks (the TeaCache and MagCache "
                         f"nodes do), so no attention override can act there (nor a SageAttention patch). For a "
@@ -194,17 +201,17 @@ def run_warnings(label: str, run: RunState, decided: tuple, steps: int, active: 
         warnings.append(f"{label} was active in none of the {steps} steps: no step's noise level lies "
                         f"between start_percent {start_percent:g} and end_percent {end_percent:g}, "
                         f"or no block could be reduced.")
-    if run.skipped_calls and run.dit_calls:
+    if calls.skipped and calls.dit:
         # A DiT's grid attention call whose keys are not the layout predicted for the model.
-        warnings.append(f"{label} left {run.skipped_calls} attention calls of this run unreduced: their keys "
+        warnings.append(f"{label} left {calls.skipped} attention calls of this run unreduced: their keys "
                         f"were not the token layout it predicts for this model. An attention patch applied "
                         f"before it changed them, or the model added tokens {label} does not know (extra "
                         f"reference images, say). Apply {label} before other attention patches; if there are "
                         f"none, please report the model and workflow.")
-    elif run.skipped_calls:
+    elif calls.skipped:
         # Never a silent no-op: another attention patch that runs before ours reshaped the
         # tokens (HyperTile tiles the queries, for example).
-        warnings.append(f"{label} was skipped in {run.skipped_calls} block calls of this run: the tokens "
+        warnings.append(f"{label} was skipped in {calls.skipped} block calls of this run: the tokens "
                         f"it received were not the block's grid: an attention patch applied before it reshaped "
                         f"them (HyperTile tiles the queries; ToMe in its q, k, v mode merges keys and values). "
                         f"Apply {label} before that patch (closer to the checkpoint loader).")

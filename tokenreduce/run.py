@@ -31,7 +31,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .describe import run_warnings
+from .describe import RunCalls, run_warnings
 from .pays import CPU, MEASURED, AutoRule, Decision, Work, synchronizer
 from .window import SigmaWindow, steps_of
 
@@ -201,7 +201,8 @@ class RunState:
         steps = max(0, len(sigmas) - 1)
         active = steps_of(sigmas, set(_noise_levels(self.reduced_sigmas)))
         decided = _site_decisions(self.decisions)
-        warnings = list(self.warnings) + run_warnings(label, self, decided, steps, active, start_percent,
+        calls = RunCalls(self.unreached_calls, bool(self.reduced_sigmas), self.skipped_calls, self.dit_calls)
+        warnings = list(self.warnings) + run_warnings(label, calls, decided, steps, active, start_percent,
                                                       end_percent, completed)
         levels = tuple(sorted(self.levels.values(), key=lambda lv: (lv.downsample, -lv.grid[0] * lv.grid[1])))
         return RunReport(seconds, self.plan_seconds, self.skipped_calls, completed, steps, active, levels,
