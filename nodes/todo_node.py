@@ -7,7 +7,7 @@ from comfy_api.latest import io
 from ..tokenreduce.catalog import TODO_NODE
 from ..tokenreduce.describe import header, todo_info
 from ..tokenreduce.layout import DIT, UNET
-from ..tokenreduce.methods import DIT_METHODS, DIT_METHODS_WITH_ROPE, TODO, dit_blocks, todo_level_factors
+from ..tokenreduce.methods import TODO, dit_method_problem, todo_level_factors, todo_select
 from ..tokenreduce.preflight import dit_factor, todo_factors
 from ..tokenreduce.todo_dit import ToDoDiTPatch
 from ..tokenreduce.todo_patch import ToDoPatch
@@ -15,15 +15,6 @@ from .common import (PatchNode, done, find_target, patched_clone, reduce_rule, r
                      unet_levels)
 from .host import install_attention_override
 from .schema import validate_inputs_for
-
-
-def _select(settings):
-    """The sites a ToDo setting reduces: the levels its factors pool (UNets); the blocks the
-    skip settings leave (DiTs, one level)."""
-    def select(layout, level):
-        sites = layout.at({lv for _, lv, _ in todo_level_factors(level, settings)})
-        return dit_blocks(sites, settings) if layout.kind == DIT else sites
-    return select
 
 
 class ToDoPatchNode(PatchNode):
@@ -36,7 +27,7 @@ class ToDoPatchNode(PatchNode):
     def execute(cls, model, **values) -> io.NodeOutput:
         settings = cls.settings(values)
         refuse_stacking(model, cls.NODE_ID)
-        target = find_target(model, "ToDo", "level", settings.level, _select(settings), kinds=(UNET, DIT))
+        target = find_target(model, "ToDo", "level", settings.level, todo_select(settings), kinds=(UNET, DIT))
         if target.sites is None:
             return refuse_or_unchanged(model, cls.NODE_ID, target)
         if target.layout.kind == DIT:
@@ -57,13 +48,9 @@ class ToDoPatchNode(PatchNode):
     @classmethod
     def _patch_dit(cls, model, settings, target) -> io.NodeOutput:
         family = target.layout.family
-        allowed = DIT_METHODS_WITH_ROPE if family.rope else DIT_METHODS
-        if settings.method not in allowed:
-            raise ValueError(
-                f"{cls.NODE_ID}: method {settings.method!r} does not work on {family.name}: "
-                + ("its keys carry rotary positions when they reach attention, and averaging them would mix "
-                   "positions; use nearest, which keeps each key's own position."
-                   if family.rope else f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))
+        problem = dit_method_problem(cls.NODE_ID, family, settings.method)
+        if problem:
+            raise ValueError(problem)
         title = header("ToDo", target)
         diffusion_model = model.get_model_object("diffusion_model")
         patch_size = family.patch(diffusion_model)

@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 from ..tokenreduce.catalog import TOME_NODE
 from ..tokenreduce.describe import header, tome_info
-from ..tokenreduce.methods import TOME
+from ..tokenreduce.methods import TOME, tome_select
 from ..tokenreduce.preflight import tome_strides
 from ..tokenreduce.tome_patch import ToMePatch
 from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, reduce_rule,
@@ -30,8 +30,7 @@ class ToMePatchNode(PatchNode):
                              f"merges the queries before this node sees them, so this node would be skipped in every "
                              f"block. Use one of the two (this node's mode 'queries only' computes what the built-in "
                              f"does).")
-        target = find_target(model, "ToMe", "max_downsample", settings.max_downsample,
-                             lambda layout, level: layout.within(level))
+        target = find_target(model, "ToMe", "max_downsample", settings.max_downsample, tome_select)
         if target.sites is None:
             return refuse_or_unchanged(model, cls.NODE_ID, target)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from .bipartite import stride_ratio_cap
 from .downsample import METHODS as DOWNSAMPLE_METHODS
 from .inputs import BOOL, CHOICE, FLOAT, INT, SEED, SEED_MAX, Input, Method, is_number
+from .layout import DIT
 
 LEVEL_CHOICES = ("auto", "1", "2", "4", "8")  # downsample of a UNet level; auto: the model's finest
 
@@ -160,3 +161,29 @@ def dit_blocks(sites, settings) -> tuple:
     """The DiT blocks ToDo reduces: all but the first and last ones the settings leave alone."""
     return tuple(sites[settings.skip_first_blocks: max(settings.skip_first_blocks,
                                                         len(sites) - settings.skip_last_blocks)])
+
+
+def todo_select(settings):
+    """The sites a ToDo setting reduces, as ``layout.resolve`` asks for them: the levels its
+    factors pool (UNets); the blocks the skip settings leave (DiTs, one level). Every host
+    selects with this."""
+    def select(layout, level):
+        sites = layout.at({lv for _, lv, _ in todo_level_factors(level, settings)})
+        return dit_blocks(sites, settings) if layout.kind == DIT else sites
+    return select
+
+
+def tome_select(layout, level):
+    """The sites ToMe merges: every block down to its max_downsample level."""
+    return layout.within(level)
+
+
+def dit_method_problem(label: str, family, method: str) -> str | None:
+    """Why ToDo's ``method`` cannot reduce this DiT ``family`` (None: it can); every host says this."""
+    allowed = DIT_METHODS_WITH_ROPE if family.rope else DIT_METHODS
+    if method in allowed:
+        return None
+    return (f"{label}: method {method!r} does not work on {family.name}: "
+            + ("its keys carry rotary positions when they reach attention, and averaging them would mix positions; "
+               "use nearest, which keeps each key's own position." if family.rope else
+               f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))

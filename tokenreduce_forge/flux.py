@@ -29,9 +29,10 @@ from typing import NamedTuple
 from tokenreduce.describe import header, todo_info
 from tokenreduce.families import flux
 from tokenreduce.layout import DIT, Layout, dit_layout
-from tokenreduce.methods import DIT_METHODS_WITH_ROPE, dit_blocks, todo_level_factors
+from tokenreduce.methods import dit_method_problem, todo_select
 from tokenreduce.pays import auto_rule
 from tokenreduce.preflight import dit_factor
+from tokenreduce.rebind import rebuilt
 from tokenreduce.run import CONTEXT_PREFIX, OVERRIDE
 from tokenreduce.target import resolve_target
 from tokenreduce.todo_dit import ToDoDiTPatch
@@ -55,12 +56,7 @@ def layout_of(diffusion_model) -> Layout | None:
 def rebound(method, name: str, value):
     """``method`` (bound) with its function rebuilt over a copy of its globals in which ``name``
     is ``value``, bound to the same object: the same code, nothing global changed."""
-    func = method.__func__
-    rebuilt = types.FunctionType(func.__code__, {**func.__globals__, name: value}, func.__name__,
-                                 func.__defaults__, func.__closure__)
-    rebuilt.__kwdefaults__ = func.__kwdefaults__
-    rebuilt.__qualname__ = func.__qualname__
-    return types.MethodType(rebuilt, method.__self__)
+    return types.MethodType(rebuilt(method.__func__, **{name: value}), method.__self__)
 
 
 def forge_block_forward(method) -> str | None:
@@ -164,11 +160,6 @@ class Chosen(NamedTuple):
     warnings: list
 
 
-def _select(settings):
-    return lambda layout, level: dit_blocks(layout.at({lv for _, lv, _ in todo_level_factors(level, settings)}),
-                                            settings)
-
-
 def tome_refusal(stage: str) -> str:
     return (f"{label(stage, 'ToMe')} cannot patch Forge's Flux: ToMe works on UNet models (SD1.x, SD2.x, SDXL). "
             f"On Flux use ToDo (Token Downsampling); turn ToMe off for this model.")
@@ -185,11 +176,10 @@ def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, l
     if settings is None:
         return None, []
     who = label(stage, "ToDo")
-    if settings.method not in DIT_METHODS_WITH_ROPE:
-        return (f"{who}: method {settings.method!r} does not work on {FAMILY.name}: its keys carry rotary positions "
-                f"when they reach attention, and pooling them would mix positions; use nearest, which keeps each "
-                f"key's own position."), []
-    target = resolve_target(layout, family, "ToDo", "level", settings.level, _select(settings), kinds=(DIT,))
+    problem = dit_method_problem(who, FAMILY, settings.method)
+    if problem:
+        return problem, []
+    target = resolve_target(layout, family, "ToDo", "level", settings.level, todo_select(settings), kinds=(DIT,))
     if target.sites is None:
         run.warnings.append(f"{who}: {target.message}")
         return None, []

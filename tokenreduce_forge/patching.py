@@ -25,7 +25,7 @@ from dataclasses import replace
 from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels
-from tokenreduce.methods import todo_level_factors
+from tokenreduce.methods import todo_level_factors, todo_select, tome_select
 from tokenreduce.pays import Decisions, auto_rule
 from tokenreduce.preflight import todo_factors, tome_strides
 from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
@@ -203,15 +203,11 @@ def strip_builtin_tome(clone) -> bool:
     return found
 
 
-def _todo_select(settings):
-    return lambda layout, level: layout.at({lv for _, lv, _ in todo_level_factors(level, settings)})
-
-
 def _target(layout, family: str, method: str, settings):
     if method == "ToDo":
-        return resolve_target(layout, family, "ToDo", "level", settings.level, _todo_select(settings))
+        return resolve_target(layout, family, "ToDo", "level", settings.level, todo_select(settings))
     return resolve_target(layout, family, "ToMe", "max_downsample", settings.max_downsample,
-                          lambda layout, level: layout.within(level))
+                          tome_select)
 
 
 def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, refusal: str | None = None,
