@@ -500,8 +500,9 @@ def test_the_auto_rule_measures_outside_the_compiled_model(comfy, dits, sdpa_att
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_the_auto_rule_times_grid_calls_in_the_shapes_the_model_passes(comfy, dits, variant):
-    """The auto rule times one grid call with random q, k, v shaped by the family's geometry:
-    heads, head size and argument layout must be what the model passes to attention."""
+    """The auto rule times one grid call of each kind (joint, image-only) with random q, k, v
+    shaped by the family's geometry of that kind: heads, head size and argument layout must be
+    what the model passes to attention in every grid call of the kind."""
     config, _, _, calls, _ = VARIANTS[variant]
     if not random_dits.available(variant):
         pytest.skip(f"this ComfyUI has no {config}")
@@ -517,12 +518,15 @@ def test_the_auto_rule_times_grid_calls_in_the_shapes_the_model_passes(comfy, di
     probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
     run(comfy, probed, variant, steps=1, cfg=1.0)  # one model call
     diffusion_model = model.get_model_object("diffusion_model")
-    heads, head_dim, heads_first = pack("tokenreduce.families").dit_family(config, diffusion_model).geometry(diffusion_model)
-    grid_calls = [shape for shape, kind in zip(seen, calls) if kind == "g"]
-    assert len(seen) == len(calls) and grid_calls
-    for q_shape, skip_reshape, call_heads in grid_calls:
-        assert (skip_reshape, call_heads) == (heads_first, heads)
-        assert (q_shape[1], q_shape[3]) == (heads, head_dim) if heads_first else q_shape[2] == heads * head_dim
+    family = pack("tokenreduce.families").dit_family(config, diffusion_model)
+    plan = family.plan(diffusion_model)
+    grid_calls = [(call, slot.kind) for call, slot, kind in zip(seen, plan, calls) if kind == "g"]
+    assert len(seen) == len(calls) == len(plan) and grid_calls
+    assert all(slot.kind != "other" for slot, kind in zip(plan, calls) if kind == "g")
+    for (q_shape, skip_reshape, call_heads), kind in grid_calls:
+        heads, head_dim, heads_first = pack("tokenreduce.dit").geometry_of(family, diffusion_model, kind)
+        assert (skip_reshape, call_heads) == (heads_first, heads), kind
+        assert (q_shape[1], q_shape[3]) == (heads, head_dim) if heads_first else q_shape[2] == heads * head_dim, kind
 
 
 @pytest.mark.parametrize("variant,kinds", [("wan21_t2v", 1), ("flux_dev", 1), ("sd35_medium", 2)])

@@ -21,7 +21,7 @@ recognised by name: nothing here imports a host.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 JOINT, IMAGE, OTHER = "joint", "image", "other"  # kinds of attention call
 
@@ -58,11 +58,23 @@ class Family(NamedTuple):
     blocks: Callable  # diffusion model -> module paths (under it) of its blocks, in call order
     plan: Callable  # diffusion model -> tuple[Slot, ...]
     patch: Callable  # diffusion model -> (pt, ph, pw)
-    tokens: Callable  # (diffusion model, its patch, x, context, kwargs) -> TokenLayout | None
-    geometry: Callable  # diffusion model -> Geometry of its grid calls (the auto rule times one)
+    # (diffusion model, its patch, x, context, kwargs) -> TokenLayout; None where the call's inputs
+    # hold tokens it cannot place, or a str: why this model call cannot be reduced (said as a warning)
+    tokens: Callable
+    # diffusion model -> Geometry of its grid calls, or {kind: Geometry} where its joint and
+    # image-only calls differ (PixelDiT's pixel blocks have heads of their own): the auto rule
+    # times each kind of grid call in its own shape (geometry_of)
+    geometry: Callable
     # diffusion model -> why this model of the family cannot be reduced (a stream or block the
     # plan does not know), or None
     check: Callable = _no_check
+
+
+def geometry_of(family: Family, model, kind: str) -> Geometry:
+    """The shape in which ``family``'s ``model`` passes q, k and v of its grid calls of ``kind``
+    (JOINT or IMAGE) to the host's attention."""
+    found = family.geometry(model)
+    return found[kind] if isinstance(found, Mapping) else found
 
 
 def ceil_div(a: int, b: int) -> int:

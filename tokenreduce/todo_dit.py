@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .describe import grid_text
-from .dit import OTHER, TokenLayout
+from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
 from .measure import backend_of, compute_dtype, dit_attention_work
 from .pays import AutoRule
@@ -66,6 +66,28 @@ def _keep_plan(length: int, start: int, grid: tuple[int, int, int], target: tupl
     return KeepPlan(index, start, grid, target)
 
 
+def keep_plans(tokens: TokenLayout, factor: float, temporal_factor: float, device) -> dict:
+    """(call kind, key length) -> KeepPlan of a model call with this token layout, pooled
+    ``factor`` per side and ``temporal_factor`` along time: the same for every call with it."""
+    t, h, w = tokens.grid
+    th, tw = downsampled_grid(h, w, factor)
+    target = (max(1, math.ceil(t / temporal_factor - 1e-9)), th, tw)
+    factors = (temporal_factor, factor, factor)
+    return {(kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, factors, device)
+            for kind, spec in (("joint", tokens.joint), ("image", tokens.image)) if spec is not None}
+
+
+def kept_keys(x: torch.Tensor, dim: int, keep: KeepPlan, method: str) -> torch.Tensor:
+    """Keys (or values) ``x`` of a grid call reduced by its plan: the kept positions (nearest) or
+    the grid part pooled (average), the tokens around the grid as they are."""
+    if method == "nearest":
+        return x.index_select(dim, keep.index)
+    grid_part = x.narrow(dim, keep.start, keep.tokens)
+    pooled = pool_grid_tokens(grid_part, dim, keep.grid, keep.target)
+    end = keep.start + keep.tokens
+    return torch.cat([x.narrow(dim, 0, keep.start), pooled, x.narrow(dim, end, x.shape[dim] - end)], dim=dim)
+
+
 class ToDoDiTPatch(CallPatch):
     """The attention override of one ToDo node output on a DiT."""
 
@@ -85,7 +107,7 @@ class ToDoDiTPatch(CallPatch):
         for index, slot in enumerate(self.plan):
             if slot.kind != OTHER and slot.block in blocks:
                 self.first_slot.setdefault(slot.kind, index)
-        self._geometry = None  # of the grid calls (dit.Geometry), read from the model when first timed
+        self._geometry = {}  # call kind -> dit.Geometry of its grid calls, read from the model when first timed
         self._fronts = OrderedDict()  # id of an override found installed after ours -> (it, ours in front of it)
         self._fronts_lock = threading.Lock()
         self.previous = previous  # the override installed before ours, called with our keys
@@ -96,9 +118,10 @@ class ToDoDiTPatch(CallPatch):
         if not context["active"]:
             return
         tokens = self.family.tokens(self.model, self.patch, call.x, call.context, call.kwargs)
-        if tokens is None:
+        if tokens is None or isinstance(tokens, str):  # a str: the family's reason
             context["active"] = False
-            run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token layout ToDo "
+            run.warn_once(f"{self.label}: {tokens}." if tokens else
+                          f"{self.label}: this {self.family.name} model call has inputs whose token layout ToDo "
                           f"does not know (reference streams it cannot place); those calls were left alone.")
             return
         plans = self._keep_plans(run, tokens, call.x.device)
@@ -155,16 +178,17 @@ class ToDoDiTPatch(CallPatch):
         slot = self.first_slot.get(kind)
         if slot is None:
             return False  # no reduced block makes calls of this kind
-        if self._geometry is None:
-            self._geometry = self.family.geometry(self.model)
-        signature = ("dit", self.family.name, kind, length, plans[(kind, length)].kept, *self._geometry,
+        geometry = self._geometry.get(kind)
+        if geometry is None:
+            geometry = self._geometry[kind] = geometry_of(self.family, self.model, kind)
+        signature = ("dit", self.family.name, kind, length, plans[(kind, length)].kept, *geometry,
                      str(compute_dtype(call)), backend_of(call, after), self.method)
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]  # an image: no frames to name
             context = call_context(True, keep=plans, left=frozenset(), calls=slot)
             return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
-                    dit_attention_work(call.attention, self._geometry, length, call, installed, self.context_key,
+                    dit_attention_work(call.attention, geometry, length, call, installed, self.context_key,
                                        context, slot))
 
         return self.pays(run, call.x.device, signature, describe)
@@ -174,13 +198,7 @@ class ToDoDiTPatch(CallPatch):
         cache_key = ("todo dit", tokens, device)
         plans = run.cache.get(cache_key)
         if plans is None:
-            t, h, w = tokens.grid
-            th, tw = downsampled_grid(h, w, self.factor)
-            target = (max(1, math.ceil(t / self.temporal_factor - 1e-9)), th, tw)
-            factors = (self.temporal_factor, self.factor, self.factor)
-            plans = run.cache[cache_key] = {
-                (kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, factors, device)
-                for kind, spec in (("joint", tokens.joint), ("image", tokens.image)) if spec is not None}
+            plans = run.cache[cache_key] = keep_plans(tokens, self.factor, self.temporal_factor, device)
         return plans
 
     # --- in the model call ----------------------------------------------------------------
@@ -220,7 +238,7 @@ class ToDoDiTPatch(CallPatch):
         if mask is not None and mask.shape[-1] not in (1, length):
             note_skipped(call)
             return args, kwargs
-        args = (q, self._keys(k, dim, keep), self._keys(v, dim, keep), *args[3:])
+        args = (q, kept_keys(k, dim, keep, self.method), kept_keys(v, dim, keep, self.method), *args[3:])
         if mask is not None and mask.shape[-1] == length:
             mask = mask.index_select(-1, keep.index)
             if len(args) > 4:
@@ -230,11 +248,3 @@ class ToDoDiTPatch(CallPatch):
         note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
                      lambda: {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, keep.kept)})
         return args, kwargs
-
-    def _keys(self, x: torch.Tensor, dim: int, keep: KeepPlan) -> torch.Tensor:
-        if self.method == "nearest":
-            return x.index_select(dim, keep.index)
-        grid_part = x.narrow(dim, keep.start, keep.tokens)
-        pooled = pool_grid_tokens(grid_part, dim, keep.grid, keep.target)
-        end = keep.start + keep.tokens
-        return torch.cat([x.narrow(dim, 0, keep.start), pooled, x.narrow(dim, end, x.shape[dim] - end)], dim=dim)

@@ -15,8 +15,11 @@ def plan(model) -> tuple[Slot, ...]:
             + tuple(Slot(IMAGE, patches + i) for i in range(len(model.pixel_blocks))))
 
 
-def geometry(model) -> Geometry:
-    return Geometry(model.num_groups, model.hidden_size // model.num_groups, True)  # the patch blocks'
+def geometry(model) -> dict:
+    """The patch blocks' heads (joint calls) and the pixel blocks' own (image-only calls), as
+    their attention modules split them."""
+    return {kind: Geometry(blocks[0].attn.num_heads, blocks[0].attn.head_dim, True)
+            for kind, blocks in ((JOINT, model.patch_blocks), (IMAGE, model.pixel_blocks)) if len(blocks)}
 
 
 def tokens(model, patch, x, context, kwargs) -> TokenLayout:
