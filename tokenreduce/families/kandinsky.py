@@ -2,10 +2,18 @@
 self-attention over the frame-major (t, h, w) latent tokens and a cross-attention to the text.
 
 The i2v image and mask are latent channels; ``time_dim_replace`` overwrites latent frames: no
-extra tokens. An image latent is one frame."""
+extra tokens. An image latent is one frame.
+
+Some ComfyUI trees (not 0.33.0) send the self-attention of a call with more than 40 latent frames
+(the 10 s models) to NABLA: the tokens are put in fractal order (8x8 tiles) and attended with
+flex attention under a block-sparse mask, never through the host's attention; only the
+cross-attention reaches it. Such a model's self-attention takes ``sparse_params``; ToDo leaves
+those calls alone and says why."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
@@ -26,9 +34,22 @@ def geometry(model) -> Geometry:
     return Geometry(attention.num_heads, attention.head_dim, True)  # transposed to [B, heads, N, head_dim]
 
 
-def tokens(model, patch, x, context, kwargs) -> TokenLayout:
+NABLA_FRAMES = 40  # the model's threshold: more latent frames than this use NABLA where it has it
+
+
+@functools.lru_cache(maxsize=None)
+def _has_nabla(attention_class: type) -> bool:
+    return "sparse_params" in inspect.signature(attention_class.forward).parameters
+
+
+def tokens(model, patch, x, context, kwargs) -> TokenLayout | str:
     if x.ndim == 4:
         x = x.unsqueeze(2)
+    if x.shape[2] > NABLA_FRAMES and _has_nabla(type(model.visual_transformer_blocks[0].self_attention)):
+        return (f"with more than {NABLA_FRAMES} latent frames ({x.shape[2]} here) this Kandinsky 5 model runs its "
+                f"self-attention as NABLA sparse attention over reordered tokens, which never reaches the host's "
+                f"attention, so ToDo cannot reduce it; those model calls were left alone. With "
+                f"{NABLA_FRAMES} latent frames or fewer it reduces them")
     grid = video_grid(x, patch)  # the model pads the latent to whole patches
     return TokenLayout(grid, joint=None, image=(math.prod(grid), 0))
 
