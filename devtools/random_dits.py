@@ -34,7 +34,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from random_models import fill_pos_embed_, randomize_
+from random_models import build_random, randomize_
 
 TEXT_TOKENS = 12  # image families' text tokens (real: T5 256/512, Qwen2.5-VL ~100s, ...)
 CONTEXT_DIM = 32  # stands for T5 4096 / Qwen2.5-VL 3584 / Gemma 2304 / Qwen3 2560 / Mistral 15360
@@ -282,11 +282,8 @@ def _patcher(model):
 def make_dit(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
     """A ModelPatcher around a tiny random-weight model of ``family``; ``overrides`` change its
     unet_config (``depth=2`` for a Flux with two double blocks, ``num_layers=4`` for Wan, ...)."""
-    model = model_config(family, dtype, **overrides).get_model({})
-    randomize_(model.diffusion_model, seed)
-    fill_pos_embed_(model.diffusion_model)
-    if family in FIXTURES and FIXTURES[family].weights is not None:
-        FIXTURES[family].weights(model.diffusion_model)
+    config = model_config(family, dtype, **overrides)
+    model = build_random(lambda: config.get_model({}), seed, FIXTURES[family].weights if family in FIXTURES else None)
     model.eval()
     return _patcher(model)
 
@@ -306,8 +303,7 @@ def make_unsupported_dit(seed: int = 0):
     config = comfy.model_detection.model_config_from_unet_config(dict(_HUNYUAN3D))
     assert type(config).__name__ == "Hunyuan3Dv2", type(config)
     config.set_inference_dtype(torch.float32, None)
-    model = config.get_model({})
-    randomize_(model.diffusion_model, seed)
+    model = build_random(lambda: config.get_model({}), seed)
     model.eval()
     return _patcher(model)
 

@@ -11,9 +11,11 @@ Runs inside the host venv with the ComfyUI folder importable.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 # As ComfyUI's model detection reports the real models (comfy/model_detection.py).
 _COMMON = {"use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4,
@@ -79,6 +81,69 @@ def randomize_(module: torch.nn.Module, seed: int) -> None:
                 param.fill_(1.0)
 
 
+_EMPTY = (torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty, torch.Tensor.new_empty_strided)
+
+
+class _EmptyIsNaN(TorchFunctionMode):
+    """Floating tensors made with ``torch.empty`` and its kin come out NaN instead of whatever
+    the memory held: a buffer that a model's own code leaves unset is found, not computed with."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _EMPTY and isinstance(out, torch.Tensor) and out.is_floating_point():
+            with torch.no_grad():
+                out.fill_(math.nan)
+        return out
+
+
+@contextlib.contextmanager
+def unset_is_nan():
+    """Build a random model in this (``build_random``): what its constructor leaves unset is NaN."""
+    with _EmptyIsNaN():
+        yield
+
+
+def fill_unset_(model: torch.nn.Module, seed: int) -> None:
+    """After ``randomize_`` (and the family's own fills): every buffer a model built under
+    ``unset_is_nan`` still holds unset (NaN) is filled. ComfyUI makes some buffers with
+    ``torch.empty`` because the real files carry them (MiniMax-H3's ``rope.inv_freq`` and
+    ``adaln_t_table``, MMDiT's ``pos_embed``, ...); computing with them reads uninitialised
+    memory, now and then NaN. Rotary frequency tables (``inv_freq``) get RoPE's own
+    ``theta ** -(i / n)`` at theta 10000; every other unset value a deterministic random one.
+    Buffers the model's constructor computes are left as they are. Raises where a parameter is
+    still unset (``randomize_`` fills the diffusion model's; another module's would be garbage)."""
+    generator = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if not buffer.is_floating_point() or not (unset := torch.isnan(buffer)).any():
+                continue
+            if name.rsplit(".", 1)[-1] == "inv_freq":
+                n = buffer.shape[-1]
+                values = (10000.0 ** -(torch.arange(n, dtype=torch.float64) / n)).expand(buffer.shape)
+            else:
+                values = torch.rand(buffer.shape, generator=generator) * 2 - 1
+            buffer.copy_(torch.where(unset, values.to(buffer.device, buffer.dtype), buffer))
+        unset = [name for name, tensor in (*model.named_parameters(), *model.named_buffers())
+                 if tensor.is_floating_point() and torch.isnan(tensor).any()]
+    if unset:
+        raise RuntimeError(f"{type(model).__name__}: unset (NaN) after building and filling: {', '.join(unset)}")
+
+
+def build_random(build, seed: int, fill=None):
+    """``build()`` (a host model whose ``diffusion_model`` is the network) with every weight and
+    buffer set: built under ``unset_is_nan``, its diffusion model's parameters randomized,
+    MMDiT's position table computed, ``fill(diffusion_model)`` (a family's own weights) run, then
+    whatever is still unset filled (``fill_unset_``)."""
+    with unset_is_nan():
+        model = build()
+    randomize_(model.diffusion_model, seed)
+    fill_pos_embed_(model.diffusion_model)
+    if fill is not None:
+        fill(model.diffusion_model)
+    fill_unset_(model, seed)
+    return model
+
+
 def fill_pos_embed_(diffusion_model: torch.nn.Module) -> None:
     """MMDiT (SD3) keeps its absolute position table in a *buffer* made with ``torch.empty``
     (real files carry it), which ``randomize_`` (parameters only) leaves as uninitialised
@@ -104,11 +169,8 @@ def make_model(family: str = "SD15", tiny: bool = True, seed: int = 0, v_predict
 
     model_config = _model_config(family, unet_config(family, tiny), dtype)
     model_type = comfy.model_base.ModelType.V_PREDICTION if v_prediction else comfy.model_base.ModelType.EPS
-    if family == "SDXL":
-        model = comfy.model_base.SDXL(model_config, model_type=model_type)
-    else:
-        model = comfy.model_base.BaseModel(model_config, model_type=model_type)
-    randomize_(model.diffusion_model, seed)
+    cls = comfy.model_base.SDXL if family == "SDXL" else comfy.model_base.BaseModel
+    model = build_random(lambda: cls(model_config, model_type=model_type), seed)
     model.eval()
     device = comfy.model_management.get_torch_device()
     return comfy.model_patcher.ModelPatcher(model, load_device=device,
@@ -184,9 +246,7 @@ def make_dit(seed: int = 0):
                                           "params": {"in_features": DIT_CONTEXT_DIM, "out_features": 128}}}
     model_config = supported.SD3(config)
     model_config.set_inference_dtype(torch.float32, None)
-    model = model_config.get_model({})
-    randomize_(model.diffusion_model, seed)
-    fill_pos_embed_(model.diffusion_model)
+    model = build_random(lambda: model_config.get_model({}), seed)
     return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
                                             offload_device=comfy.model_management.unet_offload_device())
 

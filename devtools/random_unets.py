@@ -13,7 +13,7 @@ import types
 
 import torch
 
-from random_models import CONTEXT_TOKENS, SDXL_POOLED, randomize_, unet_config
+from random_models import CONTEXT_TOKENS, SDXL_POOLED, build_random, unet_config
 
 _SDXL = unet_config("SDXL", tiny=True)
 _SD15 = unet_config("SD15", tiny=True)
@@ -70,9 +70,12 @@ def make_model(name: str, seed: int = 0):
         generator = torch.Generator().manual_seed(seed + 7)
         state_dict = {"cc_projection.weight": torch.randn(width, width + CC_PROJECTION_IN, generator=generator) * 0.1,
                       "cc_projection.bias": torch.zeros(width)}
-    with torch.no_grad():  # Zero123 copies its projection into its parameters
-        model = model_config.get_model(state_dict)
-    randomize_(model.diffusion_model, seed)
+
+    def build():
+        with torch.no_grad():  # Zero123 copies its projection into its parameters
+            return model_config.get_model(state_dict)
+
+    model = build_random(build, seed)
     model.eval()
     return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
                                             offload_device=comfy.model_management.unet_offload_device())

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import random_dits
+import random_models
 from comfy_helpers import apply, rel_error, session_of
 
 IMAGE = dict(height_px=128, width_px=96)  # 16x12 latent (8x6 for Flux.2): an 8x6 token grid
@@ -199,13 +200,28 @@ def test_every_variant_reduces_every_grid_call_and_nothing_else(comfy, dits, var
     assert output.ui["tokenreduce"] == [{"lines": [lines[0]], "warnings": []}]
 
 
-def first_grid_keys(comfy, model, variant, calls, seed):
-    """The keys of the first grid call of one model call, as [batch, tokens, features]."""
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_a_tiny_model_computes_with_no_uninitialised_memory(comfy, variant):
+    """ComfyUI makes some weights and buffers with ``torch.empty`` (the real files carry them:
+    MiniMax-H3's rotary frequencies, MMDiT's position table): a tiny model computing with them
+    would read whatever memory held (now and then NaN). Built with every unset value NaN, no
+    parameter or buffer of the model is left NaN: the fixture set each one."""
+    if not random_dits.available(variant):
+        pytest.skip(f"this ComfyUI has no {VARIANTS[variant][0]}")
+    with random_models.unset_is_nan():
+        model = random_dits.make_dit(variant).model
+    unset = [name for name, tensor in (*model.named_parameters(), *model.named_buffers())
+             if tensor.is_floating_point() and torch.isnan(tensor).any()]
+    assert unset == []
+
+
+def call_keys(comfy, model, variant, index, seed):
+    """The keys of attention call ``index`` of one model call, as [batch, tokens, features]."""
     seen = []
     probed = model.clone()
 
     def probe(func, *args, **kwargs):
-        if len(seen) == calls.index("g"):
+        if len(seen) == index:
             k = args[1].movedim(2 if kwargs.get("skip_reshape") else 1, 1)
             seen.append(k.reshape(*k.shape[:2], -1).clone())
         else:
@@ -214,33 +230,52 @@ def first_grid_keys(comfy, model, variant, calls, seed):
 
     probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
     run(comfy, probed, variant, steps=1, cfg=1.0, seed=seed, latent_seed=seed)
-    return seen[calls.index("g")]
+    return seen[index]
+
+
+def reducing_only(model, index):
+    """``model`` (ToDo's output) with ToDo reducing attention call ``index`` of a model call
+    alone: every call before it computes what it computes unpatched."""
+    patch = model.model_options["transformer_options"]["optimized_attention_override"].__self__
+    patch.plan = tuple(slot if i == index else slot._replace(kind="other") for i, slot in enumerate(patch.plan))
+    return model
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_only_latent_tokens_leave_the_keys(comfy, dits, variant):
-    """Where the grid sits in the key sequence, checked against the model itself: in the first
-    grid call (nothing reduced before it), a key that depends on the latent (noise and latent
-    image) is an image/video token; text, reference and register tokens do not. Every key ToDo
-    drops must be one that depends on the latent, and the keys it keeps are the unreduced keys
-    themselves, in order."""
+    """Where the grid sits in the key sequence, checked against the model itself, in the first
+    grid call of each kind (joint, image-only) with ToDo reducing that call alone (so nothing
+    before it changes): a key that depends on the latent (noise and latent image) is an
+    image/video token; text, reference and register tokens do not. Every key ToDo drops must
+    be one that depends on the latent, and the keys it keeps are the unreduced keys themselves,
+    in order."""
     config, _, _, calls, grid = VARIANTS[variant]
     if not random_dits.available(variant):
         pytest.skip(f"this ComfyUI has no {config}")
     base = dits(variant)
-    plain, other = (first_grid_keys(comfy, base, variant, calls, seed) for seed in (0, 1))
-    latent_rows = {i for i in range(plain.shape[1]) if not torch.equal(plain[:, i], other[:, i])}
-    kept = first_grid_keys(comfy, todo(comfy, base, **ALL_BLOCKS).result[0], variant, calls, 0)
-    dropped, j = [], 0
-    for i in range(kept.shape[1]):  # kept keys are a subsequence of the unreduced ones
-        while j < plain.shape[1] and not torch.equal(plain[:, j], kept[:, i]):
-            dropped.append(j)
+    diffusion_model = base.get_model_object("diffusion_model")
+    plan = pack("tokenreduce.families").dit_family(config, diffusion_model).plan(diffusion_model)
+    assert len(plan) == len(calls)
+    first = {}  # kind -> its first grid call
+    for index, (slot, call) in enumerate(zip(plan, calls)):
+        if call == "g":
+            first.setdefault(slot.kind, index)
+    assert first
+    for kind, index in first.items():
+        plain, other = (call_keys(comfy, base, variant, index, seed) for seed in (0, 1))
+        latent_rows = {i for i in range(plain.shape[1]) if not torch.equal(plain[:, i], other[:, i])}
+        kept = call_keys(comfy, reducing_only(todo(comfy, base, **ALL_BLOCKS).result[0], index), variant, index, 0)
+        dropped, j = [], 0
+        for i in range(kept.shape[1]):  # kept keys are a subsequence of the unreduced ones
+            while j < plain.shape[1] and not torch.equal(plain[:, j], kept[:, i]):
+                dropped.append(j)
+                j += 1
+            assert j < plain.shape[1], f"{kind} call {index}: kept key {i} is not an unreduced key"
             j += 1
-        assert j < plain.shape[1], f"kept key {i} is not an unreduced key"
-        j += 1
-    dropped += range(j, plain.shape[1])
-    assert len(dropped) == math.prod(grid) - kept_tokens(grid)
-    assert set(dropped) <= latent_rows, f"keys that do not depend on the latent were dropped: {sorted(set(dropped) - latent_rows)}"
+        dropped += range(j, plain.shape[1])
+        assert len(dropped) == math.prod(grid) - kept_tokens(grid), f"{kind} call {index}"
+        assert set(dropped) <= latent_rows, \
+            f"{kind} call {index}: keys that do not depend on the latent were dropped: {sorted(set(dropped) - latent_rows)}"
 
 
 # --- which blocks ---------------------------------------------------------------------------------
