@@ -90,3 +90,75 @@ def test_reduce_when_auto_measures_and_keeps_its_decisions_in_the_cache_dir(pipe
         assert any(line.startswith("auto · ") for line in lines), lines
     kept = json.loads(path.read_text())
     assert len(kept["decisions"] if "decisions" in kept else kept) >= 3
+
+
+class _Clock:
+    """A scripted stopwatch for the auto rule: every kind measured takes (full ms, reduced ms)."""
+
+    def __init__(self, full_ms, reduced_ms):
+        self.times = {"full": full_ms / 1000.0, "reduced": reduced_ms / 1000.0}
+
+    def __call__(self, device):
+        def stopwatch(name, work):
+            work()
+            return self.times[name]
+        return stopwatch
+
+
+def _scripted(monkeypatch, tmp_path, full_ms, reduced_ms):
+    store = pays.Decisions(tmp_path / "auto_decisions.json", measure_cpu=True, stopwatch=_Clock(full_ms, reduced_ms))
+    monkeypatch.setattr(api, "decisions_at", lambda path: store)
+    return store
+
+
+@pytest.mark.parametrize("method", ["ToMe", "ToDo"])
+def test_a_kind_auto_leaves_alone_is_not_reported_reduced_in_the_run_that_measures(pipe, monkeypatch, tmp_path,
+                                                                                 method):
+    _scripted(monkeypatch, tmp_path, 10.0, 12.0)  # the reduced call is slower: left alone
+    base = tiny.generate(pipe, steps=2, size=64)
+    with apply_patch(pipe, method, reduce_when="auto") as patch:
+        out = tiny.generate(pipe, steps=2, size=64)
+        report = patch.report()
+    assert report.decisions and not any(d.decision.reduce for d in report.decisions)
+    assert torch.equal(out, base)
+    assert not report.levels and report.active_steps == ()
+
+
+def test_two_one_step_pipeline_calls_are_two_runs(pipe, monkeypatch, tmp_path):
+    """Each pipeline call is its own run, also where the timesteps do not rise in between."""
+    store = _scripted(monkeypatch, tmp_path, 10.0, 8.0)
+    with apply_patch(pipe, "ToDo", reduce_when="auto") as patch:
+        tiny.generate(pipe, steps=1, size=64)
+        tiny.generate(pipe, steps=1, size=64)
+        report = patch.report()
+    assert store.measurements == 1
+    assert report.steps == 1 and [d.decision.source for d in report.decisions] == ["kept"]
+
+
+def test_the_window_maps_percents_with_the_schedulers_shift_as_comfyui_does():
+    """A flow schedule shifted by 8 (Wan's): end_percent 0.5 ends at sigma 0.889, as ComfyUI's
+    percent_to_sigma says, not at 0.5. Five steps at sigmas 1, 0.970, 0.923, 0.842, 0.667."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    flux = tiny.flux_pipeline()
+    flux.scheduler = FlowMatchEulerDiscreteScheduler(shift=8.0)
+    with apply_patch(flux, "ToDo", end_percent=0.5) as patch:
+        tiny.generate(flux, steps=5, size=128)
+        report = patch.report()
+    assert report.steps == 5 and report.active_steps == (1, 2, 3)
+
+
+def test_a_run_over_the_whole_window_reads_no_timestep_per_call(pipe, monkeypatch):
+    """No device sync per model call where every step is inside the window (nothing to decide)."""
+    from tokenreduce.run import RunState
+
+    reads = []
+    original = RunState.sigma
+    monkeypatch.setattr(RunState, "sigma", lambda self, sigmas: reads.append(1) or original(self, sigmas))
+    for method, extra in (("ToDo", {}), ("ToMe", {"use_rand": False})):  # (use_rand: the timestep seeds the draws)
+        with apply_patch(pipe, method, **extra) as patch:
+            tiny.generate(pipe, steps=3, size=64)
+            tiny.generate(pipe, steps=3, size=64)
+            assert not reads, method
+            report = patch.report()
+        assert report.steps == 3 and report.active_steps == (1, 2, 3) and report.levels

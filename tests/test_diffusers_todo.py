@@ -7,6 +7,7 @@ family's own order; blocks left out stay whole; removal restores the model bit f
 from __future__ import annotations
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -156,10 +157,12 @@ def test_composes_with_set_attention_backend_and_diffusers_caches():
         model.set_attention_backend("native")  # reaches our processors' shared state
         reduced = model(**inputs, return_dict=False)[0]
         now = {"step": 900.0}
-        for cache in (FirstBlockCacheConfig(threshold=0.5),
-                      PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
-                                                      spatial_attention_timestep_skip_range=(100, 800),
-                                                      current_timestep_callback=lambda: now["step"])):
+        # The pyramid broadcast serves step 2's attention from its cache: not reduced, and not said to be.
+        for cache, active in ((FirstBlockCacheConfig(threshold=0.5), (1, 2, 3)),
+                              (PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
+                                                               spatial_attention_timestep_skip_range=(100, 800),
+                                                               current_timestep_callback=lambda: now["step"]),
+                               (1, 3))):
             model.enable_cache(cache)
             for step in (900.0, 700.0, 500.0):
                 now["step"] = step
@@ -167,7 +170,7 @@ def test_composes_with_set_attention_backend_and_diffusers_caches():
                     model(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
             model.disable_cache()
             report = patch.report()
-            assert report.steps == 3 and report.active_steps == (1, 2, 3) and not report.warnings
+            assert report.steps == 3 and report.active_steps == active and not report.warnings
         patch.remove()
         assert model.blocks[0].attn1.processor._attention_backend is not None  # kept after removal
         assert not torch.equal(model(**inputs, return_dict=False)[0], reduced)
@@ -215,3 +218,57 @@ def test_a_flux_pipeline_runs_by_its_own_timesteps():
             assert report.steps == 4 and report.active_steps == (3, 4) and not report.warnings
     assert report.levels[0].tokens == {"q": (64, 64), "k/v": (64, 16)}
     assert not torch.equal(reduced, base) and torch.equal(tiny.generate(pipe, steps=4, size=128), base)
+
+
+def test_processors_swapped_after_apply_patch_are_said_not_reported_as_reduced():
+    """IP-Adapter and PAG loaders set processors after apply_patch: those blocks never reach ours.
+    Nothing reduced is reported as nothing reduced, with a warning that says why."""
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    model = tiny.transformer("Flux")
+    inputs = tiny.transformer_inputs("Flux", model)
+    with torch.no_grad():
+        unpatched = model(**inputs, return_dict=False)[0]
+        with apply_patch(model, "ToDo", skip_first_blocks=0, skip_last_blocks=0) as patch:
+            model.transformer_blocks[0].attn.processor = FluxAttnProcessor()  # one block swapped
+            partly = model(**inputs, return_dict=False)[0]
+            report = patch.report()
+            assert report.levels and not torch.equal(partly, unpatched)
+            (warning,) = report.warnings
+            assert "1 of the 4 attention processors" in warning and "after apply_patch" in warning
+            model.set_attn_processor(FluxAttnProcessor())  # every block swapped
+            untouched = model(**inputs, return_dict=False)[0]
+            report = patch.report()
+    assert torch.equal(untouched, unpatched)
+    assert not report.levels and report.active_steps == ()
+    assert any("4 of the 4 attention processors" in w and "reduced nothing" in w for w in report.warnings)
+
+
+def test_remove_leaves_nothing_on_the_model():
+    model = tiny.transformer("Flux")
+    inputs = tiny.transformer_inputs("Flux", model)
+    before = set(model.__dict__)
+    with torch.no_grad(), apply_patch(model, "ToDo"):
+        model(**inputs)
+    assert set(model.__dict__) == before
+
+
+def test_a_decision_names_the_attention_backend_it_was_timed_with(monkeypatch, tmp_path):
+    """A decision timed under one attention backend is not reused under another."""
+    from tokenreduce import pays
+    from tokenreduce.diffusers import api
+
+    store = pays.Decisions(tmp_path / "auto_decisions.json", measure_cpu=True)
+    monkeypatch.setattr(api, "decisions_at", lambda path: store)
+    model = tiny.transformer("Wan")
+    inputs = tiny.transformer_inputs("Wan", model, frames=2)
+    with torch.no_grad():
+        # (diffusers' active backend is native: setting it is no other backend)
+        for backend, measured in ((None, 1), ("native", 1), ("_native_math", 2)):
+            if backend is not None:
+                model.set_attention_backend(backend)
+            with apply_patch(model, "ToDo", reduce_when="auto", skip_first_blocks=0):
+                model(**inputs)
+            assert store.measurements == measured, backend
+    kinds = [json.loads(key) for key in json.loads(store.path.read_text())["decisions"]]
+    assert len({str(kind) for kind in kinds}) == 2

@@ -92,17 +92,24 @@ class ToMePatch(CallPatch):
         made once, and the plan's own time, shared by the level's blocks, is added."""
         s = self.settings
         h, w = grid
-        partition = partition_grid(h, w, s.stride_x, s.stride_y, None, call.x.device)  # timing only: no RNG
-        context = call_context(True, left=frozenset(), shared={}, partitions={},
-                               draw_partition=lambda key, grid: partition)
+        context = self.timing_context(grid, call.x.device)
         block = self.unet.work(call, level, grid, self.context_key, lambda: context)()
         if not s.share_plans:
             return block
         tokens = sample((call.x.shape[0], h * w, self.unet.block_dim(call, level)), call.x.device, compute_dtype(call))
         blocks = sum(1 for site in self.sites if site.level == level)
         r = int(h * w * s.ratio)
+        partition = context["draw_partition"](None, grid)
         plan = lambda: plan_merge(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
         return Work({**block.runs, "plan": plan}, block.full_ms, lambda t: t["reduced"] + t["plan"] / blocks)
+
+    def timing_context(self, grid: tuple[int, int], device: torch.device) -> dict:
+        """A fresh call context in which a timed block merges at ``grid`` (every host times in
+        one): top-left targets, no draw from the run's generators, nothing noted in the run."""
+        s = self.settings
+        partition = partition_grid(grid[0], grid[1], s.stride_x, s.stride_y, None, device)
+        return call_context(True, left=frozenset(), shared={}, partitions={},
+                            draw_partition=lambda key, g: partition)
 
     def mlp_plans(self) -> dict:
         """This thread's site key -> plan of its current model call, for the MLP object patches.

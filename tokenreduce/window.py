@@ -24,6 +24,18 @@ class SigmaWindow:
         return self.sigma_start < self.sigma_end
 
 
+def flow_sigma(percent: float, shift: float = 1.0) -> float:
+    """The sigma of a flow-matching schedule at ``percent`` of sampling, its time ``1 - percent``
+    shifted by ``shift`` (``shift * t / (1 + (shift - 1) * t)``, as ComfyUI's ``percent_to_sigma``
+    of its discrete-flow model sampling and diffusers' flow schedulers shift their sigmas)."""
+    if percent <= 0.0:
+        return 1.0
+    if percent >= 1.0:
+        return 0.0
+    t = 1.0 - percent
+    return t if shift == 1.0 else shift * t / (1 + (shift - 1) * t)
+
+
 def steps_of(schedule: list[float], sigmas) -> tuple[int, ...]:
     """The 1-based steps of a sampling schedule (sigmas, highest first, ending with the final
     sigma) that the given noise levels were evaluated in. A step runs at its schedule sigma and,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -19,14 +20,14 @@ import torch
 from ..catalog import TODO_NODE, TOME_NODE
 from ..describe import header, todo_info, tome_info
 from ..layout import DIT, UNET
-from ..methods import DIT_METHODS, DIT_METHODS_WITH_ROPE, dit_blocks, todo_level_factors
+from ..methods import dit_method_problem, todo_level_factors, todo_select, tome_select
 from ..pays import auto_rule, decisions_at
 from ..preflight import todo_factors, tome_strides
 from ..run import RunReport
 from ..target import Target, resolve_target
 from .hooks import Hooks, track_calls
 from .families import supported
-from .models import denoisers, model_layout, unwrapped
+from .models import denoisers, is_pipeline, model_layout, unwrapped
 from .session import Session
 from .todo import DiTToDo, UNetToDo
 from .tome import DiffusersToMe
@@ -124,16 +125,6 @@ def _settings(node, inputs: dict):
         raise ValueError(f"{node.node_id}: {problem}") from None
 
 
-def _select(method: str, settings):
-    if method == "ToMe":
-        return lambda layout, level: layout.within(level)
-
-    def select(layout, level):  # as the ToDo node selects
-        sites = layout.at({lv for _, lv, _ in todo_level_factors(level, settings)})
-        return dit_blocks(sites, settings) if layout.kind == DIT else sites
-    return select
-
-
 def _refusal(method: str, name: str, layout) -> str:
     """Why no setting of ``method`` can patch this model here (the node's refusal, in terms of
     diffusers' classes and of the families this adapter knows)."""
@@ -152,23 +143,14 @@ def _refuse_foreign_tome(model: torch.nn.Module, label: str) -> None:
                          f"them. Remove it first (tomesd.remove_patch), or use one of the two.")
 
 
-def _check_dit_method(label: str, family, method: str) -> None:
-    allowed = DIT_METHODS_WITH_ROPE if family.rope else DIT_METHODS
-    if method not in allowed:
-        raise ValueError(
-            f"{label}: method {method!r} does not work on {family.name}: "
-            + ("its keys carry rotary positions when they reach attention, and averaging them would mix positions; "
-               "use nearest, which keeps each key's own position." if family.rope else
-               f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))
-
-
-def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule) -> ModelPatch:
+def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule, scheduler=None) -> ModelPatch:
     """Patch one model (``given``: it, or its torch.compile wrapper)."""
     model = unwrapped(given)
     name, layout = model_layout(model)
     kinds = (UNET,) if method == "ToMe" else (UNET, DIT)
     setting, choice = ("max_downsample", settings.max_downsample) if method == "ToMe" else ("level", settings.level)
-    target = resolve_target(layout, name, method, setting, choice, _select(method, settings), kinds)
+    select = tome_select if method == "ToMe" else todo_select(settings)
+    target = resolve_target(layout, name, method, setting, choice, select, kinds)
     if target.refused:
         raise ValueError(f"{label}: {_refusal(method, name, layout)}")
     if target.sites is None:
@@ -181,7 +163,7 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     hooks = Hooks()
     dit = target.layout.kind == DIT
     family = target.layout.family
-    session = Session(label, settings, family.timestep_scale if dit else 999.0, header(method, target))
+    session = Session(label, settings, family.timestep_scale if dit else 999.0, header(method, target), scheduler)
     if method == "ToMe":
         patch = DiffusersToMe(settings, target, label, session, rule)
         session.preflight = tome_strides(label, target.levels, settings.stride_x, settings.stride_y)
@@ -191,10 +173,14 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
                          session, rule)
         session.preflight = todo_factors(label, [nf for nf in named if nf[1] in target.levels])
     else:
-        _check_dit_method(label, family, settings.method)
+        problem = dit_method_problem(label, family, settings.method)
+        if problem:
+            raise ValueError(problem)
         patch = DiTToDo(family, settings.factor, settings.temporal_factor, settings.method, target.sites, label,
                         session, rule)
     patch.install(hooks, model)
+    patch.wrapped = given is not model  # a torch.compile wrapper: the model runs compiled
+    session.patch = patch
     # On a compiled model's wrapper the call hooks run outside the compiled region: it compiles whole.
     track_calls(hooks, model, session, patch.prepare, hooked=given)
     LOG.info("%s", info)
@@ -225,10 +211,14 @@ def apply_patch(pipe_or_model, method: str = "ToMe", /, **inputs) -> TokenReduce
     models = denoisers(pipe_or_model)
     rule = auto_rule(settings.reduce_when, decisions_at(decisions_path()))
     remove_patch(pipe_or_model)
+    scheduler = None
+    if is_pipeline(pipe_or_model):  # its scheduler as it is at each call (a script may replace it)
+        pipeline = weakref.ref(pipe_or_model)
+        scheduler = lambda: getattr(pipeline(), "scheduler", None)  # noqa: E731
     applied = []
     try:
         for model in models:
-            applied.append(_patch_model(model, node.method.name, node.node_id, settings, rule))
+            applied.append(_patch_model(model, node.method.name, node.node_id, settings, rule, scheduler))
     except Exception:
         for done in applied:
             done.remove()

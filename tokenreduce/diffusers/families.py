@@ -29,14 +29,16 @@ from ..dit import TokenLayout
 Arguments = Callable[[str], object]  # a model call's argument by name (None when not given)
 
 
-class Family(NamedTuple):
+class DiffusersFamily(NamedTuple):
+    """A family of diffusers transformer classes (the core's ``dit.Family`` describes ComfyUI's)."""
+
     name: str  # as the user knows it (the report says it)
     classes: tuple[str, ...]  # diffusers' transformer class names
     rope: bool  # keys carry rotated positions when they reach attention: select, never average
     video: bool
     blocks: tuple[str, ...]  # the model's block lists, in call order
     attentions: tuple[str, ...]  # a block's attention modules over the grid
-    layout: Callable  # (model, arguments) -> TokenLayout | None
+    layout: Callable  # (model, arguments, state: the patch's dict for what it keeps) -> TokenLayout | None
     timestep_scale: float  # the timestep the pipeline passes at the highest noise
 
 
@@ -77,8 +79,8 @@ class _FluxGrid:
         return grid
 
 
-def _flux_layout(model, arguments: Arguments) -> TokenLayout | None:
-    grid_of = model.__dict__.setdefault("_tokenreduce_flux_grid", _FluxGrid())
+def _flux_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
+    grid_of = state.setdefault("flux grid", _FluxGrid())
     grid = grid_of(arguments("img_ids"))
     if grid is None:
         return None
@@ -86,14 +88,14 @@ def _flux_layout(model, arguments: Arguments) -> TokenLayout | None:
     return TokenLayout(grid, (text + arguments("hidden_states").shape[1], text), None)
 
 
-def _sd3_layout(model, arguments: Arguments) -> TokenLayout:
+def _sd3_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
     p = model.config.patch_size
     grid = _image_grid(arguments("hidden_states"), (1, p, p))
     image = _prod(grid)
     return TokenLayout(grid, (image + _text(arguments), 0), (image, 0))
 
 
-def _qwen_layout(model, arguments: Arguments) -> TokenLayout | None:
+def _qwen_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
     shapes = arguments("img_shapes")
     if not shapes:
         return None
@@ -104,18 +106,18 @@ def _qwen_layout(model, arguments: Arguments) -> TokenLayout | None:
     return TokenLayout(grid, (text + arguments("hidden_states").shape[1], text), None)
 
 
-def _hunyuan_layout(model, arguments: Arguments) -> TokenLayout:
+def _hunyuan_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
     p, pt = model.config.patch_size, model.config.patch_size_t
     grid = _image_grid(arguments("hidden_states"), (pt, p, p))
     return TokenLayout(grid, (_prod(grid) + _text(arguments), 0), None)
 
 
-def _wan_layout(model, arguments: Arguments) -> TokenLayout:
+def _wan_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
     grid = _image_grid(arguments("hidden_states"), tuple(model.config.patch_size))
     return TokenLayout(grid, None, (_prod(grid), 0))
 
 
-def _ltx_layout(model, arguments: Arguments) -> TokenLayout | None:
+def _ltx_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
     dims = tuple(arguments(name) for name in ("num_frames", "height", "width"))
     if None in dims:
         return None
@@ -126,21 +128,21 @@ def _ltx_layout(model, arguments: Arguments) -> TokenLayout | None:
 
 
 FAMILIES = (
-    Family("Flux", ("FluxTransformer2DModel",), True, False, ("transformer_blocks", "single_transformer_blocks"),
-           ("attn",), _flux_layout, 1.0),
-    Family("SD3", ("SD3Transformer2DModel",), False, False, ("transformer_blocks",), ("attn", "attn2"),
-           _sd3_layout, 1000.0),
-    Family("Qwen-Image", ("QwenImageTransformer2DModel",), True, False, ("transformer_blocks",), ("attn",),
-           _qwen_layout, 1.0),
-    Family("HunyuanVideo", ("HunyuanVideoTransformer3DModel",), True, True,
-           ("transformer_blocks", "single_transformer_blocks"), ("attn",), _hunyuan_layout, 1000.0),
-    Family("Wan", ("WanTransformer3DModel",), True, True, ("blocks",), ("attn1",), _wan_layout, 1000.0),
-    Family("LTX-Video", ("LTXVideoTransformer3DModel",), True, True, ("transformer_blocks",), ("attn1",),
-           _ltx_layout, 1000.0),
+    DiffusersFamily("Flux", ("FluxTransformer2DModel",), True, False,
+                    ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
+    DiffusersFamily("SD3", ("SD3Transformer2DModel",), False, False, ("transformer_blocks",), ("attn", "attn2"),
+                    _sd3_layout, 1000.0),
+    DiffusersFamily("Qwen-Image", ("QwenImageTransformer2DModel",), True, False, ("transformer_blocks",), ("attn",),
+                    _qwen_layout, 1.0),
+    DiffusersFamily("HunyuanVideo", ("HunyuanVideoTransformer3DModel",), True, True,
+                    ("transformer_blocks", "single_transformer_blocks"), ("attn",), _hunyuan_layout, 1000.0),
+    DiffusersFamily("Wan", ("WanTransformer3DModel",), True, True, ("blocks",), ("attn1",), _wan_layout, 1000.0),
+    DiffusersFamily("LTX-Video", ("LTXVideoTransformer3DModel",), True, True, ("transformer_blocks",), ("attn1",),
+                    _ltx_layout, 1000.0),
 )
 
 
-def family_of(model) -> Family | None:
+def family_of(model) -> DiffusersFamily | None:
     name = type(model).__name__
     return next((family for family in FAMILIES if name in family.classes), None)
 

@@ -9,11 +9,13 @@ model given and removed with it: the model's classes and its code are never chan
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import Callable
 
 import torch
 
 from ..pays import Work, pair
+from ..run import call_context
 from .session import Session
 
 
@@ -69,20 +71,40 @@ def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare:
 
 class Switch:
     """Whether a patch acts, forced for the auto rule's timing (the module's call run once as
-    it would run unreduced, once reduced) and otherwise as decided."""
+    it would run unreduced, once reduced) and otherwise as decided. A timed call runs in a call
+    context of its own (``run.call_context``, as the ComfyUI path times), so nothing it notes
+    reaches the run's report."""
 
-    def __init__(self):
+    def __init__(self, session: Session):
+        self.session = session
         self.forced: bool | None = None
 
-    def work(self, call: Callable[[], object]) -> Work:
-        """The two sides of one module call for the auto rule."""
+    def work(self, call: Callable[[], object], context: Callable[[], dict] = lambda: call_context(True)) -> Work:
+        """The two sides of one module call for the auto rule (``context()``: the timing context)."""
         def side(reduce: bool) -> Callable[[], None]:
             def run():
                 self.forced = reduce
+                saved, self.session.context = self.session.context, context()
                 try:
                     with torch.no_grad():
                         call()
                 finally:
                     self.forced = None
+                    self.session.context = saved
             return run
         return pair(side(False), side(True))
+
+
+def attention_backend(processor) -> str:
+    """The attention a diffusers processor runs, as a kind of call names it: its class and the
+    dispatcher's backend (the one ``set_attention_backend`` gave it, else diffusers' active one)."""
+    base = getattr(type(processor), "_tokenreduce_base", type(processor))
+    backend = getattr(processor, "_attention_backend", None)
+    if backend is None:
+        dispatch = sys.modules.get("diffusers.models.attention_dispatch")
+        registry = getattr(dispatch, "_AttentionBackendRegistry", None)
+        try:
+            backend = registry.get_active_backend()[0] if registry is not None else None
+        except Exception:  # noqa: BLE001 - another diffusers version: the class alone names it
+            backend = None
+    return f"{base.__name__}:{getattr(backend, 'value', backend) or ''}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..layout import DIT, UNET, Layout, Site
-from .families import Family, family_of
+from .families import DiffusersFamily, family_of
 
 DENOISERS = ("unet", "transformer", "transformer_2")  # pipeline attributes, in the order they run
 UNET_BLOCK = "BasicTransformerBlock"
@@ -48,7 +48,7 @@ def _unet_level(path: str, levels: int) -> int:
     return 2 ** (levels - 1)  # mid_block
 
 
-def unet_layout(unet: torch.nn.Module) -> Layout | None:
+def unet2d_layout(unet: torch.nn.Module) -> Layout | None:
     """A UNet2DConditionModel's transformer blocks as sites, or None for another model."""
     if not hasattr(unet, "down_blocks") or not hasattr(unet, "up_blocks"):
         return None
@@ -58,7 +58,8 @@ def unet_layout(unet: torch.nn.Module) -> Layout | None:
     return Layout(UNET, sites)
 
 
-def dit_layout(model: torch.nn.Module, family: Family) -> Layout:
+def transformer_layout(model: torch.nn.Module, family: DiffusersFamily) -> Layout:
+    """A diffusers transformer's blocks (a site each, in call order)."""
     paths = [f"{name}.{i}" for name in family.blocks for i in range(len(getattr(model, name, ())))]
     return Layout(DIT, tuple(Site(("block", i), 1, path) for i, path in enumerate(paths)), family=family)
 
@@ -67,8 +68,8 @@ def model_layout(model: torch.nn.Module) -> tuple[str, Layout | None]:
     """The model's name for the report (its class) and its layout, None if nothing we know."""
     family = family_of(model)
     if family is not None:
-        return family.name, dit_layout(model, family)
-    layout = unet_layout(model)
+        return family.name, transformer_layout(model, family)
+    layout = unet2d_layout(model)
     if layout is None:
         return type(model).__name__, None
     sdxl = getattr(getattr(model, "config", None), "addition_embed_type", None) == "text_time"

@@ -3,15 +3,23 @@ whether the patch is active at its timestep, and the run's report.
 
 diffusers has no sampling-run boundary a patch can see (ComfyUI's sampler wrapper, the WebUI's
 process hooks): a pipeline calls its UNet or transformer once or twice per step, timesteps
-falling. So a run starts with the first model call after the patch was applied, or after a
-model call whose timestep is not below the previous one's (a new pipeline call starts high
-again); CFG's two calls of one step have the same timestep and belong to the same step.
+falling. A patched pipeline's run starts with the first model call after the patch was applied,
+or after its scheduler was set up again (``set_timesteps``, at the start of every pipeline call:
+a new ``scheduler.timesteps``), whatever the timesteps, so two one-step calls are two runs. A
+model patched on its own (no pipeline to read) starts a run after a call whose timestep is above
+the previous one's (a new pipeline call starts high again); CFG's two calls of one step have the
+same timestep and belong to the same step.
 
 Timesteps stand in for ComfyUI's sigmas: the window ``start_percent``..``end_percent`` of
-sampling is the timesteps ``(1 - start) * scale``..``(1 - end) * scale``, where ``scale`` is
+sampling is the timesteps ``sigma(start) * scale``..``sigma(end) * scale``, where ``scale`` is
 what the model's timestep is at the highest noise (999 for the SD UNets' discrete schedules,
-1000 or 1 for the flow-matching transformers, as their pipelines pass it), the same mapping as
-ComfyUI's ``percent_to_sigma`` for those schedules.
+1000 or 1 for the flow-matching transformers, as their pipelines pass it) and ``sigma(p)`` is
+ComfyUI's ``percent_to_sigma``: ``1 - p`` for discrete schedules and unshifted flows, shifted
+by the scheduler's ``shift`` (``flow_shift``) for flow schedules (``window.flow_sigma``).
+
+Where every step is inside the window (``start_percent`` 0, ``end_percent`` 1) a patched
+pipeline's calls read no timestep from the device: the run's timesteps are kept as tensors and
+read once, for the report, when the run ends.
 """
 
 from __future__ import annotations
@@ -23,47 +31,84 @@ import torch
 
 from ..describe import run_lines
 from ..run import RunReport, RunState
-from ..window import SigmaWindow
+from ..window import SigmaWindow, flow_sigma
 
 LOG = logging.getLogger("tokenreduce")
+
+
+def flow_shift(scheduler) -> float | None:
+    """The constant shift of a flow-matching scheduler's sigmas (``shift``, or ``flow_shift`` of
+    the multistep schedulers with ``use_flow_sigmas``), 1.0 for none, None for a scheduler that is
+    not a flow schedule or shifts by the image size (``use_dynamic_shifting``: no constant to
+    read before the pipeline's call)."""
+    config = getattr(scheduler, "config", None)
+    if config is None:
+        return None
+    get = config.get if hasattr(config, "get") else lambda name, default=None: getattr(config, name, default)
+    if get("use_dynamic_shifting", False):
+        return None
+    if get("use_flow_sigmas", False):
+        return float(get("flow_shift", 1.0) or 1.0)
+    if "shift" in config and "num_train_timesteps" in config and get("prediction_type", None) is None:
+        return float(getattr(scheduler, "shift", None) or get("shift", 1.0))  # FlowMatch*: its set_shift counts
+    return None
 
 
 class Session:
     """One applied patch's runs: opens a call context per model call, folds it back after."""
 
-    def __init__(self, label: str, settings, timestep_scale: float, header: str):
+    def __init__(self, label: str, settings, timestep_scale: float, header: str, scheduler=None):
         self.label = label
         self.settings = settings
         self.header = header
+        self.timestep_scale = timestep_scale
+        self.scheduler = scheduler or (lambda: None)  # () -> the pipeline's scheduler now, or None (a bare model)
         start, end = settings.start_percent, settings.end_percent
-        self.window = SigmaWindow((1 - start) * timestep_scale, (1 - end) * timestep_scale)
+        self.window = self._window(None)
         self.always_active = start <= 0 and end >= 1
         self.run: RunState | None = None
         self.context: dict | None = None  # the current model call's (patches read it)
         self.latent_hw: tuple[int, int] | None = None  # of the current model call
-        self._timesteps: list[float] = []  # distinct timesteps of the run, in order
+        self.patch = None  # the patch (its end_run is called when a run ends)
+        self._marker = None  # the scheduler's timesteps tensor of the current run
+        self._last: float | None = None  # the last timestep read (a bare model's runs)
+        self._timesteps: list = []  # the timestep tensor of each call of the run, read when it ends
         self._started = 0.0
         self._ended = 0.0
         self.last_report: RunReport | None = None
         self.preflight = None  # latent shape -> warnings, raises for settings that cannot fit (the node's checks)
         self._checked = False  # the run's first call was checked
 
+    def _window(self, scheduler) -> SigmaWindow:
+        """The window in timesteps, as ComfyUI's percent_to_sigma for this scheduler's schedule."""
+        shift = flow_shift(scheduler) if scheduler is not None else None
+        start, end = self.settings.start_percent, self.settings.end_percent
+        if shift is None:
+            return SigmaWindow((1 - start) * self.timestep_scale, (1 - end) * self.timestep_scale)
+        return SigmaWindow(flow_sigma(start, shift) * self.timestep_scale, flow_sigma(end, shift) * self.timestep_scale)
+
     def open_call(self, timestep) -> dict:
         """The context of a model call at ``timestep`` (a tensor or a number)."""
         t = torch.as_tensor(timestep)
         now = time.perf_counter()
-        value = None if self.run is None else self.run.sigma(t)
-        if self.run is None or (self._timesteps and value > self._timesteps[-1]):  # rising again: a new run
+        scheduler = self.scheduler()
+        marker = getattr(scheduler, "timesteps", None) if scheduler is not None else None
+        if marker is not None:  # a pipeline: a new run where its scheduler was set up again (no device read)
+            new = self.run is None or marker is not self._marker
+        else:  # a bare model: a new run where the timestep rises
+            value = self.run.sigma(t) if self.run is not None else None
+            new = self.run is None or (self._last is not None and value > self._last)
+        if new:
             self._finish()
+            self.window = self._window(scheduler)
             self.run = RunState(self.window, always_active=self.always_active)
-            self._timesteps, self._started, self._checked = [], now, False
-            value = self.run.sigma(t)
-        if not self._timesteps or value != self._timesteps[-1]:
-            self._timesteps.append(value)
+            self._timesteps, self._started, self._checked, self._marker = [], now, False, marker
+        if marker is None:
+            self._last = self.run.sigma(t)
+        self._timesteps.append(t)
         self.context = self.run.open_call(t)
         self.context["timestep"] = t
         return self.context
-
     def check_latent(self, shape: tuple) -> None:
         """The node's preflight checks, once per run, on the latent of its first call."""
         if self.preflight is None or self._checked:
@@ -74,6 +119,9 @@ class Session:
 
     def close_call(self) -> None:
         if self.context is not None and self.run is not None:
+            close = getattr(self.patch, "close_call", None)
+            if close is not None:
+                close(self.context)
             self.run.close_call(self.context, self.context["timestep"])
             self._ended = time.perf_counter()
         self.context = None
@@ -83,12 +131,14 @@ class Session:
         if self.run is None:
             return
         s = self.settings
-        schedule = [*self._timesteps, min(0.0, self._timesteps[-1] - 1)] if self._timesteps else None
+        if self.patch is not None:
+            self.patch.end_run(self.run)
+        schedule = _schedule(self._timesteps)
         self.last_report = self.run.report(self.label, s.start_percent, s.end_percent,
                                            max(0.0, self._ended - self._started), True, schedule)
         for warning in self.last_report.warnings:
             LOG.warning("%s", warning)
-        self.run = None
+        self.run, self._timesteps, self._last = None, [], None
 
     def report(self) -> RunReport | None:
         """The report of the last run (ends the current one: the next model call starts a new run)."""
@@ -99,3 +149,17 @@ class Session:
         """The node's lines for the last run, as ComfyUI draws them on the node."""
         report = self.report()
         return [self.header] if report is None else run_lines(self.header, report)
+
+
+def _schedule(timesteps: list) -> list[float] | None:
+    """The distinct timesteps of a run's calls, in order, and one below the last (the report's
+    schedule): read from the device once, when the run ends."""
+    if not timesteps:
+        return None
+    maxima = [t.detach().reshape(-1).max().float() for t in timesteps]
+    if len({m.device for m in maxima}) == 1:
+        values = torch.stack(maxima).cpu().tolist()
+    else:  # offloading moved the model (and its timesteps) between calls
+        values = [float(m) for m in maxima]
+    distinct = [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+    return [*distinct, min(0.0, distinct[-1] - 1)]

@@ -22,19 +22,18 @@ change, so a compiled block sees the same objects every step.
 from __future__ import annotations
 
 import copy
-import math
 import types
 
 import torch
 import torch.nn.functional as F
 
 from ..describe import grid_text, level_text
-from ..dit import TokenLayout
-from ..downsample import downsample_tokens, downsampled_grid, pool_grid_tokens
+from ..downsample import downsample_tokens
 from ..grid import grid_at
-from ..run import CallPatch, note_reduced, note_skipped
-from ..todo_dit import KeepPlan, _keep_plan
-from .hooks import Hooks, Switch
+from ..rebind import rebuilt
+from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
+from ..todo_dit import keep_plans, kept_keys
+from .hooks import Hooks, Switch, attention_backend
 from .session import Session
 
 DISPATCH = "dispatch_attention_fn"
@@ -49,7 +48,7 @@ class UNetToDo(CallPatch):
         self.method = method
         self.sites = sites
         self.session = session
-        self.switch = Switch()
+        self.switch = Switch(session)
 
     def prepare(self, context: dict, arguments) -> None:
         sample = arguments("sample")
@@ -81,7 +80,8 @@ class UNetToDo(CallPatch):
             return self.switch.forced
         if self.rule is None:
             return True
-        kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method)
+        kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method,
+                attention_backend(module.processor))
         return self.pays(self.session.run, x.device, kind,
                          lambda: (level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs))))
 
@@ -102,44 +102,84 @@ class DiTToDo(CallPatch):
         self.method = method
         self.sites = sites
         self.session = session
-        self.switch = Switch()
+        self.switch = Switch(session)
         self.active = False  # read in the blocks: set per model call
         self.plans: dict = {}  # key length -> KeepPlan of the current layout (the same dict while it holds)
         self._layout: tuple | None = None  # (TokenLayout, device) the plans are for
         self._classes: dict = {}  # processor class -> our subclass
+        self._dispatchers: dict = {}  # processor class -> the dispatch_attention_fn it calls
         self._swapped: list = []  # (attention module, its original processor, ours)
+        self._blocks: list = []  # the selected blocks (compiled by compile_repeated_blocks, or not)
         self.model = None  # the transformer (set when installed): its layout is read from its config
+        self.wrapped = False  # patched under a torch.compile wrapper: the blocks run compiled
+        self.state: dict = {}  # what the family's layout keeps between calls (Flux: the grid of its img_ids)
 
     # --- before each model call (outside the blocks) ---------------------------------------
     def prepare(self, context: dict, arguments) -> None:
         self.active = False
         if not context["active"]:
             return
-        layout = self.family.layout(self.model, arguments)
+        layout = self.family.layout(self.model, arguments, self.state)
         if layout is None:
             self.session.run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token "
                                        f"layout ToDo does not know; those calls were left alone.")
             return
+        if not self._reachable():
+            return
         hidden = arguments("hidden_states")
         if (layout, hidden.device) != self._layout:  # a new size, or the model moved (offloading)
-            self._layout, self.plans = (layout, hidden.device), self._keep_plans(layout, hidden.device)
+            plans = keep_plans(layout, self.factor, self.temporal_factor, hidden.device)
+            self._layout, self.plans = (layout, hidden.device), {length: plan for (_, length), plan in plans.items()}
         self.active = bool(self.plans) and self._pays(hidden)
-        if self.active:
-            grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
+        if not self.active:
+            return
+        if self._compiled():  # compiled blocks run no Python to note what they did: the plan says it
             plan = next(iter(self.plans.values()))
-            note_reduced(context, grid, 1, lambda: {"q": (plan.tokens, plan.tokens), "k/v": (plan.tokens, plan.kept)})
+            note_reduced(context, plan.grid if plan.grid[0] > 1 else plan.grid[1:], 1,
+                         lambda: {"q": (plan.tokens, plan.tokens), "k/v": (plan.tokens, plan.kept)})
+        else:  # the calls note what they reduce; a call that reaches none is counted (close_call)
+            context["expects"] = True
 
-    def _keep_plans(self, layout: TokenLayout, device) -> dict:
-        t, h, w = layout.grid
-        th, tw = downsampled_grid(h, w, self.factor)
-        target = (max(1, math.ceil(t / self.temporal_factor - 1e-9)), th, tw)
-        factors = (self.temporal_factor, self.factor, self.factor)
-        return {spec[0]: _keep_plan(spec[0], spec[1], layout.grid, target, factors, device)
-                for spec in (layout.joint, layout.image) if spec is not None}
+    def _reachable(self) -> bool:
+        """Whether any selected block still calls our processor. A processor set after
+        apply_patch (IP-Adapter's and PAG's loaders, set_attn_processor) replaces ours: said, and
+        where every one was replaced the call is left alone, reported as such."""
+        replaced = sum(1 for attention, _, ours in self._swapped if attention.processor is not ours)
+        if not replaced:
+            return True
+        nothing = replaced == len(self._swapped)
+        self.session.run.warn_once(
+            f"{self.label}: {replaced} of the {len(self._swapped)} attention processors it reduces were replaced "
+            f"after apply_patch (IP-Adapter and PAG loaders, set_attn_processor do this), so "
+            + ("it reduced nothing. " if nothing else "those blocks were not reduced. ")
+            + "Apply TokenReduce after loading them.")
+        return not nothing
+
+    def _compiled(self) -> bool:
+        return self.wrapped or torch.compiler.is_compiling() or \
+            getattr(self.model, "_compiled_call_impl", None) is not None or \
+            any(getattr(block, "_compiled_call_impl", None) is not None for block in self._blocks[:1])
+
+    def close_call(self, context: dict) -> None:
+        """After a model call: one that was to reduce and reached no selected block is counted
+        (not where diffusers' caches are on: they serve attention from the cache, so the step is
+        not reduced, and not in the report's steps, without anything having gone wrong)."""
+        if context.get("expects") and not any(grid != SKIPPED for grid in context["notes"]) and \
+                not getattr(self.model, "is_cache_enabled", False):
+            cache = self.session.run.cache
+            cache["unreached"] = cache.get("unreached", 0) + 1
+
+    def end_run(self, run) -> None:
+        unreached = run.cache.get("unreached", 0)
+        if unreached:
+            run.warn_once(f"{self.label} reduced nothing in {unreached} model calls: the model ran without calling "
+                          f"the attention processors of the blocks it selected (a forward or a hook that skips "
+                          f"them). Apply TokenReduce after other patches of the model.")
 
     def _pays(self, hidden: torch.Tensor) -> bool:
         """reduce_when auto, per layout: one grid attention call of the model's width and key
-        count timed with full and reduced keys (torch's SDPA)."""
+        count timed with full and reduced keys, as the processor makes it (diffusers' dispatcher
+        with its backend, or torch's SDPA), under a kind that names that attention."""
         if self.rule is None or self.switch.forced is not None:
             return True
         length, plan = max(self.plans.items())
@@ -147,15 +187,21 @@ class DiTToDo(CallPatch):
         heads = attention.heads
         dim = attention.inner_dim // heads if hasattr(attention, "inner_dim") else hidden.shape[-1] // heads
         kind = ("diffusers ToDo DiT", self.family.name, length, plan.kept, heads, dim, str(hidden.dtype),
-                self.method)
+                self.method, attention_backend(attention.processor), *(("compiled",) if self._compiled() else ()))
 
         def describe():
-            shape = (hidden.shape[0], heads, length, dim)
+            processor = attention.processor
+            original = self._dispatchers.get(getattr(type(processor), "_tokenreduce_base", None))
+            # Through diffusers' dispatcher with the processor's backend where it calls it ([B, N, heads, D]).
+            shape = (hidden.shape[0], heads, length, dim) if original is None else (hidden.shape[0], length, heads, dim)
             generator = torch.Generator(device=hidden.device if hidden.device.type == "cuda" else "cpu")
             q, k, v = (torch.randn(shape, generator=generator.manual_seed(i), device=generator.device)
                        .to(hidden.device, hidden.dtype) for i in range(3))
-            self.active = True
-            call = (lambda: self._sdpa(q, k, v))
+            if original is None:
+                call = (lambda: self._sdpa(q, k, v))
+            else:
+                dispatch, backend = self._dispatch(original), getattr(processor, "_attention_backend", None)
+                call = (lambda: dispatch(q, k, v, backend=backend))
             grid = plan.grid if plan.grid[0] > 1 else plan.grid[1:]
             return f"{grid_text(grid)} grid, attention ({length} keys)", lambda: self.switch.work(call)
         return self.pays(self.session.run, hidden.device, kind, describe)
@@ -168,21 +214,18 @@ class DiTToDo(CallPatch):
             return k, v, mask
         length = k.shape[dim]
         plan = self.plans.get(length)
+        eager = not torch.compiler.is_compiling()
         if plan is None or q.shape[dim] != length or v.shape[dim] != length or \
                 (mask is not None and mask.shape[-1] not in (1, length)):
-            if not torch.compiler.is_compiling() and self.session.context is not None:
+            if eager and self.session.context is not None:
                 note_skipped(self.session.context)  # not the predicted layout: left alone
             return k, v, mask
         if mask is not None and mask.shape[-1] == length:
             mask = mask.index_select(-1, plan.index)
-        return self._keys(k, dim, plan), self._keys(v, dim, plan), mask
-
-    def _keys(self, x: torch.Tensor, dim: int, plan: KeepPlan) -> torch.Tensor:
-        if self.method == "nearest":
-            return x.index_select(dim, plan.index)
-        pooled = pool_grid_tokens(x.narrow(dim, plan.start, plan.tokens), dim, plan.grid, plan.target)
-        end = plan.start + plan.tokens
-        return torch.cat([x.narrow(dim, 0, plan.start), pooled, x.narrow(dim, end, x.shape[dim] - end)], dim=dim)
+        if eager and self.session.context is not None:  # what this call reduced (compiled: noted before the call)
+            note_reduced(self.session.context, plan.grid if plan.grid[0] > 1 else plan.grid[1:], 1,
+                         lambda: {"q": (plan.tokens, plan.tokens), "k/v": (plan.tokens, plan.kept)})
+        return kept_keys(k, dim, plan, self.method), kept_keys(v, dim, plan, self.method), mask
 
     def _dispatch(self, original):
         def dispatch_attention_fn(query, key, value, attn_mask=None, *args, **kwargs):  # [B, N, heads, D]
@@ -207,24 +250,24 @@ class DiTToDo(CallPatch):
                              f"calls neither diffusers' {DISPATCH} nor F.scaled_dot_product_attention; ToDo cannot "
                              f"reach its keys. Use the model's default processor (model.set_default_attn_processor() "
                              f"or the processor diffusers gives it).")
-        namespace = dict(call.__globals__)
-        if DISPATCH in namespace:
-            namespace[DISPATCH] = self._dispatch(namespace[DISPATCH])
-        if namespace.get("F") is F:
+        bound = {}
+        if DISPATCH in names and DISPATCH in call.__globals__:
+            self._dispatchers[cls] = call.__globals__[DISPATCH]
+            bound[DISPATCH] = self._dispatch(call.__globals__[DISPATCH])
+        if call.__globals__.get("F") is F:
             functional = types.ModuleType("torch.nn.functional")
             functional.__dict__.update(F.__dict__)
             functional.scaled_dot_product_attention = self._sdpa
-            namespace["F"] = functional
-        function = types.FunctionType(call.__code__, namespace, call.__name__, call.__defaults__, call.__closure__)
-        function.__kwdefaults__ = call.__kwdefaults__
-        function.__qualname__ = call.__qualname__
-        ours = self._classes[cls] = type(cls.__name__, (cls,), {"__call__": function, "_tokenreduce_base": cls})
+            bound["F"] = functional
+        ours = self._classes[cls] = type(cls.__name__, (cls,), {"__call__": rebuilt(call, **bound),
+                                                                "_tokenreduce_base": cls})
         return ours
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         self.model = model
         for site in self.sites:
             block = model.get_submodule(site.path)
+            self._blocks.append(block)
             for name in self.family.attentions:
                 attention = getattr(block, name, None)
                 if attention is None or not hasattr(attention, "processor"):
@@ -246,3 +289,5 @@ class DiTToDo(CallPatch):
             if attention.processor is ours:  # a processor set after ours (IP-Adapter, ...) stays
                 attention.processor = original
         self._swapped.clear()
+        self._blocks.clear()
+        self.state.clear()

@@ -20,12 +20,11 @@ import math
 
 import torch
 
-from ..bipartite import partition_grid
 from ..describe import level_text
 from ..grid import grid_at
 from ..run import note_reduced, note_skipped
 from ..tome_patch import ToMePatch
-from .hooks import Hooks, Switch
+from .hooks import Hooks, Switch, attention_backend
 from .session import Session
 
 
@@ -35,7 +34,7 @@ class DiffusersToMe(ToMePatch):
     def __init__(self, settings, target, label: str, session: Session, rule=None):
         super().__init__(settings, target, "tokenreduce.diffusers", label, unet=None, rule=rule)
         self.session = session
-        self.switch = Switch()
+        self.switch = Switch(session)
         self.current = None  # the plan of the block call running now (blocks run one at a time)
 
     def prepare(self, context: dict, arguments) -> None:
@@ -46,10 +45,13 @@ class DiffusersToMe(ToMePatch):
         self.session.latent_hw = tuple(sample.shape[-2:])
         self.session.check_latent(sample.shape)
         run = self.session.run
-        sigma = run.sigma(context["timestep"]) if self.settings.use_rand else None
-        device = sample.device
-        context.update(partitions={}, shared={}, left=frozenset(),
-                       draw_partition=lambda key, grid: self._partition(run, key, grid, device, sigma))
+        timestep, device, noise = context["timestep"], sample.device, []
+
+        def draw(key, grid):  # the timestep seeds the draws: read (a device sync) at the first only
+            if not noise:
+                noise.append(run.sigma(timestep) if self.settings.use_rand else None)
+            return self._partition(run, key, grid, device, noise[0])
+        context.update(partitions={}, shared={}, left=frozenset(), draw_partition=draw)
 
     # --- in the block ---------------------------------------------------------------------
     def _grid(self, tokens: int) -> tuple[tuple[int, int], int]:
@@ -92,20 +94,12 @@ class DiffusersToMe(ToMePatch):
         s = self.settings
         x = args[0] if args else kwargs["hidden_states"]
         kind = ("diffusers ToMe", level, grid, tuple(x.shape), str(x.dtype), s.ratio, s.stride_x, s.stride_y,
-                s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp, s.matching, s.share_plans)
+                s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp, s.matching, s.share_plans,
+                attention_backend(module.attn1.processor))
 
-        def describe():
-            # Timing only: top-left targets, no draw from the run's generators.
-            partition = partition_grid(grid[0], grid[1], s.stride_x, s.stride_y, None, x.device)
-            timing = dict(context, partitions={}, shared={}, draw_partition=lambda key, g: partition)
-
-            def call():
-                self.session.context, saved = timing, self.session.context
-                try:
-                    module(*args, **kwargs)
-                finally:
-                    self.session.context = saved
-            return level_text(level, grid), lambda: self.switch.work(call)
+        def describe():  # timed in a context of its own (the core's), as the ComfyUI path times
+            return level_text(level, grid), lambda: self.switch.work(
+                lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device))
         return self.pays(self.session.run, x.device, kind, describe)
 
     def end_block(self, module, args, kwargs, output):
