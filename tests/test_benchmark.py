@@ -314,3 +314,78 @@ def test_a_stack_is_wired_as_the_readme_says(comfy):
     if not getattr(attention, "SAGE_ATTENTION_IS_AVAILABLE", False):
         with pytest.raises(SystemExit, match="sageattention"):
             environment.attention_backends(["sdpa", "sage"])
+
+
+def _gpu_table(out, *args, **popen):
+    command = [sys.executable, str(REPO / "devtools" / "benchmark.py"), "--gpu-table", str(out), "--tiny",
+               "--compile-backend", "eager", *args]
+    if popen:
+        return subprocess.Popen(command, **popen)
+    subprocess.run(command, check=True, timeout=300, stdout=subprocess.DEVNULL)
+    return [json.loads(line) for line in (out / "gpu_table.jsonl").read_text().splitlines()]
+
+
+def test_the_gpu_table_writes_each_row_as_it_finishes_and_a_cut_run_keeps_them(tmp_path):
+    """--gpu-table on tiny models: each row's lines are in gpu_table.jsonl and .md as soon as the row
+    ends (flushed and fsynced), so killing the run keeps them; build, first-run and round counts apart
+    from the timed medians; speed-up with its per-round range."""
+    import time
+
+    out = tmp_path / "cut"
+    process = _gpu_table(out, "--rows", "sd15-768", "sd15-1024", "sd15-2048", stdout=subprocess.DEVNULL)
+    lines: list = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and process.poll() is None:
+            text = (out / "gpu_table.jsonl").read_text() if (out / "gpu_table.jsonl").exists() else ""
+            lines = [json.loads(line) for line in text.split("\n")[:-1]]  # whole lines only
+            if len(lines) >= 2:  # the first row's two variants
+                break
+            time.sleep(0.2)
+    finally:
+        process.kill()  # cut: no chance to write anything more
+        process.wait()
+    assert [line["variant"] for line in lines] == ["ToDo 2", "ToMe 0.5"]  # the first row, whole
+    for index, line in enumerate(lines):
+        assert line["row"] == "sd15-768" and line["status"] == "measured" and line["versus"] == "unpatched"
+        assert line["seconds"] > 0 and line["reference_seconds"] > 0 and line["rounds"] == 1
+        assert line["speedup_low"] <= line["speedup"] <= line["speedup_high"] and line["rel_error"] > 0
+        assert line["first_seconds"] > 0 and line["reference_first_seconds"] > 0
+        assert (line["build_seconds"] > 0) if index == 0 else line["build_seconds"] is None
+    table = (out / "gpu_table.md").read_text()
+    assert "| sd15-768 | SD1.5 (tiny), 64x64 px | ToDo 2 |" in table and "| sd15-768 |" in table.splitlines()[-1]
+
+
+def test_the_gpu_table_says_what_it_did_not_measure(tmp_path):
+    """A row over its budget is written "over budget, not measured"; rows past the deadline "deadline:
+    not run"; a later issue's row "not yet supported"."""
+    over = _gpu_table(tmp_path / "over", "--budget-scale", "0", "--rows", "sd15-768", "ltx2")
+    assert [line["row"] for line in over] == ["sd15-768", "ltx2"]
+    assert over[0]["status"].startswith("over budget") and "not measured" in over[0]["status"]
+    assert over[1]["status"].startswith("not yet supported: issue #39")
+    late = _gpu_table(tmp_path / "late", "--deadline", "0", "--rows", "sd15-768", "qwen-image-1328")
+    assert late[0]["status"] == "deadline: not run" and late[1]["status"].startswith("not yet supported")
+
+
+def test_the_gpu_table_compiled_row_reports_compiling_apart(tmp_path):
+    """The compiled row: compiled unpatched against eager unpatched (does compiling pay), ToDo eager and
+    compiled; compile seconds (first run less a timed one) apart from the timed medians."""
+    compiled = _gpu_table(tmp_path / "compiled", "--rows", "sd15-2048-compiled")
+    assert [line["variant"] for line in compiled] == ["compiled unpatched", "ToDo 2", "compiled ToDo 2"]
+    assert compiled[0]["versus"] == "unpatched" and compiled[2]["versus"] == "compiled unpatched"
+    assert compiled[0]["compile_seconds"] >= 0 and compiled[2]["compile_seconds"] >= 0
+    assert compiled[1].get("compile_seconds") is None and compiled[1]["bound"] is None
+    assert "over budget" not in (tmp_path / "compiled" / "gpu_table.md").read_text()
+
+
+def test_the_gpu_table_plan_fits_the_deadline():
+    """The rows' expected time on the H200 (gpu-h200.md's unpatched s/run) fits the default deadline
+    of 8 minutes with room for the model builds; every later row is one line marked pending."""
+    import bench.gpu_table as table
+
+    measured = [row for row in table.ROWS if not row.pending]
+    assert sum(table.expected_seconds(row) for row in measured) < table.DEFAULT_DEADLINE - 60
+    assert {row.model for row in measured} <= set(table.MODELS)
+    assert all(row.pending.startswith("not yet supported") for row in table.ROWS if row.model not in table.MODELS)
+    assert any(row.compile for row in measured) and any(row.attention == "sage" for row in measured)
+    assert any(row.hypertile for row in measured)

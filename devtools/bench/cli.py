@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import REPO
+from . import REPO, gpu_table
 from .families import FAMILIES, parse_size
 
 
@@ -53,6 +53,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="tiny models (a smoke test of the benchmark itself)")
     p.add_argument("--quick", action="store_true", help="SD15 at 512 px, 2 repeats")
     p.add_argument("--out", type=Path, default=REPO / "out" / "benchmark")
+    gpu_table.add_arguments(p)
     return p
 
 
@@ -109,6 +110,9 @@ def main(args) -> int:
     from . import environment, plots, report
     from .run import run
 
+    if args.gpu_table is not None:
+        args.out = args.gpu_table
+        return gpu_table.main(args)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.stacks:
         return _stacks_main(args)

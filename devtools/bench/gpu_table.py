@@ -1,0 +1,657 @@
+"""The GPU table of the issues in one command, for a lent GPU (issue #37):
+
+    python3 devtools/benchmark.py --gpu-table OUT --comfyui /path/to/ComfyUI [--deadline 480] [--rows KEY ...]
+    python3 devtools/benchmark.py --gpu-table OUT --tiny [--deadline 20]     # the same rows, tiny models, CPU
+    python3 devtools/benchmark.py --gpu-table OUT --plan                     # the rows, budgets, expected time
+
+Each row of ``ROWS`` is one model at one size: the unpatched model (or the reference stack: an
+attention backend, HyperTile, compiling) and its patched variants, side by side in this process.
+A row builds its model (kept for the next rows of the same model), runs each variant once untimed
+(its first run: ``reduce_when auto``'s measuring, or compiling), then whole sampling runs (4 euler
+steps) in alternating rounds, the order rotated each round, until it has ``min_rounds`` and its
+timed share of the budget is spent (at most ``max_rounds``). Medians count; the spread of the
+per-round speed-ups says how far noise goes.
+
+Every measured line is written when its row ends, to ``gpu_table.jsonl`` (one JSON object a line)
+and ``gpu_table.md`` (one table line), each flushed and fsynced: a run that is cut keeps every row
+it finished. A row runs under its budget (a timer interrupts it: "over budget, not measured", with
+what it had measured, its compile seconds say); the whole run under ``--deadline`` (rows it cannot
+start are written as "deadline: not run"). Build, first-run and compile seconds are reported apart
+from the timed runs.
+
+A later row is one line of ``ROWS``; ``pending`` names why it is not measured yet.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import signal
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+UNPATCHED = "unpatched"  # configs.UNPATCHED's name (configs imports the pack, hence torch: not at import)
+
+STEPS = 4  # euler, simple schedule, as gpu-h200.md
+TINY_STEPS = 2  # --tiny: a check of the table on a CPU in seconds, not a timing
+MIN_START = 5.0  # seconds: a row is not started with less left before the deadline
+DEFAULT_DEADLINE = 480.0  # 8 minutes: leaves the device machine's start and a rerun inside its 15
+
+
+class OverBudget(Exception):
+    """Raised by the row timer."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A random-weight model as the table builds it: ComfyUI's own classes, released layout."""
+
+    label: str
+    family: str  # random_dits family, or a UNet family of random_models ("SD15", "SDXL")
+    full: dict = field(default_factory=dict)  # unet_config of the released model (DiTs)
+    text: int = 0  # the text encoder's width at full size (DiTs; 0: the family's own)
+    pooled: int = 0  # the pooled text's width at full size (Flux: CLIP-L 768)
+    dtype: str = "bfloat16"
+    cfg: float = 5.0
+    tiny_size: str = "64"  # the size and latent frames a --tiny run uses instead
+    tiny_frames: int = 9  # video frames
+
+    @property
+    def unet(self) -> bool:
+        return self.family in ("SD15", "SDXL", "SD21")
+
+
+WAN_13B = {"image_model": "wan2.1", "dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30,
+           "text_dim": 4096, "in_dim": 16, "out_dim": 16, "freq_dim": 256, "patch_size": (1, 2, 2),
+           "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
+MODELS = {
+    "wan21": ModelSpec("Wan 2.1 1.3B", "wan21_t2v", WAN_13B, text=4096, tiny_size="96x64"),
+    "wan21_vace": ModelSpec("Wan 2.1 VACE 1.3B", "wan21_vace",
+                            {**WAN_13B, "model_type": "vace", "vace_layers": 15, "vace_in_dim": 96},
+                            text=4096, tiny_size="96x64"),
+    "flux_dev": ModelSpec("Flux.1 [dev]", "flux_dev",
+                          {"hidden_size": 3072, "num_heads": 24, "depth": 19, "depth_single_blocks": 38,
+                           "context_in_dim": 4096, "vec_in_dim": 768, "axes_dim": [16, 56, 56]},
+                          text=4096, pooled=768, cfg=1.0),
+    "ltxv": ModelSpec("LTX-Video 2B", "ltxv",
+                      {"image_model": "ltxv", "num_layers": 28, "attention_head_dim": 64, "num_attention_heads": 32,
+                       "cross_attention_dim": 2048, "caption_channels": 4096, "in_channels": 128,
+                       "out_channels": 128},
+                      text=4096, cfg=3.0, tiny_size="96x64", tiny_frames=9),
+    "sd15": ModelSpec("SD1.5", "SD15", dtype="float16", cfg=7.0),
+    "sdxl": ModelSpec("SDXL", "SDXL", dtype="float16", cfg=7.0),
+}
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    key: str
+    model: str  # a key of MODELS
+    size: str  # "1024" (square) or "832x480" px
+    configs: tuple[str, ...] = ()  # the patched variants: names in configs.BY_NAME
+    frames: int = 1  # video frames (Wan's 81, LTX's 121)
+    attention: str = "sdpa"  # every variant's backend, the reference's too (sage: SageAttention)
+    hypertile: bool = False  # ComfyUI's HyperTile at its defaults under every variant, the reference's too
+    compile: bool = False  # compiled (inductor) reference and variants, against eager unpatched
+    h200_seconds: float = 0.0  # unpatched s/run on the H200 (gpu-h200.md): the expected time
+    speedups: tuple[float, ...] = ()  # the variants' speed-ups there (for the expected time)
+    budget: float = 60.0  # seconds for the row, its first runs and compiling included (not its model's build)
+    timed: float = 6.0  # seconds of alternating rounds to aim for, past min_rounds
+    min_rounds: int = 2
+    max_rounds: int = 25
+    note: str = ""  # what the row is for
+    pending: str = ""  # not measured yet: why ("not yet supported")
+
+
+TODO, TOME = "ToDo 2", "ToMe 0.5"  # the nodes at their defaults (reduce_when auto)
+ROWS: tuple[RowSpec, ...] = (
+    RowSpec("wan21-81f", "wan21", "832x480", (TODO, "ToDo 3", "ToDo 2 + time 2"), frames=81, h200_seconds=4.44,
+            speedups=(1.74, 2.03, 1.99), budget=75),
+    RowSpec("wan21-81f-sage", "wan21", "832x480", (TODO,), frames=81, attention="sage", h200_seconds=5.28,
+            speedups=(1.91,), budget=50, note="Sage + ToDo over Sage alone"),
+    RowSpec("wan21-vace-81f", "wan21_vace", "832x480", (TODO,), frames=81, h200_seconds=6.72, speedups=(1.74,),
+            budget=60),
+    RowSpec("flux-2048", "flux_dev", "2048", (TODO,), h200_seconds=3.24, speedups=(1.38,), budget=45),
+    RowSpec("flux-2048-sage", "flux_dev", "2048", (TODO,), attention="sage", h200_seconds=3.74, speedups=(1.49,),
+            budget=40, note="Sage + ToDo over Sage alone"),
+    RowSpec("flux-1024", "flux_dev", "1024", (TODO,), h200_seconds=0.64, speedups=(1.09,), budget=25),
+    RowSpec("ltxv-121f", "ltxv", "768x512", (TODO,), frames=121, h200_seconds=0.54, speedups=(1.24,), budget=25),
+    RowSpec("sd15-2048", "sd15", "2048", (TODO, TOME), h200_seconds=1.22, speedups=(1.90, 1.62), budget=40),
+    RowSpec("sd15-1024", "sd15", "1024", (TODO, TOME), h200_seconds=0.143, speedups=(1.0, 1.0), budget=25),
+    RowSpec("sd15-768", "sd15", "768", (TODO, TOME), h200_seconds=0.119, speedups=(1.08, 0.98), budget=25,
+            timed=8.0, max_rounds=40, note="auto leaves ToMe alone: target >= 0.995x"),
+    RowSpec("sd15-1024-hypertile", "sd15", "1024", (TODO, TOME), hypertile=True, h200_seconds=0.143,
+            speedups=(0.88, 0.94), budget=25, timed=8.0, max_rounds=40,
+            note="under ComfyUI's HyperTile: auto leaves both alone, target >= 0.995x"),
+    RowSpec("sdxl-1024", "sdxl", "1024", (TODO, TOME), h200_seconds=0.232, speedups=(1.02, 0.98), budget=30,
+            timed=8.0, max_rounds=40, note="auto leaves both alone: target >= 0.995x"),
+    RowSpec("sd15-2048-compiled", "sd15", "2048", (TODO,), compile=True, h200_seconds=1.22, speedups=(1.9,),
+            budget=150, min_rounds=2, max_rounds=3, timed=0.0,
+            note="compiled (inductor): what compiling costs and whether it pays"),
+    # Issues #38 and #39: one line each once their families run here.
+    RowSpec("qwen-image-1328", "qwen_image", "1328", (TODO,), pending="not yet supported: issue #38 (Qwen-Image's "
+            "5-D image latent and full-size layout are not in the table's builder yet)"),
+    RowSpec("wan21-14b-720p-1step", "wan21_14b", "1280x720", (TODO,), frames=81,
+            pending="not yet supported: issue #38 (Wan 2.1 14B, one step)"),
+    RowSpec("ltx2", "ltx2", "768x512", (TODO,), frames=121,
+            pending="not yet supported: issue #39 (LTX-2 needs a ComfyUI newer than 0.3.75)"),
+)
+BY_KEY = {row.key: row for row in ROWS}
+
+
+def expected_seconds(row: RowSpec) -> float:
+    """The row's expected seconds on the H200 from gpu-h200.md's unpatched s/run: one first run of
+    each variant and the reference, then its rounds (the compiled row: its budget, compiling
+    unknown)."""
+    if row.pending:
+        return 0.0
+    if row.compile:
+        return row.budget
+    per_round = row.h200_seconds * (1 + sum(1 / s for s in row.speedups))
+    rounds = min(row.max_rounds, max(row.min_rounds, int(row.timed // per_round) if per_round else 0))
+    return per_round * (1 + rounds) + row.h200_seconds  # + the Amdahl pass (about one run)
+
+
+def plan_text(rows: list[RowSpec], deadline: float) -> str:
+    lines = ["| row | model, size | variants | budget s | expected s (H200) |", "|---|---|---|---|---|"]
+    for row in rows:
+        spec = MODELS.get(row.model)
+        where = f"{spec.label if spec else row.model}, {row.size} px" + (f", {row.frames} frames" if row.frames > 1
+                                                                         else "")
+        lines.append(f"| {row.key} | {where} | {', '.join(row.configs)} | {row.budget:.0f} | "
+                     + (row.pending if row.pending else f"{expected_seconds(row):.0f}") + " |")
+    total = sum(expected_seconds(r) for r in rows)
+    lines += ["", f"Expected: {total:.0f} s of rows plus the model builds, under a deadline of {deadline:.0f} s."]
+    return "\n".join(lines)
+
+
+# --- the files, written line by line --------------------------------------------------------------
+
+class Output:
+    """gpu_table.jsonl and gpu_table.md, each line flushed and fsynced as it is written."""
+
+    HEADER = ("| row | model, size | variant | attention | reference s/run | s/run | speed-up (per-round range) | "
+              "rel. error | Amdahl bound | auto's decision | build s | first run s | compile s | rounds | status |")
+
+    def __init__(self, out: Path, machine: str, settings: str):
+        out.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(out / "gpu_table.jsonl", "a", encoding="utf-8")
+        self.md = open(out / "gpu_table.md", "a", encoding="utf-8")
+        self._write(self.md, f"Machine: {machine}\n\n{settings}\n\n{self.HEADER}\n|" + "---|" * 15 + "\n")
+
+    @staticmethod
+    def _write(handle, text: str) -> None:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+    def line(self, record: dict) -> None:
+        self._write(self.jsonl, json.dumps(record) + "\n")
+        markdown = to_markdown(record)
+        self._write(self.md, markdown + "\n")
+        print(markdown, flush=True)
+
+    def close(self) -> None:
+        self.jsonl.close()
+        self.md.close()
+
+
+def _f(value, pattern: str = "{:.3f}") -> str:
+    return "-" if value is None else pattern.format(value)
+
+
+def to_markdown(r: dict) -> str:
+    spread = (f"{r['speedup']:.3f}x ({r['speedup_low']:.3f}-{r['speedup_high']:.3f})"
+              if r.get("speedup") is not None else "-")
+    return (f"| {r['row']} | {r['where']} | {r.get('variant') or '-'} | {r.get('attention') or '-'} | "
+            f"{_f(r.get('reference_seconds'), '{:.4g}')} | {_f(r.get('seconds'), '{:.4g}')} | {spread} | "
+            f"{_f(r.get('rel_error'), '{:.4f}')} | {_f(r.get('bound'), '{:.2f}x')} | {r.get('decision') or '-'} | "
+            f"{_f(r.get('build_seconds'), '{:.1f}')} | {_f(r.get('first_seconds'), '{:.2f}')} | "
+            f"{_f(r.get('compile_seconds'), '{:.1f}')} | {r.get('rounds') or '-'} | {r['status']} |")
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+class Models:
+    """The model of the rows in hand, built once and dropped when a row needs another."""
+
+    def __init__(self, tiny: bool, device):
+        self.tiny, self.device = tiny, device
+        self.key, self.model = None, None
+
+    def get(self, key: str):
+        """(model, seconds its build took; 0.0 when it was there)."""
+        if key == self.key:
+            return self.model, 0.0
+        self.drop()
+        import torch
+
+        spec = MODELS[key]
+        start = time.perf_counter()
+        dtype = torch.float32 if self.tiny else getattr(torch, spec.dtype)
+        device = None if self.tiny else self.device  # full size: built and filled on the GPU
+        on = {} if device is None else {"device": device}
+        if spec.unet:
+            import random_models
+
+            model = random_models.make_model(spec.family, tiny=self.tiny, seed=0, dtype=dtype, **on)
+        else:
+            import random_dits
+            from .families import DIT_DEPTH, _fixture_depth
+
+            if self.tiny:
+                fixture = random_dits.FIXTURES.get(spec.family)
+                layout = _fixture_depth(fixture) if fixture else DIT_DEPTH.get(spec.family, {})
+            else:
+                layout = spec.full
+            model = random_dits.make_dit(spec.family, seed=0, dtype=dtype, **on, **layout)
+        if device is not None:
+            model.offload_device = device  # nothing to move back to the CPU when it is dropped
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.key, self.model = key, model
+        return model, time.perf_counter() - start
+
+    def drop(self) -> None:
+        if self.model is None:
+            return
+        import comfy.model_management as mm
+
+        self.key, self.model = None, None
+        mm.unload_all_models()
+        gc.collect()
+        mm.soft_empty_cache()
+
+
+def _conditioning(spec: ModelSpec, tiny: bool, size: str, frames: int, seed: int):
+    """Random text conditioning (and the family's image inputs, VACE's frames sized to the latent),
+    at the released text widths at full size."""
+    import torch
+
+    if spec.unet:
+        import random_models
+
+        return random_models.conditioning(spec.family, tiny, seed=seed)
+    import random_dits
+    from .families import dims
+
+    width, height = dims(_parse(size))
+    positive, _ = random_dits.conditioning(spec.family, seed=seed, frames=frames, height_px=height, width_px=width,
+                                           **({} if tiny or spec.family in random_dits.FIXTURES else
+                                              {"text_dim": spec.text, **({"pooled_dim": spec.pooled}
+                                                                         if spec.pooled else {})}))
+    if tiny or not spec.text:
+        return positive
+    generator = torch.Generator().manual_seed(seed + 100)
+    widened = []
+    for context, extras in positive:  # a fixture's tiny text width: the released encoder's
+        if context.shape[-1] != spec.text:
+            context = torch.randn(*context.shape[:-1], spec.text, generator=generator)
+        widened.append([context, extras])
+    return widened
+
+
+def _parse(size: str):
+    from .families import parse_size
+
+    return parse_size(size)
+
+
+# --- one row ----------------------------------------------------------------------------------------
+
+class _Timer:
+    """Raises OverBudget in the main thread after ``seconds`` (SIGALRM; between Python bytecodes,
+    so a long compile is interrupted at its next Python step)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __enter__(self):
+        def expire(_signum, _frame):
+            raise OverBudget()
+
+        self.previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, self.seconds))
+        return self
+
+    def __exit__(self, *exc):
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, self.previous)
+        return False
+
+
+def _decision(log: list) -> tuple[str | None, bool | None, float | None]:
+    """auto's decisions as text, whether it left every site alone, and what measuring cost."""
+    if not log:
+        return None, None, None
+    text = "; ".join(f"{site}: {d.full_ms:.2f} -> {d.reduced_ms:.2f} ms, {'reduced' if d.reduce else 'left alone'}"
+                     for site, d in log)
+    return text, not any(d.reduce for _, d in log), sum(d.seconds for _, d in log)
+
+
+class RowRun:
+    """One row measured: its models, their first runs and rounds, its result lines."""
+
+    def __init__(self, args, host, row: RowSpec, model, build_seconds: float):
+        from . import compiled, environment
+        from .configs import BY_NAME
+        from .stacks import SampledRun
+
+        self.args, self.host, self.row = args, host, row
+        self.spec = MODELS[row.model]
+        size = _parse(self.spec.tiny_size if args.tiny else row.size)
+        self.size = size
+        video_frames = (self.spec.tiny_frames if args.tiny else row.frames)
+        self.latent_frames = 1
+        self.build_seconds = build_seconds
+        conditioning = (_conditioning(self.spec, args.tiny, str(size), video_frames, 1),
+                        _conditioning(self.spec, args.tiny, str(size), video_frames, 2))
+        from .families import latent_shape
+
+        shape = latent_shape(model, 1, size, self._downscale(), 1)
+        if len(shape) == 5:  # a video: latent frames as its VAE gives them
+            time_down = self._time_down()
+            self.latent_frames = (video_frames - 1) // time_down + 1
+        self.conditioning = conditioning
+        self.run = SampledRun(model, size, conditioning, TINY_STEPS if args.tiny else STEPS, downscale=self._downscale(),
+                              frames=self.latent_frames, cfg=self.spec.cfg)
+        self.run.evals = 1  # seconds per whole run, not per step
+        backend = environment.attention_backends([row.attention])[row.attention]
+        base = environment.with_attention(model, backend)
+        if row.hypertile:
+            base = _hypertile(base)
+        self.base = base
+        self.models: dict[str, object] = {}
+        self.reference = ("compiled " if row.compile else "") + UNPATCHED
+        if row.compile:
+            compiled.make_room(2 + len(row.configs))
+            self.models[UNPATCHED] = base  # eager unpatched: does compiling pay
+            self.models[self.reference] = compiled.compiled(base, args.compile_backend)
+        else:
+            self.models[UNPATCHED] = base
+        self.configs: dict = {}  # name -> configs.Config
+        for name in row.configs:
+            config = BY_NAME[name]
+            patched = config.apply(base, host.appliers)
+            self.configs[name] = config
+            if row.compile:
+                self.models[name] = patched
+                self.models["compiled " + name] = compiled.compiled(patched, args.compile_backend)
+            else:
+                self.models[name] = patched
+        self.first: dict[str, float] = {}
+        self.in_first, self.running = None, None  # the variant whose first run is under way, since when
+        self.times: dict[str, list] = {name: [] for name in self.models}
+        self.outs: dict[str, object] = {}
+
+    def _downscale(self) -> int:
+        if self.spec.unet:
+            return 8
+        import random_dits
+
+        return random_dits.FAMILY_SPECS[self.spec.family].space_down if self.spec.family in random_dits.FAMILY_SPECS \
+            else random_dits.FIXTURES[self.spec.family].spec.space_down
+
+    def _time_down(self) -> int:
+        import random_dits
+
+        spec = (random_dits.FAMILY_SPECS.get(self.spec.family) or random_dits.FIXTURES[self.spec.family].spec)
+        return spec.time_down
+
+    def _one(self, name: str) -> float:
+        random.seed(0)  # HyperTile draws its tile sizes from Python's random: the same every run
+        start = self.running = time.perf_counter()
+        self.outs[name] = self.run(self.models[name])
+        return time.perf_counter() - start
+
+    def measure(self) -> None:
+        """First runs, then alternating rounds; fills first, times and outs as it goes (an
+        interrupted row keeps what it had)."""
+        for name in self.models:
+            self.in_first = name
+            self.first[name] = self._one(name)
+        self.in_first = None
+        names = list(self.models)
+        started, row = time.perf_counter(), self.row
+        # Tiny models: one round, a check of the table, not a timing.
+        timed, least = (0.0, 1) if self.args.tiny else (row.timed, row.min_rounds)
+        for round_ in range(row.max_rounds):
+            if round_ >= least and time.perf_counter() - started >= timed:
+                break
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+                self.times[name].append(self._one(name))
+
+    def bound(self, name: str) -> float | None:
+        """The per-forward Amdahl bound of a variant at its reduction (eager rows, models with a layout)."""
+        from . import amdahl
+        from .step import OneStep
+
+        if self.row.compile:
+            return None
+        if not hasattr(self, "_parts"):
+            base = self.base
+            config = getattr(base.model, "model_config", None)
+            layout = self.host.model_layout(base.get_model_object("diffusion_model"), type(config).__name__)
+            step = OneStep(base, self.size, self.conditioning, downscale=self._downscale(),
+                           frames=self.latent_frames)
+            self._parts = amdahl.part_times(base, step, 0, layout, self.host.unet_kind)
+        bounds = amdahl.amdahl(self._parts, self.configs[name]) if self._parts else None
+        return bounds.bound_at if bounds else None
+
+    def lines(self, status: str = "measured") -> list[dict]:
+        """One record per variant (and, compiled, the compiled reference against eager)."""
+        from . import environment
+
+        row, where = self.row, _where(self.row, self.spec, self.args.tiny, self.size, self.latent_frames)
+        reference = self.times.get(self.reference) or []
+        records = []
+        variants = list(self.configs)
+        if row.compile:  # compiled unpatched against eager unpatched, and each config eager and compiled
+            variants = [self.reference] + [v for name in self.configs for v in (name, "compiled " + name)]
+        for name in variants:
+            times, base_times = self.times.get(name) or [], reference
+            versus = self.reference
+            if row.compile and name == self.reference:
+                base_times, versus = self.times.get(UNPATCHED) or [], UNPATCHED
+            record = dict(row=row.key, where=where, variant=name, versus=versus, attention=row.attention,
+                          hypertile=row.hypertile, compiled=row.compile and name.startswith("compiled"),
+                          build_seconds=self.build_seconds if not records else None,
+                          first_seconds=self.first.get(name), reference_first_seconds=self.first.get(versus),
+                          status=status, note=row.note, rounds=min(len(times), len(base_times)) or None)
+            if name == self.in_first:  # cut in its first run (compiling, say): it took at least this long
+                record["first_seconds_at_least"] = time.perf_counter() - self.running
+            if times and base_times:
+                n = min(len(times), len(base_times))
+                ratios = [b / t for b, t in zip(base_times[:n], times[:n])]
+                seconds, base_seconds = statistics.median(times), statistics.median(base_times)
+                reference_out, out = self.outs[versus], self.outs[name]
+                record.update(seconds=seconds, reference_seconds=base_seconds, speedup=base_seconds / seconds,
+                              speedup_low=min(ratios), speedup_high=max(ratios), repeats=times,
+                              reference_repeats=base_times,
+                              rel_error=float((out - reference_out).norm() / reference_out.norm()))
+                if record["first_seconds"] is not None and name.startswith("compiled"):
+                    record["compile_seconds"] = max(0.0, record["first_seconds"] - seconds)
+            config_name = name[len("compiled "):] if name.startswith("compiled ") else name
+            if config_name in self.configs and not name.startswith("compiled"):
+                text, left_alone, cost = _decision(environment.auto_log(self.models[name], self.host.sessions_of))
+                record.update(decision=text, left_alone=left_alone, auto_seconds=cost)
+                if left_alone and record.get("speedup") is not None:
+                    record["target"] = 0.995
+                    record["meets_target"] = record["speedup"] >= 0.995
+            records.append(record)
+        return records
+
+
+def _where(row: RowSpec, spec: ModelSpec, tiny: bool, size, latent_frames: int) -> str:
+    from .families import size_label
+
+    text = f"{spec.label}{' (tiny)' if tiny else ''}, {size_label(size)} px"
+    if latent_frames > 1:
+        text += f", {latent_frames} latent frames"
+    return text + (", HyperTile" if row.hypertile else "") + (", compiled" if row.compile else "")
+
+
+def _hypertile(model):
+    """ComfyUI's HyperTile node at its declared defaults."""
+    from comfy_extras.nodes_hypertile import HyperTile
+
+    defaults = {spec.id: spec.default for spec in HyperTile.define_schema().inputs
+                if getattr(spec, "default", None) is not None}
+    out = HyperTile.execute(model, **defaults)
+    return out[0] if isinstance(out, tuple) else out.result[0]  # 0.3.75's returns a plain tuple
+
+
+def _stub(row: RowSpec, tiny: bool, status: str, build_seconds: float | None = None, **extra) -> dict:
+    spec = MODELS.get(row.model)
+    if spec is None:  # a later row's model
+        where = f"{row.model}, {row.size} px" + (f", {row.frames} frames" if row.frames > 1 else "")
+    else:
+        from .families import size_label
+
+        size = _parse(spec.tiny_size if tiny else row.size)
+        where = (f"{spec.label}{' (tiny)' if tiny else ''}, {size_label(size)} px"
+                 + (f", {spec.tiny_frames if tiny else row.frames} frames" if row.frames > 1 else ""))
+    return dict(row=row.key, where=where, attention=row.attention, status=status, note=row.note,
+                build_seconds=build_seconds, **extra)
+
+
+def run_row(args, host, models: Models, row: RowSpec, seconds: float) -> list[dict]:
+    """The lines of one row, measured within ``seconds`` (its build inside the same timer)."""
+    if row.pending:
+        return [_stub(row, args.tiny, row.pending)]
+    if row.attention != "sdpa":
+        from . import environment
+
+        try:
+            environment.attention_backends([row.attention])
+        except SystemExit as reason:
+            return [_stub(row, args.tiny, f"skipped: {reason}")]
+    state = {}
+    try:
+        with _Timer(seconds):
+            model, state["build"] = models.get(row.model)
+            state["run"] = RowRun(args, host, row, model, state["build"])
+            state["run"].measure()
+            lines = state["run"].lines()
+            for line in lines:
+                if line.get("variant") in state["run"].configs and line.get("seconds") is not None:
+                    line["bound"] = state["run"].bound(line["variant"])
+            return lines
+    except OverBudget:
+        status = f"over budget ({seconds:.0f} s), not measured"
+        if "run" in state:
+            return [{**line, "status": status, **{k: None for k in ("speedup", "seconds", "rel_error")}}
+                    for line in state["run"].lines(status)]
+        return [_stub(row, args.tiny, status, state.get("build"))]
+    except Exception as error:  # noqa: BLE001 - said in the table, the next rows go on
+        return [_stub(row, args.tiny, f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}",
+                      state.get("build"))]
+    finally:
+        if row.compile:
+            import torch._dynamo
+
+            torch._dynamo.reset()
+
+
+def main(args) -> int:
+    """Run the rows of ``args.rows`` (all by default) in order, under ``args.deadline``."""
+    import torch
+
+    from . import environment
+
+    rows = [BY_KEY[key] for key in args.rows] if args.rows else list(ROWS)
+    if args.plan:
+        print(plan_text(rows, args.deadline))
+        return 0
+    started = time.perf_counter()
+    stubbed = _stub_video_io()
+    host = environment.load(Path(args.comfyui))
+    machine = environment.machine()
+    settings = (f"Whole sampling runs of {TINY_STEPS if args.tiny else STEPS} euler steps (simple schedule), random weights "
+                + ("(tiny models, float32)" if args.tiny else "(released layouts; bf16 DiTs, fp16 UNets)")
+                + "; per row: one first run of each variant (reduce_when auto measures in it; compiled: it "
+                  "compiles), then alternating rounds, the order rotated each round; medians. Speed-up: reference "
+                  "s/run over the variant's (in brackets the lowest and highest of the per-round ratios); rel. "
+                  "error: relative L2 of the final latent against the reference. Amdahl bound: per forward, at "
+                  "the variant's reduction. Deadline "
+                + f"{args.deadline:.0f} s; ComfyUI loaded in {time.perf_counter() - started:.1f} s"
+                + ("; PyAV not installed: an empty stand-in (no video is decoded here)." if stubbed else "."))
+    out = Output(args.out, machine, settings)
+    device = torch.device("cuda") if torch.cuda.is_available() else None
+    models = Models(args.tiny, device)
+    deadline = started + args.deadline
+    try:
+        for index, row in enumerate(rows):
+            left = deadline - time.perf_counter()
+            if left < MIN_START and not row.pending:
+                for rest in rows[index:]:
+                    out.line(_stub(rest, args.tiny, rest.pending or "deadline: not run"))
+                break
+            budget = min((row.budget + (_BUILD_BUDGET if models.key != row.model else 0)) * args.budget_scale, left)
+            for line in run_row(args, host, models, row, budget):
+                out.line(line)
+            if index + 1 < len(rows) and rows[index + 1].model != row.model:
+                models.drop()
+    finally:
+        models.drop()
+        out.close()
+    print(f"\nwrote {args.out / 'gpu_table.md'} and {args.out / 'gpu_table.jsonl'} "
+          f"in {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+def _stub_video_io() -> bool:
+    """ComfyUI's comfy_api imports PyAV (``av``) for its video types; a lent GPU's Python lacks it
+    and nothing here reads or writes video: where it does not import, an empty stand-in module
+    (any attribute a placeholder class) lets ComfyUI load. Returns whether it stood in."""
+    import importlib.abc
+    import importlib.machinery
+    import sys
+    import types
+
+    try:
+        import av  # noqa: F401
+        return False
+    except ImportError:
+        pass
+
+    class StandIn(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return type(name, (), {"__init__": lambda self, *args, **kwargs: None})
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True) if name.split(".")[0] == "av" else None
+
+        def create_module(self, spec):
+            module = StandIn(spec.name)
+            module.__path__ = []
+            return module
+
+        def exec_module(self, module):
+            pass
+
+    sys.meta_path.insert(0, Finder())
+    return True
+
+
+_BUILD_BUDGET = 60.0  # seconds a model's build may add to the first row that needs it
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--gpu-table", dest="gpu_table", type=Path, metavar="OUT",
+                   help="the GPU table of the issues (bench/gpu_table.py): writes OUT/gpu_table.md and .jsonl row by row")
+    p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
+                   help=f"with --gpu-table: seconds for the whole run (default {DEFAULT_DEADLINE:.0f})")
+    p.add_argument("--rows", nargs="+", choices=list(BY_KEY), help="with --gpu-table: only these rows, in this order")
+    p.add_argument("--budget-scale", type=float, default=1.0,
+                   help="with --gpu-table: multiply every row's budget (a test: 0.001 runs every row over budget)")
+    p.add_argument("--plan", action="store_true", help="with --gpu-table: print the rows and expected times, run nothing")
+
+
