@@ -15,6 +15,7 @@ lacks) the config is trimmed to what the running tree accepts.
                                           -> (positive, negative) in ComfyUI's [[context, extras]] form
     latent(family, batch=1, height_px=128, width_px=128, frames=9)
                                           -> the empty latent the sampler gets ([B, C, H, W] or 5-D)
+    tested_size(family)                   -> the size the DiT tests run it at (each fixture's ``grid``)
     noise_mask(family, latent)            -> None, or Wan 2.2 5B's first-frame mask (image to video)
     make_unsupported_dit(seed=0)          -> a tiny Hunyuan 3D 2.0
     write_flux_diffusion_model(path, ...), write_wan_diffusion_model(path, variant, ...),
@@ -309,6 +310,16 @@ def make_unsupported_dit(seed: int = 0):
 
 
 # --- latents and conditioning as ComfyUI's nodes give them to the sampler -----------------------
+
+def tested_size(family: str, latent_frames: int = 3) -> dict:
+    """The size the DiT tests run ``family`` at, which each fixture's ``grid`` is given for:
+    128x96 px, never square, so a layout with height and width swapped fails; a video
+    ``latent_frames`` latent frames (odd, so a frame off by one or a halved time axis shows)
+    whatever its VAE's time downscale: 9 frames at 4x, 13 at 6x, 17 at 8x."""
+    size = dict(height_px=128, width_px=96)
+    spec = FAMILY_SPECS[family]
+    return {**size, "frames": (latent_frames - 1) * spec.time_down + 1} if spec.video else size
+
 
 def latent_shape(family: str, batch: int = 1, height_px: int = 128, width_px: int = 128, frames: int = 9) -> list[int]:
     spec = FAMILY_SPECS[family]

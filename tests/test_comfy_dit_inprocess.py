@@ -23,8 +23,9 @@ import random_dits
 import random_models
 from comfy_helpers import apply, rel_error, session_of
 
-IMAGE = dict(height_px=128, width_px=96)  # 16x12 latent (8x6 for Flux.2): an 8x6 token grid
-VIDEO = dict(frames=9, height_px=96, width_px=96)  # 3 latent frames of 6x6 tokens (3x3 for Wan 2.2 5B)
+# random_dits.tested_size: 128x96 px, 16x12 latent (8x6 for Flux.2): an 8x6 token grid; a video 3 latent
+# frames of 8x6 tokens (4x3 for Wan 2.2 5B, LTX-Video, MiniMax-H3)
+IMAGE = random_dits.tested_size("flux_dev")
 ALL_BLOCKS = dict(skip_first_blocks=0, skip_last_blocks=0)  # the tiny models have 1 or 2 blocks
 
 # variant -> (host config, family as the node names it, blocks, calls of one model call, token grid)
@@ -40,15 +41,15 @@ VARIANTS = {
     "z_image": ("ZImage", "Lumina 2 / Z-Image", 2, "-gg", (8, 6)),  # the same with pad tokens
     "sd3": ("SD3", "SD3 / SD3.5", 2, "gg", (8, 6)),
     "sd35_medium": ("SD3", "SD3 / SD3.5", 2, "ggg", (8, 6)),  # joint, image-only, joint
-    "wan21_t2v": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 6, 6)),  # self, cross (512 text tokens)
-    "wan21_i2v": ("WAN21_I2V", "Wan 2.1 / 2.2", 2, "g--g--", (3, 6, 6)),  # self, CLIP-vision cross, text cross
-    "wan22_t2v_a14b": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 6, 6)),
-    "wan22_i2v_a14b": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 6, 6)),
-    "wan22_ti2v_5b": ("WAN22_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 3, 3)),
-    "hunyuan_video": ("HunyuanVideo", "HunyuanVideo", 2, "--gg", (3, 6, 6)),  # 2 text refiner calls, then joint
-    "hunyuan_video_i2v": ("HunyuanVideoI2V", "HunyuanVideo", 2, "--gg", (3, 6, 6)),
-    "hunyuan_video15": ("HunyuanVideo15", "HunyuanVideo", 2, "--gg", (3, 6, 6)),  # + byT5 tokens
-    "hunyuan_video15_i2v": ("HunyuanVideo15", "HunyuanVideo", 2, "--gg", (3, 6, 6)),  # + byT5 and SigLIP tokens
+    "wan21_t2v": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 8, 6)),  # self, cross (512 text tokens)
+    "wan21_i2v": ("WAN21_I2V", "Wan 2.1 / 2.2", 2, "g--g--", (3, 8, 6)),  # self, CLIP-vision cross, text cross
+    "wan22_t2v_a14b": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 8, 6)),
+    "wan22_i2v_a14b": ("WAN21_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 8, 6)),
+    "wan22_ti2v_5b": ("WAN22_T2V", "Wan 2.1 / 2.2", 2, "g-g-", (3, 4, 3)),
+    "hunyuan_video": ("HunyuanVideo", "HunyuanVideo", 2, "--gg", (3, 8, 6)),  # 2 text refiner calls, then joint
+    "hunyuan_video_i2v": ("HunyuanVideoI2V", "HunyuanVideo", 2, "--gg", (3, 8, 6)),
+    "hunyuan_video15": ("HunyuanVideo15", "HunyuanVideo", 2, "--gg", (3, 8, 6)),  # + byT5 tokens
+    "hunyuan_video15_i2v": ("HunyuanVideo15", "HunyuanVideo", 2, "--gg", (3, 8, 6)),  # + byT5 and SigLIP tokens
 }
 # The families whose fixtures live in devtools/dit_fixtures/ bring their own row.
 VARIANTS.update({name: (f.spec.config, f.family, f.blocks, f.calls, f.grid) for name, f in random_dits.FIXTURES.items()})
@@ -77,7 +78,7 @@ def dits(comfy):
 
 
 def size_of(variant):
-    return VIDEO if random_dits.FAMILY_SPECS[variant].video else IMAGE
+    return random_dits.tested_size(variant)
 
 
 def run(comfy, model, variant, steps=2, cfg=2.0, seed=0, latent_seed=None):
@@ -319,7 +320,7 @@ def test_temporal_factor_on_a_video_pools_along_time(comfy, dits):
     output = todo(comfy, base, temporal_factor=2.0, **ALL_BLOCKS)
     out = run(comfy, output.result[0], "wan21_t2v")
     (level,) = session_of(output.result[0]).last_report.levels
-    assert level.grid == (3, 6, 6) and level.tokens["k/v"] == (108, 2 * 3 * 3)  # frames 0 and 2 of 3
+    assert level.grid == (3, 8, 6) and level.tokens["k/v"] == (144, 2 * 4 * 3)  # frames 0 and 2 of 3
     assert "downsampled 2x per side and 2x along time (about 8x fewer)" in output.result[1]
     assert warnings_of(output) == []
     spatial_only = run(comfy, todo(comfy, base, **ALL_BLOCKS).result[0], "wan21_t2v")

@@ -1,5 +1,5 @@
 """Tiny CogVideoX (1.0 layout with rotary positions): 2 joint blocks over [text, video]; 16-channel
-latent, 8x spatial and 4x temporal VAE, patch 2: 9 frames of 96x96 px are a 3x6x6 grid."""
+latent, 8x spatial and 4x temporal VAE, patch 2: 9 frames of 128x96 px are a 3x8x6 grid."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ def _image(generator, shape):  # CogVideoXImageToVideo: the image latent in fram
 FIXTURES = {
     "cogvideox_t2v": Fixture(
         spec=Spec("CogVideoX_T2V", 16, 8, True, 4), config={**_COG, "in_channels": 16}, family="CogVideoX",
-        blocks=2, calls="gg", grid=(3, 6, 6), text=_text),
+        blocks=2, calls="gg", grid=(3, 8, 6), text=_text),
     "cogvideox_i2v": Fixture(
         spec=Spec("CogVideoX_I2V", 16, 8, True, 4), config={**_COG, "in_channels": 32}, family="CogVideoX",
-        blocks=2, calls="gg", grid=(3, 6, 6), text=_text, shared=_image),
+        blocks=2, calls="gg", grid=(3, 8, 6), text=_text, shared=_image),
     "cogvideox_inpaint": Fixture(  # 32 extra channels (image and mask latents); the model pads what it gets
         spec=Spec("CogVideoX_Inpaint", 16, 8, True, 4), config={**_COG, "in_channels": 48}, family="CogVideoX",
-        blocks=2, calls="gg", grid=(3, 6, 6), text=_text, shared=_image),
+        blocks=2, calls="gg", grid=(3, 8, 6), text=_text, shared=_image),
 }

@@ -41,17 +41,17 @@ FIXTURES = {
     # Cosmos 1.0: 8x temporal VAE, so 9 frames are 2 latent frames
     "cosmos1_t2v": Fixture(
         spec=Spec("CosmosT2V", 16, 8, True, 8), config={**_V1, "in_channels": 16}, family="Cosmos 1.0", blocks=2,
-        calls="g-g-", grid=(2, 6, 6), text=_v1_text),
+        calls="g-g-", grid=(3, 8, 6), text=_v1_text),
     "cosmos1_i2v": Fixture(
         spec=Spec("CosmosI2V", 16, 8, True, 8), config={**_V1, "in_channels": 17}, family="Cosmos 1.0", blocks=2,
-        calls="g-g-", grid=(2, 6, 6), text=_v1_text, mask=_first_frame),
+        calls="g-g-", grid=(3, 8, 6), text=_v1_text, mask=_first_frame),
     "cosmos_predict2_t2i": Fixture(
         spec=Spec("CosmosT2IPredict2", 16, 8, False, five_d=True),
         config={**_PREDICT2, "in_channels": 16}, family="Cosmos Predict2 image", blocks=2, calls="g-g-", grid=(8, 6),
         text=_text),
     "cosmos_predict2_i2v": Fixture(
         spec=Spec("CosmosI2VPredict2", 16, 8, True, 4),
-        config={**_PREDICT2, "in_channels": 17}, family="Cosmos Predict2", blocks=2, calls="g-g-", grid=(3, 6, 6),
+        config={**_PREDICT2, "in_channels": 17}, family="Cosmos Predict2", blocks=2, calls="g-g-", grid=(3, 8, 6),
         text=_text, mask=_first_frame),
     "anima": Fixture(  # the text tokens straight to the DiT (no t5xxl_ids: the LLM adapter is not run)
         spec=Spec("Anima", 16, 8, False, five_d=True),

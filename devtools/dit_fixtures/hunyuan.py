@@ -47,13 +47,13 @@ FIXTURES = {
         spec=Spec("HunyuanVideoSkyreelsI2V", 16, 8, True, 4),
         config={**_BASE, "in_channels": 32, "out_channels": 16, "vec_in_dim": 768, "patch_size": [1, 2, 2],
                 "axes_dim": [8, 12, 12], "byt5": False},
-        family="HunyuanVideo", blocks=2, calls="--gg", grid=(3, 6, 6),
+        family="HunyuanVideo", blocks=2, calls="--gg", grid=(3, 8, 6),
         text=_text(pooled=True, byt5=False, guidance=True), shared=_skyreels_image),
     "hunyuan_video15_sr": Fixture(  # 98 input channels: noise 32, low-res latent 32 + 32, 2 masks
         spec=Spec("HunyuanVideo15_SR_Distilled", 32, 16, True, 4),
         config={**_BASE, "in_channels": 98, "out_channels": 32, "vec_in_dim": None, "patch_size": [1, 1, 1],
                 "axes_dim": [8, 12, 12], "byt5": True, "use_cond_type_embedding": True, "vision_in_dim": 1152},
-        family="HunyuanVideo", blocks=2, calls="--gg", grid=(3, 6, 6),
+        family="HunyuanVideo", blocks=2, calls="--gg", grid=(3, 8, 6),
         text=_text(pooled=False, byt5=True), shared=_sr_inputs),
     "hunyuan_image21": Fixture(  # 2-D latent, 32x VAE, patch 1: 128x96 px is a 4x3 grid; byT5 after the text
         spec=Spec("HunyuanImage21", 64, 32, False),

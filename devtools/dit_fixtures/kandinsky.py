@@ -27,7 +27,7 @@ def _image_config(config):  # ComfyUI tells the image model by its real width (2
 FIXTURES = {
     "kandinsky5": Fixture(
         spec=Spec("Kandinsky5", 16, 8, True, 4), config={**_K5, "visual_embed_dim": 132}, family="Kandinsky 5",
-        blocks=2, calls="-g-g-", grid=(3, 6, 6), text=_text),
+        blocks=2, calls="-g-g-", grid=(3, 8, 6), text=_text),
     "kandinsky5_image": Fixture(
         spec=Spec("Kandinsky5Image", 16, 8, False), config={**_K5, "visual_embed_dim": 64},
         family="Kandinsky 5 image", blocks=2, calls="-g-g-", grid=(8, 6), text=_text, build=_image_config),

@@ -1,5 +1,5 @@
 """Tiny LTX-Video: 2 blocks of self-attention (video) and cross-attention (text); 128-channel
-latent, 32x spatial and 8x temporal VAE, patch 1: 9 frames of 96x96 px are a 2x3x3 grid."""
+latent, 32x spatial and 8x temporal VAE, patch 1: 17 frames of 128x96 px are a 3x4x3 grid."""
 
 from __future__ import annotations
 
@@ -19,5 +19,5 @@ FIXTURES = {
         spec=Spec("LTXV", 128, 32, True, 8),
         config={"image_model": "ltxv", "num_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2,
                 "cross_attention_dim": 64, "caption_channels": 32, "in_channels": 128, "out_channels": 128},
-        family="LTX-Video", blocks=2, calls="g-g-", grid=(2, 3, 3), text=_text),
+        family="LTX-Video", blocks=2, calls="g-g-", grid=(3, 4, 3), text=_text),
 }

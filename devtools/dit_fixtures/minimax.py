@@ -1,6 +1,6 @@
 """Tiny MiniMax-H3 (ComfyUI 0.33): 2 blocks of self-attention over [text | audio | video] and a
 1-block text refiner (run once per sampling in extra_conds, outside the model calls); 24-channel
-latent, 16x spatial and 4x temporal VAE, patch (1, 2, 2): 9 frames of 96x96 px are a 3x3x3 grid,
+latent, 16x spatial and 4x temporal VAE, patch (1, 2, 2): 9 frames of 128x96 px are a 3x4x3 grid,
 with the stereo audio latent (15 frames, 30 tokens) that EmptyMiniMaxH3LatentAV gives beside it.
 
 The model takes one batch item per call and never batches cond with uncond (each conditioning's
@@ -44,6 +44,6 @@ FIXTURES = {
                 "num_attention_heads": 2, "attention_head_dim": 32, "ffn_hidden_size": 64, "latents_dim": 24,
                 "audio_latents_dim": 32, "text_dim": 32, "timestep_input_dim": 32, "time_embed_hidden_size": 32,
                 "time_embed_dim": 32, "rope_inv_freq_len": 4},
-        family="MiniMax-H3", blocks=2, calls="gg", grid=(3, 3, 3), text=_text, latent=_latent),
+        family="MiniMax-H3", blocks=2, calls="gg", grid=(3, 4, 3), text=_text, latent=_latent),
 }
 FIXTURES["minimax_h3_keyframe"] = FIXTURES["minimax_h3"]._replace(shared=_first_frame)

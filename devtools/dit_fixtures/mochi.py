@@ -1,5 +1,5 @@
 """Tiny Genmo Mochi: 2 asymmetric joint blocks over [video, text]; 12-channel latent, 8x spatial
-and 6x temporal VAE, patch 2: 9 frames of 96x96 px are a 2x6x6 grid. ComfyUI asserts the video
+and 6x temporal VAE, patch 2: 13 frames of 128x96 px are a 3x8x6 grid. ComfyUI asserts the video
 MLP width of the real model (12288 = 128 * 96)."""
 
 from __future__ import annotations
@@ -27,5 +27,5 @@ FIXTURES = {
                 "posenc_preserve_area": True, "timestep_mlp_bias": True, "attend_to_padding": False,
                 "timestep_scale": 1000.0, "use_t5": True, "t5_feat_dim": 32, "t5_token_length": TEXT,
                 "rope_theta": 10000.0},
-        family="Mochi", blocks=2, calls="gg", grid=(2, 6, 6), text=_text),
+        family="Mochi", blocks=2, calls="gg", grid=(3, 8, 6), text=_text),
 }

@@ -13,7 +13,7 @@ from random_dits import Fixture, Spec
 # after collecting the fixtures.
 _WAN = {"image_model": "wan2.1", "dim": 64, "ffn_dim": 128, "num_heads": 2, "num_layers": 2, "patch_size": (1, 2, 2),
         "freq_dim": 256, "text_dim": 64, "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
-_GRID = (3, 6, 6)  # 9 frames of 96x96 px: 3 latent frames of 12x12, patch 2
+_GRID = (3, 8, 6)  # 9 frames of 128x96 px: 3 latent frames of 16x12, patch 2
 _FAMILY = "Wan 2.1 / 2.2"
 
 
