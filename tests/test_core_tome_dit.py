@@ -1,0 +1,143 @@
+"""Host-free tests of ToMe on DiTs (``tokenreduce/tome_dit.py``): the tile plan, merge and
+restore on their own (exactness, counts, no scatter), and the block wrapper called the way the
+host's block-replace seam calls it, with a stand-in block that records what it is given."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tokenreduce.dit import TokenLayout
+from tokenreduce.tome_dit import (BlockArgs, make_tiles, merge, merged_args, merged_count, plan_block, restore,
+                                  restored, take)
+
+GRIDS = [(1, 6, 8), (1, 7, 5), (3, 4, 6), (2, 5, 7)]
+
+
+def _tokens(grid, b=2, c=8, seed=0):
+    return torch.randn(b, math.prod(grid), c, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("strides", [(1, 2, 2), (2, 2, 2), (1, 3, 2)])
+@pytest.mark.parametrize("seeded", [False, True])
+def test_ratio_zero_restores_exactly(grid, strides, seeded):
+    generator = torch.Generator().manual_seed(3) if seeded else None
+    tiles = make_tiles(grid, strides, generator, "cpu")
+    x = _tokens(grid)
+    plan = plan_block(x, tiles, 0)
+    merged = merge(plan, x)
+    assert merged.shape[1] == x.shape[1]
+    assert torch.equal(restore(plan, merged), x)
+
+
+@pytest.mark.parametrize("grid", GRIDS)
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.75])
+def test_counts_and_identity_block(grid, ratio):
+    tiles = make_tiles(grid, (1, 2, 2), torch.Generator().manual_seed(1), "cpu")
+    x = _tokens(grid)
+    r = merged_count(tiles, ratio)
+    assert r == min(int(math.prod(grid) * ratio), tiles.sources)
+    plan = plan_block(x, tiles, r)
+    merged = merge(plan, x)
+    assert merged.shape == (x.shape[0], math.prod(grid) - r, x.shape[2]) == (2, plan.merged_tokens, 8)
+    # a block that changes nothing gives every token back exactly (the change is restored, not the state)
+    spec = BlockArgs("img", lambda layout: (math.prod(grid), 0))
+    layout = TokenLayout(grid, None, (math.prod(grid), 0))
+    assert torch.equal(restored(spec, layout, plan, x, merged, merged.clone()), x)
+    # each token reads back its merged row: a merged group shares one change, others their own
+    change = torch.randn_like(merged)
+    out = restored(spec, layout, plan, x, merged, merged + change)
+    assert torch.allclose(out - x, restore(plan, change), atol=1e-5)
+    assert len(torch.unique(plan.restore_map[0])) == merged.shape[1]
+
+
+def test_merge_averages_each_tile_and_keeps_positions():
+    grid = (1, 4, 4)
+    tiles = make_tiles(grid, (1, 2, 2), None, "cpu")
+    x = _tokens(grid, b=1)
+    r = tiles.sources  # every source merges: one token per tile, the mean of its tile
+    plan = plan_block(x, tiles, r)
+    merged = merge(plan, x)
+    means = x[0].view(2, 2, 2, 2, -1).permute(0, 2, 1, 3, 4).reshape(4, 4, -1).mean(1)
+    assert torch.allclose(merged[0], means, atol=1e-6)
+    assert plan.positions[0].tolist() == [0, 2, 8, 10]  # top-left destinations
+
+
+def test_similar_sources_merge_first():
+    grid = (1, 2, 4)
+    x = torch.randn(1, 8, 4)
+    x[0, 1] = x[0, 0] * 3  # the same direction as its tile's destination: cosine 1
+    tiles = make_tiles(grid, (1, 2, 2), None, "cpu")
+    plan = plan_block(x, tiles, 1)
+    assert plan.restore_map[0, 1] == plan.restore_map[0, 0]
+
+
+def test_rotary_positions_mask_and_modulation_follow_the_tokens():
+    grid, text = (1, 4, 6), 5
+    n = math.prod(grid)
+    length = text + n + 3  # [text, grid, 3 reference tokens]
+    layout = TokenLayout(grid, (length, text), None)
+    spec = BlockArgs("img", lambda lay: (lay.joint[0], lay.joint[1]), pe="pe", pe_dim=2,
+                     in_pe=lambda lay: lay.joint, mask="mask", modulation="vec")
+    x = torch.arange(length, dtype=torch.float32).view(1, length, 1).expand(2, length, 4).clone()
+    x[:, text:text + n] += torch.randn(2, n, 4)
+    pe = torch.arange(length, dtype=torch.float32).view(1, 1, length, 1)
+    mask = torch.arange(length * length, dtype=torch.float32).view(1, length, length)
+    vec = torch.arange(length, dtype=torch.float32).view(1, length, 1).expand(2, length, 3)
+    tiles = make_tiles(grid, (1, 2, 2), torch.Generator().manual_seed(0), "cpu")
+    plan = plan_block(x[:, text:text + n], tiles, 10)
+    new, merged_x = merged_args(spec, layout, plan, {"img": x, "pe": pe, "mask": mask, "vec": vec})
+    m = length - 10
+    assert new["img"].shape == (2, m, 4)
+    assert torch.equal(new["img"][:, :text], x[:, :text]) and torch.equal(new["img"][:, -3:], x[:, -3:])
+    positions = new["pe"][:, 0, :, 0]
+    assert positions.shape == (2, m)
+    assert positions[:, :text].tolist() == [list(range(text))] * 2
+    assert positions[:, -3:].tolist() == [list(range(text + n, length))] * 2
+    assert torch.equal(positions[:, text:text + n - 10], plan.positions.float() + text)
+    assert torch.equal(new["vec"][..., 0], positions)
+    assert torch.equal(new["mask"], positions[:, :, None] * length + positions[:, None, :])
+
+
+def test_take_broadcasts_a_batch_of_one():
+    x = torch.arange(6.0).view(1, 6, 1)
+    index = torch.tensor([[0, 5], [2, 3]])
+    assert take(x, 1, index)[..., 0].tolist() == [[0.0, 5.0], [2.0, 3.0]]
+
+
+def test_no_scatter_in_plan_merge_restore(monkeypatch):
+    """Merge and restore are gathers and dense sums: no scatter (slow, non-deterministic on GPUs)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("scatter used")
+
+    for name in ("scatter", "scatter_add", "scatter_reduce", "index_add", "index_put"):
+        monkeypatch.setattr(torch, name, refuse, raising=False)
+        monkeypatch.setattr(torch.Tensor, name, refuse, raising=False)
+        monkeypatch.setattr(torch.Tensor, name + "_", refuse, raising=False)
+    grid = (2, 6, 6)
+    tiles_before = make_tiles  # tiles are drawn before the model call (outside the hot path)
+    monkeypatch.undo()
+    tiles = tiles_before(grid, (2, 2, 2), torch.Generator().manual_seed(0), "cpu")
+    for name in ("scatter", "scatter_add", "scatter_reduce", "index_add", "index_put"):
+        monkeypatch.setattr(torch, name, refuse, raising=False)
+        monkeypatch.setattr(torch.Tensor, name, refuse, raising=False)
+        monkeypatch.setattr(torch.Tensor, name + "_", refuse, raising=False)
+    x = _tokens(grid)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        plan = plan_block(x, tiles, 30)
+        out = restore(plan, merge(plan, x))
+    assert out.shape == x.shape
+    assert not [e.name for e in profile.events() if "scatter" in e.name or "index_put" in e.name]
+
+
+def test_seeded_tiles_are_reproducible_and_leave_the_global_rng():
+    state = torch.get_rng_state()
+    a = make_tiles((3, 4, 6), (1, 2, 2), torch.Generator().manual_seed(7), "cpu")
+    b = make_tiles((3, 4, 6), (1, 2, 2), torch.Generator().manual_seed(7), "cpu")
+    c = make_tiles((3, 4, 6), (1, 2, 2), torch.Generator().manual_seed(8), "cpu")
+    assert torch.equal(get_state := torch.get_rng_state(), state), get_state
+    assert torch.equal(a.tile_index, b.tile_index) and not torch.equal(a.tile_index, c.tile_index)
+    assert sorted(a.tile_index.flatten().tolist() + a.extra_index.tolist()) == list(range(72))

@@ -1,0 +1,328 @@
+"""ToMe on DiTs: whole-block token merging through the host's block-replace seam.
+
+In each selected block the image or video grid's tokens are merged before the block runs and
+restored after it, so attention, the projections and the MLP all run on fewer tokens. Text,
+reference-image, register and other non-grid tokens are never merged: a family's ``TokenLayout``
+(``dit.py``) says where the grid sits in a block's sequence. Rotary positions, per-token
+modulation and masks are indexed the same way as the tokens (each merged token takes its
+destination's position).
+
+GPU-friendly, with no scatter and no host sync:
+
+- *Tiles*: the grid ``(t, h, w)`` is cut into ``st x sy x sx`` tiles; each full tile keeps one
+  destination (drawn per tile from a private seeded generator before the model call, or the
+  first token), tokens of the partial tiles at the edges are kept as they are.
+- *Plan*: each source is compared (cosine) with its own tile's destination only; the ``r`` most
+  similar sources of the whole grid merge (one stable sort on the device, no ``.item()``).
+- *Merge*: a dense masked sum per tile (reshape, multiply, sum), the kept sources gathered.
+- *Restore*: ONE gather from a map computed with the plan: every token reads its merged row.
+  The block's change is restored, not the merged state: ``out = x + restore(block(m) - m)`` with
+  ``m = merge(x)``, so every token keeps its own residual stream; a block that changes nothing
+  gives ``x`` back bit for bit.
+
+A family tells how its blocks are reached with a ``DiTMerge`` (``Family.merge``): which
+block-replace key each block has and, per kind of block, where its grid tokens, rotary
+positions, modulation and mask sit in the arguments the host hands the replacement.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import torch
+
+from .dit import TokenLayout
+from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
+from .seeding import derive_seed
+
+
+class BlockArgs(NamedTuple):
+    """Where one kind of block's inputs sit in the host's block-replace arguments."""
+
+    tokens: str  # the argument holding the sequence with the grid (restored after the block)
+    # TokenLayout -> (length of that sequence, where the grid starts in it); None: the layout has none
+    in_tokens: Callable
+    pe: str | None = None  # rotary positions, indexed like the tokens
+    pe_dim: int = 1  # their token dimension
+    in_pe: Callable | None = None  # TokenLayout -> (length, grid start) of the positions' sequence
+    mask: str | None = None  # an attention mask over the positions' sequence (its last two dimensions)
+    modulation: str | None = None  # a modulation that may be per token ([B, L, ...] over the tokens' sequence)
+
+
+class DiTMerge(NamedTuple):
+    """How ToMe reaches a family's blocks: the host's block-replace key of each block (by the
+    block's index in the family's plan) and where each kind of block's inputs sit."""
+
+    keys: Callable  # diffusion model -> {block index: (kind, number)} (the host's patches_replace["dit"] keys)
+    args: dict  # kind -> BlockArgs
+    # (diffusion model, call kwargs) -> why this call's blocks cannot be merged, or None
+    check: Callable | None = None
+
+
+class Tiles(NamedTuple):
+    """The destinations of a grid: fixed for a model call (drawn before it)."""
+
+    grid: tuple[int, int, int]
+    tile_index: torch.Tensor  # [T, k] grid positions of each full tile's tokens, its destination first
+    extra_index: torch.Tensor  # [E] grid positions outside full tiles (kept whole)
+    inverse: torch.Tensor  # [N] where each grid position sits in cat(extra_index, tile_index.flatten())
+
+    @property
+    def sources(self) -> int:
+        return self.tile_index.shape[0] * (self.tile_index.shape[1] - 1)
+
+
+def make_tiles(grid: tuple[int, int, int], strides: tuple[int, int, int], generator: torch.Generator | None,
+               device) -> Tiles:
+    """Tiles of ``strides`` (st, sy, sx) over ``grid`` (t, h, w, frame-major raster order), one
+    destination per full tile: at a position drawn from ``generator`` (a private one), or the
+    first token of the tile where it is None."""
+    t, h, w = grid
+    st, sy, sx = (max(1, min(s, n)) for s, n in zip(strides, grid))
+    nt, ny, nx = t // st, h // sy, w // sx
+    positions = torch.arange(t * h * w).view(t, h, w)
+    full = positions[:nt * st, :ny * sy, :nx * sx]
+    tiles = full.reshape(nt, st, ny, sy, nx, sx).permute(0, 2, 4, 1, 3, 5).reshape(nt * ny * nx, st * sy * sx)
+    k = tiles.shape[1]
+    in_tiles = torch.zeros(t * h * w, dtype=torch.bool)
+    in_tiles[tiles.flatten()] = True
+    extra = positions.flatten()[~in_tiles].to(device)
+    tiles = tiles.to(device)
+    if generator is not None and k > 1:  # drawn where the generator lives (no host round trip on CUDA)
+        offset = torch.randint(0, k, (tiles.shape[0], 1), generator=generator, device=generator.device).to(device)
+        tiles = tiles.gather(1, (torch.arange(k, device=device)[None] + offset) % k)  # a rotation: the drawn one first
+    inverse = torch.argsort(torch.cat([extra, tiles.flatten()]))
+    return Tiles(grid, tiles, extra, inverse)
+
+
+def merged_count(tiles: Tiles, ratio: float) -> int:
+    """Sources merged for ``ratio`` of the grid's tokens (at most every source of the full tiles)."""
+    return min(int(math.prod(tiles.grid) * ratio), tiles.sources)
+
+
+class BlockPlan(NamedTuple):
+    """One merge of a grid's tokens, for a batch: which sources merge, and the maps back."""
+
+    tiles: Tiles
+    r: int
+    mask: torch.Tensor  # [B, T, k-1] 1 where a source merges into its tile's destination (compute dtype)
+    kept: torch.Tensor  # [B, S - r] kept sources (flat indices into the tiles' sources)
+    positions: torch.Tensor  # [B, M] the grid position each merged token stands for (its destination's)
+    restore_map: torch.Tensor  # [B, N] the merged row each grid position reads back
+
+    @property
+    def tokens(self) -> int:
+        return math.prod(self.tiles.grid)
+
+    @property
+    def merged_tokens(self) -> int:
+        return self.tokens - self.r
+
+
+def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int) -> BlockPlan:
+    """The merge of ``grid_tokens`` [B, N, C]: the ``r`` sources most similar (cosine) to their own
+    tile's destination merge into it. Tensor work only: no host sync, no scatter."""
+    b, _, c = grid_tokens.shape
+    n_tiles, k = tiles.tile_index.shape
+    extra = tiles.extra_index.shape[0]
+    members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
+    normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    similarity = (normed[:, :, 1:] * normed[:, :, :1]).sum(-1).flatten(1)  # [B, S]
+    order = torch.argsort(similarity.float(), dim=1, descending=True, stable=True)
+    rank = torch.argsort(order, dim=1)  # each source's place in that order (the inverse permutation)
+    merges = rank < r
+    kept = order[:, r:]
+    tile_id = torch.arange(n_tiles, device=grid_tokens.device).view(1, n_tiles, 1)
+    source_slot = torch.where(merges.view(b, n_tiles, k - 1), extra + tile_id, extra + n_tiles + rank.view(b, n_tiles, k - 1) - r)
+    slots = torch.cat([torch.arange(extra, device=grid_tokens.device).expand(b, extra),
+                       torch.cat([(extra + tile_id).expand(b, n_tiles, 1), source_slot], 2).flatten(1)], 1)
+    restore_map = slots.index_select(1, tiles.inverse)
+    sources = tiles.tile_index[:, 1:].flatten()
+    positions = torch.cat([tiles.extra_index.expand(b, extra), tiles.tile_index[:, 0].expand(b, n_tiles),
+                           sources[kept]], 1)
+    return BlockPlan(tiles, r, merges.view(b, n_tiles, k - 1, 1).to(grid_tokens.dtype), kept, positions, restore_map)
+
+
+def merge(plan: BlockPlan, grid_tokens: torch.Tensor) -> torch.Tensor:
+    """[B, N, C] -> [B, M, C]: [kept edge tokens, each destination averaged with its merged
+    sources, the kept sources]: a dense per-tile masked sum and one gather."""
+    b, _, c = grid_tokens.shape
+    tiles = plan.tiles
+    n_tiles, k = tiles.tile_index.shape
+    members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
+    sources = members[:, :, 1:]
+    destinations = (members[:, :, 0] + (sources * plan.mask).sum(2)) / (1 + plan.mask.sum(2))
+    kept = sources.reshape(b, -1, c).gather(1, plan.kept.unsqueeze(-1).expand(-1, -1, c))
+    return torch.cat([grid_tokens.index_select(1, tiles.extra_index), destinations, kept], 1)
+
+
+def restore(plan: BlockPlan, merged: torch.Tensor) -> torch.Tensor:
+    """[B, M, C] -> [B, N, C]: every grid position reads its merged row (one gather)."""
+    return merged.gather(1, plan.restore_map.unsqueeze(-1).expand(-1, -1, merged.shape[-1]))
+
+
+def sequence_index(plan: BlockPlan, length: int, start: int) -> torch.Tensor:
+    """[B, L'] positions of a sequence of ``length`` tokens with the grid at ``start``, merged:
+    the tokens before and after the grid as they are, the grid's merged tokens between."""
+    b, device = plan.positions.shape[0], plan.positions.device
+    end = start + plan.tokens
+    return torch.cat([torch.arange(start, device=device).expand(b, start), plan.positions + start,
+                      torch.arange(end, length, device=device).expand(b, length - end)], 1)
+
+
+def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``x`` read along ``dim`` at the per-batch positions ``index`` [B, L'] (a batch of 1 is
+    broadcast to B)."""
+    b = index.shape[0]
+    if x.shape[0] != b:
+        x = x.expand(b, *x.shape[1:])
+    dim = dim % x.ndim
+    view = [b if d == 0 else (index.shape[1] if d == dim else 1) for d in range(x.ndim)]
+    size = [b if d == 0 else (index.shape[1] if d == dim else x.shape[d]) for d in range(x.ndim)]
+    return x.gather(dim, index.view(view).expand(size))
+
+
+def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dict) -> tuple[dict, torch.Tensor] | None:
+    """The block's arguments with the grid merged, and the merged tokens (to take the block's
+    change from), or None where the arguments are not the predicted layout (left alone)."""
+    where = spec.in_tokens(layout)
+    x = args.get(spec.tokens)
+    if where is None or x is None or x.ndim != 3 or x.shape[1] != where[0]:
+        return None
+    length, start = where
+    index = sequence_index(plan, length, start)
+    grid = x.narrow(1, start, plan.tokens)
+    merged_grid = merge(plan, grid)
+    merged_x = torch.cat([x.narrow(1, 0, start), merged_grid, x.narrow(1, start + plan.tokens, length - start - plan.tokens)], 1)
+    new = {**args, spec.tokens: merged_x}
+    if spec.modulation is not None:
+        modulation = args.get(spec.modulation)
+        if torch.is_tensor(modulation) and modulation.ndim >= 2 and modulation.shape[1] != 1:
+            if modulation.shape[1] != length:
+                return None  # per-frame or otherwise grouped modulation: not placed
+            new[spec.modulation] = take(modulation, 1, index)
+    if spec.pe is not None and args.get(spec.pe) is not None:
+        pe_where = spec.in_pe(layout)
+        pe = args[spec.pe]
+        if pe_where is None or pe.shape[spec.pe_dim] != pe_where[0]:
+            return None
+        pe_index = sequence_index(plan, *pe_where)
+        new[spec.pe] = take(pe, spec.pe_dim, pe_index)
+        if spec.mask is not None and args.get(spec.mask) is not None:
+            mask = args[spec.mask]
+            if mask.shape[-1] != pe_where[0] or mask.shape[-2] not in (1, pe_where[0]):
+                return None
+            mask = take(mask, -1, pe_index)
+            new[spec.mask] = take(mask, -2, pe_index) if mask.shape[-2] != 1 else mask
+    return new, merged_x
+
+
+def restored(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, x: torch.Tensor, merged_x: torch.Tensor,
+             out: torch.Tensor) -> torch.Tensor:
+    """The block's output over the full sequence: every grid token its own input plus the change
+    the block made to the merged token it was part of; the tokens around the grid as the block
+    left them."""
+    _, start = spec.in_tokens(layout)
+    m = plan.merged_tokens
+    change = out.narrow(1, start, m) - merged_x.narrow(1, start, m)
+    grid = x.narrow(1, start, plan.tokens) + restore(plan, change)
+    return torch.cat([out.narrow(1, 0, start), grid, out.narrow(1, start + m, out.shape[1] - start - m)], 1)
+
+
+SHARED_PLAN = "tome dit plan"  # the call context's key of the plan all selected blocks share
+
+
+class ToMeDiTPatch(CallPatch):
+    """The block replacements of one ToMe node output on a DiT: per selected block, merge the
+    grid, run the block (or the replacement that was there before ours), restore."""
+
+    def __init__(self, settings, layout, blocks: frozenset, diffusion_model, context_key: str, label: str):
+        super().__init__(context_key, label, None)  # reduce_when auto is not timed for whole blocks yet
+        self.settings = settings
+        self.family = layout.family
+        self.merge = layout.family.merge
+        self.blocks = blocks  # indices (in the family's plan) of the blocks it merges
+        self.model = diffusion_model  # read for its structure only
+        self.patch = self.family.patch(diffusion_model)
+        s = settings
+        self.strides = (getattr(s, "stride_t", 1) if self.family.video else 1, s.stride_y, s.stride_x)
+
+    def replace_keys(self) -> dict:
+        """{block index: the host's block-replace key} of the blocks it merges."""
+        return {i: key for i, key in self.merge.keys(self.model).items() if i in self.blocks}
+
+    # --- before each model call (outside any compiled region) ------------------------------
+    def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
+        if not context["active"]:
+            return
+        tokens = self.family.tokens(self.model, self.patch, call.x, call.context, call.kwargs)
+        problem = self.merge.check(self.model, call.kwargs) if self.merge.check is not None else None
+        if tokens is None or isinstance(tokens, str) or problem:
+            context["active"] = False
+            reason = problem or tokens or "its inputs hold tokens whose layout ToMe does not know"
+            run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: {reason}.")
+            return
+        tiles = self._tiles(run, tokens.grid, call)
+        r = merged_count(tiles, self.settings.ratio)
+        if r == 0:
+            context["active"] = False  # nothing merges at this size: the blocks run as they are
+            return
+        context.update(layout=tokens, tiles=tiles, r=r)
+        context[SHARED_PLAN] = None
+
+    def _tiles(self, run: RunState, grid: tuple[int, int, int], call: ModelCall) -> Tiles:
+        device = call.x.device
+        if not self.settings.use_rand:  # the first token of every tile: the same for the whole run
+            key = ("tome dit tiles", grid, self.strides, device)
+            tiles = run.cache.get(key)
+            if tiles is None:
+                tiles = run.cache[key] = make_tiles(grid, self.strides, None, device)
+            return tiles
+        # Keyed by when and what, not by call order: cond and uncond draw the same destinations.
+        seed = derive_seed(self.settings.seed, run.sigma(call.sigmas), "dit", *grid, *self.strides)
+        return make_tiles(grid, self.strides, run.generator(device, seed), device)
+
+    # --- in the model call ----------------------------------------------------------------
+    def replacement(self, kind: str, block: int, previous: Callable | None) -> Callable:
+        """The block-replace function of block ``block`` (a ``kind`` block), chained to the
+        replacement ``previous`` that was there before ours (None: the host's own block)."""
+        spec = self.merge.args[kind]
+
+        def run_block(args: dict, extra: dict) -> dict:
+            def inner(a):
+                return previous(a, extra) if previous is not None else extra["original_block"](a)
+
+            options = args.get("transformer_options")
+            call = self.call_context(options) if isinstance(options, dict) else None
+            if call is None or not call["active"]:
+                return inner(args)
+            layout, tiles = call["layout"], call["tiles"]
+            where = spec.in_tokens(layout)
+            x = args.get(spec.tokens)
+            if where is None or x is None or x.ndim != 3 or x.shape[1] != where[0]:
+                note_skipped(call)  # not the predicted layout (another patch changed the tokens): left alone
+                return inner(args)
+            plan = call[SHARED_PLAN] if self.settings.share_plans else None
+            if plan is None or plan.restore_map.shape[0] != x.shape[0]:
+                plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, call["r"])
+                if self.settings.share_plans:
+                    call[SHARED_PLAN] = plan
+            made = merged_args(spec, layout, plan, args)
+            if made is None:
+                note_skipped(call)
+                return inner(args)
+            new_args, merged_x = made
+            out = dict(inner(new_args))
+            out[spec.tokens] = restored(spec, layout, plan, x, merged_x, out[spec.tokens])
+            grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
+            note_reduced(call, grid, 1, lambda: self._stages(plan))
+            return out
+
+        run_block.tokenreduce_block = (kind, block)
+        return run_block
+
+    def _stages(self, plan: BlockPlan) -> dict:
+        """Grid tokens before and after, per kind of block it merges (for the run's report)."""
+        keys = self.replace_keys().values()
+        return {f"{kind.replace('_', ' ')}s": (plan.tokens, plan.merged_tokens) for kind in dict.fromkeys(k[0] for k in keys)}
