@@ -48,12 +48,8 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
-
 import torch
+from filelock import FileLock  # a dependency of torch: present wherever torch is; locks on every OS
 
 from .methods import AUTO_MARGIN, REDUCE_ALWAYS, REDUCE_REMEASURE
 from .version import VERSION
@@ -66,6 +62,7 @@ REPEATS = 5  # timed runs of each work, interleaved; the median counts
 LEAST_SECONDS = 0.005  # one timing lasts at least this long (sub-millisecond blocks run back to back)
 MOST_RUNS = 256  # at most this many back-to-back runs per timing
 FILE_FORMAT = 1
+LOCK_SECONDS = 60  # the longest a process waits for the decisions file's lock
 
 # How a decision came about (the report says it).
 MEASURED, KEPT, CPU, FAILED = "measured", "kept", "cpu", "failed"
@@ -259,9 +256,11 @@ class Decisions:
     A decision made or read in this process stays for the process: another process sharing the
     file (two ComfyUI instances on one user directory) may add kinds, never change one this
     process already uses, so two runs of one workflow never switch decisions in between. In the
-    file the first decision of a kind wins (measure again replaces it); each new decision is
-    merged in under a lock on the file's folder and written atomically, so racing writers keep
-    the file valid and lose none. Removing the file forgets every decision (measured anew without
+    file the first decision of a kind wins (measure again replaces it): a process that measured a
+    kind another process wrote meanwhile uses the file's decision from that run on, as it would
+    after a restart. Each new decision is merged in under a lock (``filelock``, on every OS: the
+    file ``.auto_decisions.json.lock`` beside it) and written atomically (a temporary file swapped
+    in), so racing writers keep the file valid and lose none. Removing the file forgets every decision (measured anew without
     a restart). A file this version cannot use (not JSON, the wrong shape, a newer format) or a
     place it cannot write is said once; the decisions then hold in memory only, and the file is
     left as it is. Thread-safe: a kind met by two threads at once is measured once."""
@@ -330,7 +329,9 @@ class Decisions:
                 self._kept[key] = {"reduce": decision.reduce, "full_ms": decision.full_ms,
                                    "reduced_ms": decision.reduced_ms, "site": site,
                                    "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-                self._save(key, replace=fresh)
+                kept = self._save(key, replace=fresh)
+                if kept is not None:  # another process decided this kind first: its decision, from this run on
+                    return Decision(kept["reduce"], kept["full_ms"], kept["reduced_ms"], KEPT)
             return decision
 
     def _measure(self, device: torch.device, build: Callable[[], Work]) -> Decision:
@@ -402,20 +403,26 @@ class Decisions:
                            f"that are not decisions; those kinds are measured again.")
         return entries
 
-    def _save(self, key: str, replace: bool) -> None:
+    def _save(self, key: str, replace: bool) -> dict | None:
         """Merge this process's decision of ``key`` into the file: the file's own wins unless
-        ``replace`` (measure again)."""
+        ``replace`` (measure again). Returns the file's entry where it won (another process wrote
+        the kind meanwhile): this process adopts it, so a restart changes nothing; else None."""
         if self.path is None or self._memory_only:
-            return
+            return None
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        won = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with _folder_lock(self.path.parent):
+            # Held for one read and one write; a lock that cannot be had (an old filelock retries a
+            # folder it cannot write forever) ends in Timeout, an OSError: kept for this process.
+            with FileLock(str(self.path.with_name(f".{self.path.name}.lock")), timeout=LOCK_SECONDS):
                 current = self._read()
                 if current is None:
-                    return
+                    return None
                 if replace or key not in current:
                     current[key] = self._kept[key]
+                else:
+                    won = self._kept[key] = current[key]
                 for known, entry in current.items():
                     self._kept.setdefault(known, entry)
                 data = {"format": FILE_FORMAT, "about": "TokenReduce reduce_when auto: measured decisions per "
@@ -423,6 +430,7 @@ class Decisions:
                 temporary.write_text(json.dumps(data, indent=1, sort_keys=True), encoding="utf-8")
                 os.replace(temporary, self.path)
                 self._file_state = self._stat()
+            return won
         except OSError as problem:
             self._memory_only = True
             self._say_once(f"TokenReduce: could not keep the auto rule's decisions in {self.path} ({problem}); "
@@ -432,28 +440,6 @@ class Decisions:
                 temporary.unlink(missing_ok=True)
             except OSError:  # no folder to have left it in
                 pass
-
-
-class _folder_lock:
-    """An exclusive lock on a folder between processes (POSIX ``flock``); where there is none
-    (Windows) the atomic replace still keeps the file valid, and a decision lost to a racing
-    writer is measured again by the next process."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.handle = None
-
-    def __enter__(self):
-        if fcntl is not None:
-            self.handle = os.open(self.folder, os.O_RDONLY)
-            fcntl.flock(self.handle, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.handle is not None:
-            fcntl.flock(self.handle, fcntl.LOCK_UN)
-            os.close(self.handle)
-        return False
 
 
 _STORES: dict = {}  # path -> Decisions: the rule's memory, one store per file for the process
