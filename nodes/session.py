@@ -113,12 +113,13 @@ class PatchSession:
         if run is None or options is None or self.patch is None:
             return executor(*args, **kwargs)
         sigmas = options["sigmas"]
-        context = run.open_call(sigmas, options)
         inputs = {k: v for k, v in kwargs.items() if k not in APPLY_MODEL_ARGS}
         base_model = executor.class_obj  # the BaseModel this call runs (a device's own copy under multi-GPU)
         call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas,
                          compute_dtype(base_model), attention_entry(), getattr(base_model, "diffusion_model", None),
                          compiled(options))
+        # Where auto already left every site of such calls alone: no noise level read, nothing prepared.
+        context = run.open_call(sigmas, options, aside=self.patch.steps_aside(run, call))
         self.patch.prepare_call(context, run, call)
         options[self.context_key] = context  # a fresh dict per model call (ComfyUI copies it)
         try:

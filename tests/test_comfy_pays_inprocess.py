@@ -219,3 +219,43 @@ def json_key_holds(key: str, environment: tuple) -> bool:
     import json
 
     return all(part in json.loads(key) for part in environment)
+
+
+@pytest.mark.parametrize("window", [{}, {"start_percent": 0.0, "end_percent": 0.8}], ids=["whole run", "window"])
+def test_a_run_auto_leaves_alone_reads_no_noise_level_and_builds_no_kind_after_its_first_call(
+        comfy, models, measuring, monkeypatch, window):
+    """Where auto leaves every level alone, the patched model steps aside: after the run's first
+    model call no call reads its noise level (a device sync on a GPU) or builds a kind of call
+    again (a cached lookup per call), and the latent is the unpatched one bit for bit."""
+    run_module = sys.modules["tokenreduce_pack.tokenreduce.run"]
+    levels = sys.modules["tokenreduce_pack.tokenreduce.measure"].UNetLevels
+    store = measuring((10.0, 12.0))  # every kind slower reduced: left alone
+    model = patched(comfy, "tome", patched(comfy, "todo", models["SD15"], factor_next=2.0, **window),
+                    max_downsample="2", **window)
+    unpatched = sample(comfy, models["SD15"], steps=4)
+    counts = {"calls": 0, "sigma": [], "kind": []}
+
+    def counting(name, original):
+        def spy(*args, **kwargs):
+            counts[name].append(counts["calls"])
+            return original(*args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(run_module.RunState, "sigma", counting("sigma", run_module.RunState.sigma))
+    monkeypatch.setattr(levels, "kind", counting("kind", levels.kind))
+    model = model.clone()
+
+    def call(apply_model, args):
+        counts["calls"] += 1
+        return apply_model(args["input"], args["timestep"], **args["c"])
+
+    model.set_model_unet_function_wrapper(call)
+    latent = sample(comfy, model, steps=4)
+    assert store.measurements == 4 and counts["calls"] == 4  # ToDo's and ToMe's 2 levels; cond and uncond batched
+    assert torch.equal(latent, unpatched)
+    # The wrapper counts before the sessions' wrappers run: what the n-th call reads is noted with n.
+    assert [c for c in counts["sigma"] + counts["kind"] if c > 1] == []  # only in the first call
+    if not window:  # the whole run is the window, and ToMe draws nothing: no noise level is read at all
+        assert counts["sigma"] == []
+    assert all(not session.last_report.levels for session in sys.modules["tokenreduce_pack.nodes.session"]
+               .sessions_of(model))

@@ -145,6 +145,13 @@ class UNetLevels:
                 str(weights.dtype) if weights is not None else "", backend_of(call, call.options.get(OVERRIDE)),
                 *reduction)
 
+    def call_key(self, call: ModelCall) -> tuple:
+        """What of a call decides every level's ``kind`` (the model copy fixes the weights' dtype),
+        for the per-run lookup of what the auto rule left alone: no block is looked up."""
+        text = tuple(call.context.shape[1:]) if call.context is not None else ()
+        return (call.x.device, tuple(call.x.shape[-2:]), text, compute_dtype(call), call.model,
+                backend_of(call, call.options.get(OVERRIDE)))
+
     def work(self, call: ModelCall, level: int, grid: tuple[int, int], context_key: str,
              reducing: Callable[[], dict]) -> Callable[[], Work]:
         return unet_block_work(self.block(call, level), self.first[level], grid, call, context_key, reducing)

@@ -41,6 +41,7 @@ CONTEXT_PREFIX = "tokenreduce."  # every call context's key in the host's option
 MEASURING = "tokenreduce:measuring"  # in the options of a call the auto rule times: patches without a context pass
 # The host's attention override slot in the per-call options (ComfyUI's name; Forge has none).
 OVERRIDE = "optimized_attention_override"
+LEFT_ALONE = "left alone"  # run.cache: (LEFT_ALONE, a patch's call key) -> (sites left alone, all of them)
 
 
 def call_context(active: bool, timer=None, **extra) -> dict:
@@ -130,14 +131,16 @@ class RunState:
         self._last_sigma = (sigmas, value)
         return value
 
-    def open_call(self, sigmas: torch.Tensor, options: dict | None = None) -> dict:
-        """The context of one model call at noise level ``sigmas`` with the host's ``options``."""
+    def open_call(self, sigmas: torch.Tensor, options: dict | None = None, aside: bool = False) -> dict:
+        """The context of one model call at noise level ``sigmas`` with the host's ``options``.
+        ``aside``: the patch already knows it leaves this call whole alone (``CallPatch.steps_aside``):
+        the context is inactive and the noise level is not read (no device sync)."""
         window = (options or {}).get("context_window")  # ComfyUI's context windows: one model call per window
         if window is not None:
             frames = tuple(getattr(window, "index_list", ()))
             with self._lock:
                 self.windows[frames] = self.windows.get(frames, 0) + 1
-        active = self.always_active or self.window.contains(self.sigma(sigmas))
+        active = not aside and (self.always_active or self.window.contains(self.sigma(sigmas)))
         return call_context(active, self if self.profile else None)
 
     def close_call(self, context: dict, sigmas: torch.Tensor) -> None:
@@ -270,6 +273,37 @@ class CallPatch:
     def end_run(self, run: RunState) -> None:
         """Called by the host when a sampling run ends, before its report: nothing of the run
         may outlive it."""
+
+    def call_key(self, call: ModelCall):
+        """What of a model call decides which of its sites the auto rule leaves alone (the kinds of
+        its sites), cheap to build; None: the patch decides per call (``left_alone`` keeps nothing)."""
+        return None
+
+    def steps_aside(self, run: RunState, call: ModelCall) -> bool:
+        """Whether the auto rule already left every site of calls like ``call`` alone in this run: the
+        host then opens the call's context inactive (``RunState.open_call(..., aside=True)``: no noise
+        level read) and the patch passes everything through. A cached lookup; False until the first
+        such call was prepared (``left_alone``)."""
+        if self.rule is None:
+            return False
+        cached = run.cache.get((LEFT_ALONE, self.call_key(call)))
+        return cached is not None and cached[1]
+
+    def left_alone(self, run: RunState, call: ModelCall, sites, pays_at: Callable[[object], bool]) -> frozenset:
+        """The sites (levels, kinds of call) of ``sites`` the auto rule leaves alone in this call:
+        ``pays_at(site)`` asked the first time the run meets a call with this ``call_key``, then a
+        cached lookup (no kind is built again)."""
+        if self.rule is None:
+            return frozenset()
+        key = (LEFT_ALONE, self.call_key(call))
+        cached = run.cache.get(key) if key[1] is not None else None
+        if cached is None:
+            sites = tuple(sites)
+            left = frozenset(site for site in sites if not pays_at(site))
+            cached = (left, bool(left) and len(left) == len(sites))
+            if key[1] is not None:
+                run.cache[key] = cached
+        return cached[0]
 
     def pays(self, run: RunState, device: torch.device, kind: tuple,
              describe: Callable[[], tuple[str, Callable[[], Work]]]) -> bool:

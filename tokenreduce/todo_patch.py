@@ -31,19 +31,17 @@ class ToDoPatch(CallPatch):
     def prepare_call(self, context: dict, run, call) -> None:
         if not context["active"]:
             return
-        left = set()
-        if self.rule is not None:
-            latent_hw = tuple(call.x.shape[-2:])
-            for level, factor in self.factors.items():
-                if level not in self.unet.first:
-                    continue  # no blocks there (said when the node ran)
-                grid = grid_at(latent_hw, level)
-                kind = self.unet.kind(call, level, grid, ("ToDo", factor, self.method))
-                if not self.pays(run, call.x.device, kind, lambda: (
-                        level_text(level, grid),
-                        self.unet.work(call, level, grid, self.context_key, self._measuring_context))):
-                    left.add(level)
-        context["left"] = frozenset(left)
+        levels = [level for level in self.factors if level in self.unet.first]  # others have no blocks (said)
+        context["left"] = self.left_alone(run, call, levels, lambda level: self._pays(run, call, level))
+
+    def call_key(self, call) -> tuple:
+        return self.unet.call_key(call)
+
+    def _pays(self, run, call, level: int) -> bool:
+        grid = grid_at(tuple(call.x.shape[-2:]), level)
+        kind = self.unet.kind(call, level, grid, ("ToDo", self.factors[level], self.method))
+        return self.pays(run, call.x.device, kind, lambda: (
+            level_text(level, grid), self.unet.work(call, level, grid, self.context_key, self._measuring_context)))
 
     @staticmethod
     def _measuring_context() -> dict:

@@ -64,10 +64,11 @@ class ToMePatch(CallPatch):
         latent_hw, device, sigmas = tuple(call.x.shape[-2:]), call.x.device, call.sigmas
         s = self.settings
         levels = sorted({site.level for site in self.sites if site.level <= self.max_level})
-        context["left"] = left = frozenset(level for level in levels if not self._pays(run, call, level, latent_hw))
+        context["left"] = left = self.left_alone(run, call, levels,
+                                                 lambda level: self._pays(run, call, level, latent_hw))
         keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
                 if site.level in levels and site.level not in left}
-        sigma = run.sigma(sigmas) if s.use_rand else None
+        sigma = run.sigma(sigmas) if s.use_rand and keys else None  # nothing to draw: no read (a device sync)
         context["partitions"] = {key: self._partition(run, key[0], key[1], device, sigma) for key in keys}
         # A grid the latent does not predict (a model that rescales inside, Kohya Deep Shrink)
         # is drawn when met: correct everywhere, a graph break under torch.compile.
@@ -75,6 +76,9 @@ class ToMePatch(CallPatch):
         context["shared"] = {}  # share_plans: grid -> the plan of this call
 
     # --- reduce_when auto ----------------------------------------------------------------------
+    def call_key(self, call: ModelCall) -> tuple:
+        return self.unet.call_key(call)
+
     def _pays(self, run: RunState, call: ModelCall, level: int, latent_hw: tuple[int, int]) -> bool:
         if self.rule is None:
             return True
@@ -176,7 +180,7 @@ class ToMePatch(CallPatch):
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)
         key = unet_call_key(extra_options)
-        if call is None or key is None:
+        if call is None or key is None or not call["active"]:  # inactive: prepare_call left no MLP plan
             return n, context, value
         located = self._locate(call, n, extra_options)
         plan = None if located is None else self._plan(call, key, located[0], n)

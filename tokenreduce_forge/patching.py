@@ -110,7 +110,7 @@ class PassRun:
                              options, sigmas, self.dtype, self.attention)
             contexts = []
             for method in self.methods:
-                context = method.run.open_call(sigmas, options)
+                context = method.run.open_call(sigmas, options, aside=method.patch.steps_aside(method.run, call))
                 method.patch.prepare_call(context, method.run, call)
                 options[method.patch.context_key] = context
                 contexts.append(context)
