@@ -255,7 +255,7 @@ def ensure_checkpoint(comfyui: Path, python: str | Path = sys.executable, family
                    f"random_models.write_checkpoint(path, {family!r}, {seed})")
 
 
-EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer "module.function" in devtools/, version of its files)
+EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer "module.function" in devtools/ or a call of it, version)
     "dit": ("diffusion_models", "random_models.write_dit", 2),  # tiny SD3; v2: its position table is filled
     "lora": ("loras", "random_models.write_lora", 1),
     "controlnet": ("controlnet", "random_models.write_controlnet", 1),
@@ -266,6 +266,10 @@ EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer "module.function" in d
     "wan21_t2v_fp8_scaled": ("diffusion_models", "random_dits.write_wan_scaled_fp8", 1),
     "wan21_vace": ("diffusion_models", "random_dits.write_wan_vace_diffusion_model", 1),
     "ltxv": ("diffusion_models", "random_dits.write_ltxv_diffusion_model", 1),
+    # Wan 2.2 A14B's second expert and its LoRA beside the scaled-fp8 Wan file and the LoRA above:
+    # the same architecture, other weights (a writer with arguments is called as written).
+    "wan22_low_noise": ("diffusion_models", "random_dits.write_wan_scaled_fp8(path, seed=1)", 1),
+    "wan22_low_noise_lora": ("loras", "random_dits.write_attention_lora(path, seed=1)", 1),
 }
 
 
@@ -274,7 +278,7 @@ def ensure_extra_model(comfyui: Path, kind: str, python: str | Path = sys.execut
     classes; returns its ComfyUI model folder and path."""
     folder, writer, version = EXTRA_MODELS[kind]
     path = model_cache(comfyui) / f"tokenreduce-random-{kind}-seed0-v{version}.safetensors"
-    return folder, _ensure(path, comfyui, python, f"{writer}(path)")
+    return folder, _ensure(path, comfyui, python, writer if writer.endswith(")") else f"{writer}(path)")
 
 
 def _ensure(path: Path, comfyui: Path, python: str | Path, call: str) -> Path:

@@ -1,8 +1,9 @@
 """Write the UI-format example workflows in ``example_workflows/``: txt2img graphs for SD1.5 and
 SDXL with each patch node between the checkpoint loader and the sampler, and ToDo on the DiTs
-most users run: Wan 2.1 text to video, Wan 2.1 VACE (1.3B), LTX-Video text to video and Flux.1
-[dev] text to image, with the loaders, file names and sizes of ComfyUI's own templates for them,
-and a long Wan 2.1 clip sampled in ComfyUI's context windows.
+most users run: Wan 2.1 text to video, Wan 2.1 VACE (1.3B), Wan 2.2 A14B text to video (two
+experts, a ToDo node on each, lightx2v's 4-step LoRAs), LTX-Video text to video and Flux.1 [dev]
+text to image, with the loaders, file names and sizes of ComfyUI's own templates for them, and a
+long Wan 2.1 clip sampled in ComfyUI's context windows.
 
     python3 devtools/make_examples.py
 
@@ -179,6 +180,61 @@ def wan_workflow(frames: int = 33, windows: bool = False) -> dict:
                   "Wan 2.1 text to video with ToDo")
 
 
+# Wan 2.2 A14B: the files of ComfyUI's Wan 2.2 14B text-to-video template, per expert: the model
+# (fp8 scaled), lightx2v's 4-step distillation LoRA made for it, and the node ids of its chain.
+A14B_EXPERTS = {  # expert -> model file, LoRA file, (loader, LoRA, shift, ToDo, sampler) node ids, row y
+    "high_noise": ("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+                   "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors", (1, 14, 16, PATCH, 7), 60),
+    "low_noise": ("wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+                  "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors", (13, 15, 17, 18, 11), 440),
+}
+A14B_STEPS, A14B_SWITCH = 4, 2  # the template's 4 steps: the high-noise expert samples 0-2, the low-noise 2-4
+
+
+def wan22_a14b_workflow() -> dict:
+    """Wan 2.2 A14B text to video at 640x640, 81 frames, wired as ComfyUI's Wan 2.2 14B template
+    with the 4-step LoRAs: two experts (high noise and low noise), each its own fp8-scaled model
+    through its lightx2v 4-step LoRA (strength 1) and ModelSamplingSD3 (shift 5), then ToDo at its
+    defaults, then its KSamplerAdvanced: 4 steps, CFG 1, euler, simple; the high-noise expert adds
+    the noise and samples steps 0-2, returning the leftover noise, the low-noise expert samples
+    steps 2-4. Each ToDo node patches and reports its own expert; a window in percent
+    (start_percent/end_percent) selects the same noise levels on both samplers."""
+    g = Graph()
+    clip = g.add(2, "CLIPLoader", [40, 820], [340, 106], ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"],
+                 [("CLIP", "CLIP")])
+    vae = g.add(3, "VAELoader", [40, 970], [340, 58], ["wan_2.1_vae.safetensors"], [("VAE", "VAE")])
+    positive, negative = _prompts(g, clip, WAN_PROMPT, WAN_NEGATIVE, [420, 820])
+    latent = g.add(6, "EmptyHunyuanLatentVideo", [880, 820], [340, 130], [640, 640, 81, 1], [("LATENT", "LATENT")])
+    samples = (latent, 0)
+    for expert, (model_file, lora_file, ids, y) in A14B_EXPERTS.items():
+        loader_id, lora_id, shift_id, patch_id, sampler_id = ids
+        high = expert == "high_noise"
+        title = "high noise" if high else "low noise"
+        unet = g.add(loader_id, "UNETLoader", [40, y], [340, 82], [model_file, "default"], [("MODEL", "MODEL")],
+                     title=f"Load Diffusion Model ({title})")
+        lora = g.add(lora_id, "LoraLoaderModelOnly", [420, y], [340, 82], [lora_file, 1.0], [("MODEL", "MODEL")],
+                     [("model", "MODEL", (unet, 0))], title=f"4-step LoRA ({title})")
+        shift = g.add(shift_id, "ModelSamplingSD3", [800, y], [250, 58], [5.0], [("MODEL", "MODEL")],
+                      [("model", "MODEL", (lora, 0))])
+        node_type, _, widgets, height = PATCHES["todo"]
+        patch = g.add(patch_id, node_type, [1090, y], [340, height], widgets, [("MODEL", "MODEL"), ("info", "STRING")],
+                      [("model", "MODEL", (shift, 0))], color="#233", bgcolor="#355", title=f"ToDo ({title})")
+        start, end = (0, A14B_SWITCH) if high else (A14B_SWITCH, A14B_STEPS)
+        leftover = "enable" if high else "disable"
+        samples = (g.add(sampler_id, "KSamplerAdvanced", [1470, y], [315, 334],
+                         [leftover, 42, "fixed", A14B_STEPS, 1.0, "euler", "simple", start, end, leftover],
+                         [("LATENT", "LATENT")],
+                         [("model", "MODEL", (patch, 0)), ("positive", "CONDITIONING", (positive, 0)),
+                          ("negative", "CONDITIONING", (negative, 0)), ("latent_image", "LATENT", samples)],
+                         title=f"KSampler (Advanced, {title})"), 0)
+    decode = g.add(8, "VAEDecode", [1830, 60], [210, 46], [], [("IMAGE", "IMAGE")],
+                   [("samples", "LATENT", samples), ("vae", "VAE", (vae, 0))])
+    g.add(9, "SaveAnimatedWEBP", [1830, 160], [480, 420],
+          ["TokenReduce_wan22_a14b_t2v_4step_lora_todo", 16.0, False, 90, "default"], [],
+          [("images", "IMAGE", (decode, 0))])
+    return g.flow("Wan 2.2 A14B text to video (two experts, 4-step LoRA) with ToDo")
+
+
 VACE_PROMPT = ("a red fox trotting through fresh snow in a birch forest, soft morning light, the camera "
                "tracks alongside it, cinematic, highly detailed")
 
@@ -283,6 +339,7 @@ def examples() -> dict[str, dict]:
     flows["wan21_t2v_todo.json"] = wan_workflow()
     flows["wan21_t2v_long_context_windows_todo.json"] = wan_workflow(frames=161, windows=True)
     flows["wan21_vace_todo.json"] = wan_vace_workflow()
+    flows["wan22_a14b_t2v_4step_lora_todo.json"] = wan22_a14b_workflow()
     flows["ltxv_t2v_todo.json"] = ltxv_workflow()
     flows["flux_txt2img_todo.json"] = flux_workflow()
     return flows

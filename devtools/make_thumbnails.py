@@ -1,7 +1,8 @@
 """Write the template-browser thumbnails of the example workflows: ``example_workflows/<name>.jpg``,
 a picture of each graph as ComfyUI's own frontend draws it.
 
-    python3 devtools/make_thumbnails.py
+    python3 devtools/make_thumbnails.py                     # every example
+    python3 devtools/make_thumbnails.py wan21_t2v_todo      # only those named (without .json)
 
 Serves the pinned ComfyUI with this pack, loads each example in headless Chromium (see
 browser.py), fits the view and saves a JPEG. ComfyUI's template browser shows
@@ -33,7 +34,10 @@ def main() -> int:
     from browser import Frontend, chromium_path, returning_user
     from comfy_server import ComfyServer
 
-    examples = sorted((REPO / "example_workflows").glob("*.json"))
+    names = set(sys.argv[1:])
+    examples = [path for path in sorted((REPO / "example_workflows").glob("*.json")) if not names or path.stem in names]
+    if names - {path.stem for path in examples}:
+        raise SystemExit(f"no example named {', '.join(sorted(names - {path.stem for path in examples}))}")
     with tempfile.TemporaryDirectory() as base:
         returning_user(Path(base))
         with ComfyServer(comfyui, sys.executable, Path(base)) as server, sync_playwright() as playwright:

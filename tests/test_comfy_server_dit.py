@@ -1,11 +1,13 @@
 """End to end on DiTs: ComfyUI's ``main.py`` on 127.0.0.1 with this pack in custom_nodes, the
-example workflows for Wan 2.1 text to video, Wan 2.1 VACE, LTX-Video text to video and Flux.1
-[dev] text to image, driven through the HTTP API and the websocket.
+example workflows for Wan 2.1 text to video, Wan 2.1 VACE, Wan 2.2 A14B (two experts, a ToDo
+node on each, 4-step LoRAs, a split schedule), LTX-Video text to video and Flux.1 [dev] text to
+image, driven through the HTTP API and the websocket.
 
 The graphs are the committed examples with these stand-ins for what cannot be had here: the
 diffusion-model files are random (devtools/random_dits.py: the smallest Flux.1 dev, Wan 2.1 t2v
 and VACE, and LTX-Video files ComfyUI's UNETLoader detects as those models, written once per
-ComfyUI tree and cached; LTX-Video's checkpoint loader becomes a UNETLoader of its file); the
+ComfyUI tree and cached; LTX-Video's checkpoint loader becomes a UNETLoader of its file; Wan 2.2
+A14B's experts are two scaled-fp8 Wan files of other weights, each with a random LoRA); the
 text encoders are replaced by the tests' own node, random conditioning in their shape
 (tests/comfy_test_nodes: a T5-XXL cannot be built or run here), and so is WanVaceToVideo, which
 encodes its control video with the VAE (random VACE frames and mask in its shapes); and the VAE
@@ -22,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import make_examples
 import workflow
 from comfy_server import PromptRejected
 from conftest import REPO
@@ -59,7 +62,8 @@ CONTEXT_WINDOWS = dict(context_length=17, context_overlap=9)  # the stand-in for
 def files(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-dit")
     link_test_nodes(base)
-    return base, link_extra_models(base, ["wan21_t2v", "flux", "wan21_vace", "ltxv", "unsupported_dit"])
+    return base, link_extra_models(base, ["wan21_t2v", "flux", "wan21_vace", "ltxv", "unsupported_dit",
+                                          *sorted(set(A14B_FILES.values()))])
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +82,20 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
     """The family's example workflow as an API prompt, with the stand-ins (see the module
     docstring): random model file, random conditioning, SaveLatent."""
     example, latent_node, size, *_ = GRAPHS[family]
-    prompt = workflow.to_api(workflow.load(REPO / "example_workflows" / example), object_info)
+    prompt = stand_ins(workflow.to_api(workflow.load(REPO / "example_workflows" / example), object_info), family)
+    workflow.find(prompt, "UNETLoader")["unet_name"] = files[1][MODEL_FILES[family]]
+    workflow.find(prompt, latent_node).update(size)
+    steps_node = "LTXVScheduler" if family == "ltxv" else "KSampler"
+    workflow.find(prompt, steps_node)["steps"] = steps
+    workflow.find(prompt, TODO).update({"skip_first_blocks": 0, "skip_last_blocks": 0, **todo_settings})
+    if family == "wan_long":
+        workflow.find(prompt, "WanContextWindowsManual").update(CONTEXT_WINDOWS)
+    return prompt
+
+
+def stand_ins(prompt: dict, family: str) -> dict:
+    """An example's API prompt with the stand-ins of the module docstring for the text encoders,
+    VACE's conditioning, the VAE and the saved video (the model files are the caller's)."""
     for nid, node in list(prompt.items()):
         kind = node["class_type"]
         if kind == "CheckpointLoaderSimple":  # LTX-Video's checkpoint: its VAE output goes to the decode only
@@ -96,20 +113,14 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
         elif kind == "VAEDecode":
             prompt[nid] = {"class_type": "SaveLatent", "inputs": {"samples": node["inputs"]["samples"],
                                                                   "filename_prefix": f"latents/{family}"}}
-    workflow.find(prompt, "UNETLoader")["unet_name"] = files[1][MODEL_FILES[family]]
-    workflow.find(prompt, latent_node).update(size)
-    steps_node = "LTXVScheduler" if family == "ltxv" else "KSampler"
-    workflow.find(prompt, steps_node)["steps"] = steps
-    workflow.find(prompt, TODO).update({"skip_first_blocks": 0, "skip_last_blocks": 0, **todo_settings})
-    if family == "wan_long":
-        workflow.find(prompt, "WanContextWindowsManual").update(CONTEXT_WINDOWS)
     return prompt
 
 
-def without_todo(prompt: dict) -> dict:
-    """The prompt with ToDo taken out: what took its output takes its input."""
+def without_todo(prompt: dict, ours: str | None = None) -> dict:
+    """The prompt with ToDo (the node ``ours``, by default the only one) taken out: what took its
+    output takes its input."""
     plain = copy.deepcopy(prompt)
-    ours = node_id(plain, TODO)
+    ours = ours or node_id(plain, TODO)
     for node in plain.values():
         if node["inputs"].get("model") == [ours, 0]:
             node["inputs"]["model"] = plain[ours]["inputs"]["model"]
@@ -167,6 +178,90 @@ def test_the_example_graph_runs_reports_repeats_and_acts(server, object_info, fi
     again = server.run(copy.deepcopy(prompt))
     assert not [m for m in again["status"]["messages"] if m[0] == "execution_cached" and m[1]["nodes"]]
     assert torch.equal(latent_of(server, again), latent)
+
+
+# Wan 2.2 A14B: two experts of Wan 2.1's architecture, each with its 4-step LoRA. Stand-ins: the
+# scaled-fp8 tiny Wan file and a second one of other weights, a random attention LoRA for each.
+A14B = "wan22_a14b_t2v_4step_lora_todo.json"
+A14B_FILES = {  # the example's file -> the kind of its stand-in (comfy_server.EXTRA_MODELS)
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors": "wan21_t2v_fp8_scaled",
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors": "wan22_low_noise",
+    "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors": "wan21_t2v_lora",
+    "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors": "wan22_low_noise_lora",
+}
+# The ToDo node of each expert (make_examples.A14B_EXPERTS): the high-noise one samples steps 1-2
+# of the 4, the low-noise one steps 3-4.
+A14B_TODO = {"high_noise": str(make_examples.PATCH), "low_noise": str(make_examples.A14B_EXPERTS["low_noise"][2][3])}
+
+
+def a14b_prompt(object_info, files, **todo_settings) -> dict:
+    """The Wan 2.2 A14B example as an API prompt with the stand-ins, at 128x96, 9 frames, its 4
+    steps split 2 + 2; ``todo_settings`` on both ToDo nodes."""
+    prompt = stand_ins(workflow.to_api(workflow.load(REPO / "example_workflows" / A14B), object_info), "wan")
+    for node in prompt.values():
+        for name in ("unet_name", "lora_name"):
+            if name in node["inputs"]:
+                node["inputs"][name] = files[1][A14B_FILES[node["inputs"][name]]]
+        if node["class_type"] == TODO:
+            node["inputs"].update({"skip_first_blocks": 0, "skip_last_blocks": 0, **todo_settings})
+    workflow.find(prompt, "EmptyHunyuanLatentVideo").update(width=128, height=96, length=9)
+    return prompt
+
+
+def run_reports(server, prompt) -> tuple[dict, dict, dict]:
+    """Run the prompt: its history entry, each node's executed output and each node's run report."""
+    prompt_id, messages = server.run_collecting(prompt, {"executed", RUN_EVENT})
+    executed = {data["node"]: data["output"] for kind, data in messages if kind == "executed"}
+    runs = {}
+    for kind, data in messages:
+        if kind == RUN_EVENT:
+            assert data["node"] not in runs, "one run report per node and sampler"
+            runs[data["node"]] = data
+    return history(server, prompt_id), executed, runs
+
+
+def test_the_wan22_a14b_example_patches_and_reports_each_expert(server, object_info, files):
+    """Both experts patched by their own ToDo node, each reporting its own sampler's 2 steps; each
+    node changes the result; a fresh rerun repeats it bit for bit."""
+    _, _, _, header, tokens, info = GRAPHS["wan"]
+    prompt = a14b_prompt(object_info, files)
+    server.free()
+    entry, executed, runs = run_reports(server, prompt)
+    assert set(runs) == set(A14B_TODO.values())
+    for ours in A14B_TODO.values():
+        assert entry["outputs"][ours]["text"][0].startswith(info)
+        assert executed[ours]["tokenreduce"] == [{"lines": [header], "warnings": []}]
+        run = runs[ours]
+        assert run["completed"] and run["warnings"] == [] and run["active_steps"] == [1, 2]
+        assert run["lines"][0] == header and run["lines"][-1].startswith("steps 1-2 of 2 · ")
+        assert [line for line in run["lines"] if line.startswith("ds ")] == [tokens]
+    latent = latent_of(server, entry)
+    assert torch.isfinite(latent).all()
+
+    # Each ToDo node acts on its own expert: taking either out, or both, gives another latent.
+    without_high = latent_of(server, server.run(without_todo(prompt, A14B_TODO["high_noise"])))
+    without_low = latent_of(server, server.run(without_todo(prompt, A14B_TODO["low_noise"])))
+    plain = latent_of(server, server.run(without_todo(without_todo(prompt, A14B_TODO["high_noise"]),
+                                                      A14B_TODO["low_noise"])))
+    for a, b in [(latent, without_high), (latent, without_low), (without_high, plain), (without_low, plain)]:
+        error = float((a - b).norm() / b.norm())
+        assert 1e-5 < error < 0.1, error
+
+    server.free()
+    assert torch.equal(latent_of(server, server.run(copy.deepcopy(prompt))), latent)
+
+
+def test_a_wan22_a14b_window_in_percent_selects_the_same_noise_levels_on_both_samplers(server, object_info, files):
+    """The 4 steps at shift 5 ("simple") run at sigma 1, 0.9375, 0.833 and 0.625; start_percent 0.2
+    and end_percent 0.7 are sigma 0.952 and 0.682 (``percent_to_sigma``), so steps 2 and 3 lie
+    inside: the high-noise sampler's second step and the low-noise sampler's first. Each node
+    counts its own sampler's steps."""
+    prompt = a14b_prompt(object_info, files, start_percent=0.2, end_percent=0.7)
+    _, _, runs = run_reports(server, prompt)
+    high, low = runs[A14B_TODO["high_noise"]], runs[A14B_TODO["low_noise"]]
+    assert high["active_steps"] == [2] and high["lines"][-1].startswith("steps 2 of 2 · ")
+    assert low["active_steps"] == [1] and low["lines"][-1].startswith("steps 1 of 2 · ")
+    assert high["warnings"] == low["warnings"] == []
 
 
 @pytest.mark.parametrize("name,value,needle", [

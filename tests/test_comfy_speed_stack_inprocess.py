@@ -73,3 +73,72 @@ def test_todo_with_a_few_step_lora_and_a_step_window(comfy, core_nodes):
     steps = session_of(with_lora).last_report.active_steps
     assert steps == session_of(plain).last_report.active_steps and 0 < len(steps) < 4
     assert session_of(with_lora).last_report.levels
+
+
+def a14b_experts(comfy, core_nodes, **todo_settings):
+    """Wan 2.2 A14B's two experts as its template wires them (scaled-fp8 file, its 4-step LoRA,
+    ModelSamplingSD3 shift 5), each with its own ToDo node: two Wan files of other weights."""
+    from comfy_extras.nodes_model_advanced import ModelSamplingSD3
+
+    experts = []
+    for model_file, lora_file in (("wan21_t2v_fp8_scaled", "wan21_t2v_lora"), ("wan22_low_noise", "wan22_low_noise_lora")):
+        model = load(core_nodes, model_file)
+        with torch.inference_mode():
+            model = core_nodes.LoraLoaderModelOnly().load_lora_model_only(model, file_name(lora_file), 1.0)[0]
+        model = ModelSamplingSD3().patch(model, 5.0)[0]
+        experts.append(apply(comfy, "todo", model, **ALL_FILE_BLOCKS, **todo_settings).result[0])
+    return experts
+
+
+def a14b_inputs():
+    """Text as the real encoder gives it (T5-XXL, 4096 wide) and the latent: 128 px, 9 frames."""
+    import random_dits
+
+    size = dict(height_px=128, width_px=128, frames=9)
+    positive, negative = random_dits.conditioning("wan21_t2v", text_dim=4096, **size)
+    return positive, negative, {"samples": random_dits.latent("wan21_t2v", **size)}
+
+
+def sample_split(core_nodes, high, low, steps: int = 4, switch: int = 2):
+    """The template's split schedule: KSamplerAdvanced on the high-noise expert for steps 0-switch
+    (adds the noise, returns the leftover noise), then on the low-noise expert to the end; CFG 1."""
+    positive, negative, latent = a14b_inputs()
+    sampler = core_nodes.KSamplerAdvanced()
+    with torch.inference_mode():
+        latent = sampler.sample(high, "enable", 42, steps, 1.0, "euler", "simple", positive, negative, latent, 0, switch,
+                                "enable")[0]
+        return sampler.sample(low, "disable", 42, steps, 1.0, "euler", "simple", positive, negative, latent, switch,
+                              steps, "disable")[0]["samples"]
+
+
+def test_wan22_a14b_experts_are_decided_once_per_kind_and_reported_separately(comfy, core_nodes, measuring):
+    """Both experts patched, each reporting its own sampler's steps. Their grid calls are one kind
+    (same family, grid, heads, dtype, backend, reduction: the weights are not part of it), so the
+    auto rule times it once, in the high-noise expert's first call; the low-noise expert finds the
+    decision kept. A second run measures nothing and repeats the latent bit for bit."""
+    store = measuring((10.0, 5.0))
+    high, low = a14b_experts(comfy, core_nodes)
+    latent = sample_split(core_nodes, high, low)
+    assert store.measurements == 1
+    reports = {name: session_of(model).last_report for name, model in (("high", high), ("low", low))}
+    assert [d.source for _, d in reports["high"].decisions] == ["measured"]
+    assert [d.source for _, d in reports["low"].decisions] == ["kept"]
+    for report in reports.values():
+        assert report.levels and report.active_steps == (1, 2) and report.steps == 2 and not report.warnings
+        assert all(d.reduce for _, d in report.decisions)
+    assert torch.equal(sample_split(core_nodes, high, low), latent) and store.measurements == 1
+    assert [d.source for _, d in session_of(high).last_report.decisions] == ["kept"]
+
+
+def test_wan22_a14b_a_window_in_percent_means_the_same_on_both_samplers(comfy, core_nodes):
+    """start_percent 0.2 / end_percent 0.7 are sigma 0.952 / 0.682 at shift 5; the 4 steps run at
+    sigma 1, 0.9375, 0.833, 0.625: steps 2 and 3 are inside, the high-noise sampler's second step
+    and the low-noise sampler's first, as one sampler running all 4 steps acts in steps 2-3."""
+    high, low = a14b_experts(comfy, core_nodes, start_percent=0.2, end_percent=0.7)
+    sample_split(core_nodes, high, low)
+    assert session_of(high).last_report.active_steps == (2,) and session_of(low).last_report.active_steps == (1,)
+    positive, negative, latent = a14b_inputs()
+    with torch.inference_mode():
+        core_nodes.KSamplerAdvanced().sample(high, "enable", 42, 4, 1.0, "euler", "simple", positive, negative, latent,
+                                             0, 4, "disable")
+    assert session_of(high).last_report.active_steps == (2, 3)
