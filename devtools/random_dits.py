@@ -280,11 +280,14 @@ def _patcher(model):
                                             offload_device=comfy.model_management.unet_offload_device())
 
 
-def make_dit(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
+def make_dit(family: str, seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | None = None,
+             **overrides):
     """A ModelPatcher around a tiny random-weight model of ``family``; ``overrides`` change its
-    unet_config (``depth=2`` for a Flux with two double blocks, ``num_layers=4`` for Wan, ...)."""
+    unet_config (``depth=2`` for a Flux with two double blocks, ``num_layers=4`` for Wan, ...);
+    ``device``: its weights built and filled there (the full-size models of the GPU table)."""
     config = model_config(family, dtype, **overrides)
-    model = build_random(lambda: config.get_model({}), seed, FIXTURES[family].weights if family in FIXTURES else None)
+    model = build_random(lambda: config.get_model({}, device=device), seed,
+                         FIXTURES[family].weights if family in FIXTURES else None)
     model.eval()
     return _patcher(model)
 

@@ -68,13 +68,17 @@ def _model_config(family: str, config: dict, dtype: torch.dtype = torch.float32)
 def randomize_(module: torch.nn.Module, seed: int) -> None:
     """Fill every parameter from a private generator as PyTorch's default layer init would
     (weights uniform in +-1/sqrt(fan_in)), norm scales 1, biases 0. ComfyUI builds its layers
-    without initialising them, so this is needed for finite, deterministic outputs."""
-    generator = torch.Generator().manual_seed(seed)
+    without initialising them, so this is needed for finite, deterministic outputs. The
+    generator lives where the parameters do: a model built on a GPU (the full-size models of the
+    GPU table) is filled there in a second, not in minutes on the CPU (other values than a CPU
+    build, as deterministic)."""
+    device = next(module.parameters(), torch.empty(0)).device
+    generator = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():
         for name, param in module.named_parameters():
             if param.dim() >= 2:
                 bound = 1 / math.sqrt(math.prod(param.shape[1:]))
-                param.copy_((torch.rand(param.shape, generator=generator) * 2 - 1) * bound)
+                param.copy_((torch.rand(param.shape, generator=generator, device=device) * 2 - 1) * bound)
             elif name.endswith("bias"):
                 param.zero_()
             else:
@@ -161,8 +165,9 @@ def fill_pos_embed_(diffusion_model: torch.nn.Module) -> None:
 
 
 def make_model(family: str = "SD15", tiny: bool = True, seed: int = 0, v_prediction: bool = False,
-               dtype: torch.dtype = torch.float32):
-    """A ModelPatcher around a random-weight UNet of that family, on ComfyUI's torch device."""
+               dtype: torch.dtype = torch.float32, device: torch.device | None = None):
+    """A ModelPatcher around a random-weight UNet of that family, on ComfyUI's torch device
+    (``device``: its weights built and filled there)."""
     import comfy.model_base
     import comfy.model_management
     import comfy.model_patcher
@@ -170,7 +175,7 @@ def make_model(family: str = "SD15", tiny: bool = True, seed: int = 0, v_predict
     model_config = _model_config(family, unet_config(family, tiny), dtype)
     model_type = comfy.model_base.ModelType.V_PREDICTION if v_prediction else comfy.model_base.ModelType.EPS
     cls = comfy.model_base.SDXL if family == "SDXL" else comfy.model_base.BaseModel
-    model = build_random(lambda: cls(model_config, model_type=model_type), seed)
+    model = build_random(lambda: cls(model_config, model_type=model_type, device=device), seed)
     model.eval()
     device = comfy.model_management.get_torch_device()
     return comfy.model_patcher.ModelPatcher(model, load_device=device,
