@@ -4,6 +4,7 @@
     python3 devtools/benchmark.py --quick                # a short subset
     python3 devtools/benchmark.py --compile              # also every config under torch.compile
     python3 devtools/benchmark.py --gpu-table OUT        # the GPU table of the issues, row by row, in 8 minutes
+    python3 devtools/benchmark.py --gpu-table-video OUT  # its video preset: Wan 2.1 14B 720p, LTX-2, one step each
     python3 devtools/benchmark.py --diffusers            # diffusers pipelines: the table of diffusers' ToMe docs
         [--full] [--device cuda] [--sizes 512 1024] [--batches 1 2] [--steps N] [--repeats N] [--clock cpu]
     /path/to/ComfyUI/venv/python devtools/benchmark.py --comfyui /path/to/ComfyUI [--checkpoint ckpt.safetensors]
@@ -53,7 +54,7 @@ def main() -> int:
         from bench import diffusers_table
         return diffusers_table.main(sys.argv[1:])
     pinned = None
-    if "--gpu-table" in sys.argv[1:] and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
+    if {"--gpu-table", "--gpu-table-video"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
         sys.argv[1:1] = ["--comfyui", os.environ["TOKENREDUCE_COMFYUI"]]  # a lent GPU: its tree, this Python
     if not any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:]):
         # Into the pinned host before parsing: the tiny DiT fixtures (--families) import torch.

@@ -239,6 +239,40 @@ def test_full_size_dits_are_the_released_layouts(comfy):
         assert count == pytest.approx(parameters, rel=0.01)
 
 
+# The GPU table's full-size models against their released parameter counts (model cards): Wan 2.1
+# T2V 14B 14.3B (each Wan 2.2 A14B expert has its layout: the i2v experts 36 input channels), I2V 14B
+# 16.4B (CLIP-vision tokens), Wan 2.2 TI2V 5B 5.0B, LTX-2 "19B" (ComfyUI's LTXAVModel at the released
+# widths counts 19.59B, its text connectors included: within 4 %).
+RELEASED = {"wan21": ("WAN21_T2V", 1.42e9, 0.01), "flux_dev": ("Flux", 11.9e9, 0.01),
+            "wan21_14b": ("WAN21_T2V", 14.3e9, 0.01), "wan21_14b_i2v": ("WAN21_I2V", 16.4e9, 0.01),
+            "wan22_a14b_i2v": ("WAN21_T2V", 14.3e9, 0.01), "wan22_5b": ("WAN22_T2V", 5.0e9, 0.01),
+            "ltx2": ("LTXAV", 19e9, 0.04)}
+
+
+@pytest.mark.parametrize("key", list(RELEASED))
+def test_the_gpu_tables_full_size_models_are_the_released_layouts(comfy, key):
+    """The GPU table builds each full-size model as ComfyUI's detection names its file, with the
+    released parameter count; built as the table builds it (random_dits.model_config with the
+    released unet_config over the tiny one), on the meta device: no weights are allocated, a 19B
+    model counts on a CPU machine. LTX-2 only where the running ComfyUI has LTXAV (0.33, by flag)."""
+    import comfy.supported_models
+    import random_dits
+    from bench import gpu_table
+
+    spec = gpu_table.MODELS[key]
+    name, parameters, tolerance = RELEASED[key]
+    if not hasattr(comfy.supported_models, name):
+        pytest.skip(f"this ComfyUI has no {name}: run with --comfyui of a tree that has it (0.33)")
+    config = random_dits.model_config(spec.family, torch.bfloat16, **spec.full)
+    assert type(config).__name__ == name
+    with torch.device("meta"):
+        model = config.get_model({}, device=torch.device("meta"))
+    count = sum(p.numel() for p in model.diffusion_model.parameters())
+    assert count == pytest.approx(parameters, rel=tolerance)
+    for field, value in spec.full.items():  # nothing of the tiny config left under the released one
+        assert random_dits.unet_config(spec.family, **spec.full)[field] == value
+
+
 def test_video_frame_counts_and_non_square_sizes(comfy, tmp_path):
     """--sizes WxH (Wan's 480p is 832x480) and --frames (one run per latent frame count):
     the latent has the asked width, height and frames, and each count is its own table."""
@@ -359,10 +393,10 @@ def test_the_gpu_table_writes_each_row_as_it_finishes_and_a_cut_run_keeps_them(t
 def test_the_gpu_table_says_what_it_did_not_measure(tmp_path):
     """A row over its budget is written "over budget, not measured"; rows past the deadline "deadline:
     not run"; a later issue's row "not yet supported"."""
-    over = _gpu_table(tmp_path / "over", "--budget-scale", "0", "--rows", "sd15-768", "ltx2")
-    assert [line["row"] for line in over] == ["sd15-768", "ltx2"]
+    over = _gpu_table(tmp_path / "over", "--budget-scale", "0", "--rows", "sd15-768", "qwen-image-1328")
+    assert [line["row"] for line in over] == ["sd15-768", "qwen-image-1328"]
     assert over[0]["status"].startswith("over budget") and "not measured" in over[0]["status"]
-    assert over[1]["status"].startswith("not yet supported: issue #39")
+    assert over[1]["status"].startswith("not yet supported: issue #38")
     late = _gpu_table(tmp_path / "late", "--deadline", "0", "--rows", "sd15-768", "qwen-image-1328")
     assert late[0]["status"] == "deadline: not run" and late[1]["status"].startswith("not yet supported")
 
@@ -378,12 +412,40 @@ def test_the_gpu_table_compiled_row_reports_compiling_apart(tmp_path):
     assert "over budget" not in (tmp_path / "compiled" / "gpu_table.md").read_text()
 
 
-def test_the_gpu_table_plan_fits_the_deadline():
-    """The rows' expected time on the H200 (gpu-h200.md's unpatched s/run) fits the default deadline
-    of 8 minutes with room for the model builds; every later row is one line marked pending."""
+def test_the_gpu_table_video_preset_times_one_step_after_a_warm_up(tmp_path):
+    """--gpu-table-video: its own rows (Wan 2.1 14B at 720p, 81 frames, with and without Sage; LTX-2
+    at 1280x704, 121 frames, with audio), each timing one sampling step, unpatched and patched side by
+    side, after a first run of each apart (the warm-up); on tiny models here. Sage is skipped without
+    sageattention; LTX-2 is skipped where the ComfyUI has no LTXAV (0.3.75), refused with the node's own
+    reason or measured with its audio latent where it has."""
     import bench.gpu_table as table
 
-    measured = [row for row in table.ROWS if not row.pending]
+    lines = _gpu_table(tmp_path / "video", "--gpu-table-video", str(tmp_path / "video"))
+    keys = [row.key for row in table.ROWS if row.preset == table.VIDEO]
+    assert keys == ["wan21-14b-720p-1step", "wan21-14b-720p-1step-sage", "ltx2-704p-121f-1step"]
+    assert [line["row"] for line in lines] == keys
+    wan, sage, ltx = lines
+    assert wan["variant"] == "ToDo 2" and wan["status"] == "measured" and wan["steps"] == 1 and wan["rounds"] == 1
+    assert wan["first_seconds"] > 0 and wan["reference_first_seconds"] > 0 and wan["speedup"] > 0
+    assert "Wan 2.1 14B (tiny)" in wan["where"]
+    assert sage["status"] == "measured" or sage["status"].startswith("skipped: ")
+    assert ltx["status"] in ("measured",) or ltx["status"].startswith(("skipped: this ComfyUI has no LTXAV",
+                                                                        "refused: "))
+    if ltx["status"] == "measured":
+        assert ltx["steps"] == 1 and ltx["rel_error"] >= 0
+    assert "1 euler step(s)" in (tmp_path / "video" / "gpu_table.md").read_text()
+
+
+def test_the_gpu_table_plan_fits_the_deadline():
+    """The rows' expected time on the H200 (gpu-h200.md's unpatched s/run) fits the default deadline
+    of 8 minutes with room for the model builds; every later row is one line marked pending. The
+    video preset (one step each at 720p and longer, estimates) fits its own run of the same deadline."""
+    import bench.gpu_table as table
+
+    video = [row for row in table.ROWS if row.preset == table.VIDEO]
+    assert video and all(row.steps == 1 and not row.pending for row in video)
+    assert sum(table.expected_seconds(row) for row in video) < table.DEFAULT_DEADLINE - 3 * 30  # + 3 builds
+    measured = [row for row in table.ROWS if not row.pending and row.preset == table.TABLE]
     assert sum(table.expected_seconds(row) for row in measured) < table.DEFAULT_DEADLINE - 60
     assert {row.model for row in measured} <= set(table.MODELS)
     assert all(row.pending.startswith("not yet supported") for row in table.ROWS if row.model not in table.MODELS)

@@ -110,8 +110,8 @@ def main(args) -> int:
     from . import environment, plots, report
     from .run import run
 
-    if args.gpu_table is not None:
-        args.out = args.gpu_table
+    if args.gpu_table is not None or args.gpu_table_video is not None:
+        args.out = args.gpu_table if args.gpu_table is not None else args.gpu_table_video
         return gpu_table.main(args)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.stacks:

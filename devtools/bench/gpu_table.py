@@ -20,6 +20,16 @@ start are written as "deadline: not run"). Build, first-run and compile seconds 
 from the timed runs.
 
 A later row is one line of ``ROWS``; ``pending`` names why it is not measured yet.
+
+The video preset (issue #39) is a second table with its own deadline, the 720p and longer rows
+whose single step takes tens of seconds at full size (Wan 2.1 14B, the layout of each Wan 2.2
+A14B expert, at 1280x720 and 81 frames; LTX-2 19B at 1280x704 and 121 frames with its audio):
+
+    python3 devtools/benchmark.py --gpu-table-video OUT --comfyui /path/to/ComfyUI [--plan]
+
+Its rows time one sampling step (``steps``): each variant's first run is its warm-up (and
+auto's measuring), then the rounds time one step each, unpatched and patched side by side.
+A variant the node refuses is written "refused: <the node's reason>".
 """
 
 from __future__ import annotations
@@ -40,10 +50,17 @@ STEPS = 4  # euler, simple schedule, as gpu-h200.md
 TINY_STEPS = 2  # --tiny: a check of the table on a CPU in seconds, not a timing
 MIN_START = 5.0  # seconds: a row is not started with less left before the deadline
 DEFAULT_DEADLINE = 480.0  # 8 minutes: leaves the device machine's start and a rerun inside its 15
+TABLE, VIDEO = "table", "video"  # the presets: --gpu-table, --gpu-table-video
+AUDIO_LATENTS_PER_SECOND = 25  # LTX-2's audio VAE: 16 kHz, mel hop 160, 4x down (LTXVEmptyLatentAudio)
+FRAME_RATE = 25  # LTX-2's default frame rate (its extra_conds' default)
 
 
 class OverBudget(Exception):
     """Raised by the row timer."""
+
+
+class Refused(Exception):
+    """A variant's node refused the model: its reason."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,7 @@ class ModelSpec:
     cfg: float = 5.0
     tiny_size: str = "64"  # the size and latent frames a --tiny run uses instead
     tiny_frames: int = 9  # video frames
+    audio: bool = False  # an audio latent beside the video (LTX-2: a nested latent, as LTXVConcatAVLatent)
 
     @property
     def unet(self) -> bool:
@@ -68,6 +86,20 @@ class ModelSpec:
 WAN_13B = {"image_model": "wan2.1", "dim": 1536, "ffn_dim": 8960, "num_heads": 12, "num_layers": 30,
            "text_dim": 4096, "in_dim": 16, "out_dim": 16, "freq_dim": 256, "patch_size": (1, 2, 2),
            "window_size": (-1, -1), "qk_norm": True, "cross_attn_norm": True, "eps": 1e-6}
+# Wan 2.1 14B (t2v; i2v with 36 input channels and CLIP-vision tokens); each expert of Wan 2.2
+# A14B (high noise, low noise) has this layout (i2v: 36 input channels, no CLIP-vision tokens).
+WAN_14B = {**WAN_13B, "model_type": "t2v", "dim": 5120, "ffn_dim": 13824, "num_heads": 40, "num_layers": 40}
+WAN22_5B = {**WAN_13B, "model_type": "t2v", "dim": 3072, "ffn_dim": 14336, "num_heads": 24, "num_layers": 30,
+            "in_dim": 48, "out_dim": 48}  # Wan 2.2 TI2V 5B: 48-channel latent, 16x VAE
+# LTX-2 19B (ComfyUI 0.33's LTXAV): what detection reads off the file (48 blocks, video heads of 128,
+# text cross-attention 4096) with the file's "config" metadata; the audio stream and the text
+# connectors at the released widths (LTXAVModel's defaults).
+LTX2_19B = {"image_model": "ltxav", "num_layers": 48, "attention_head_dim": 128, "num_attention_heads": 32,
+            "cross_attention_dim": 4096, "caption_channels": 3840, "in_channels": 128, "out_channels": 128,
+            "audio_in_channels": 128, "audio_attention_head_dim": 64, "audio_num_attention_heads": 32,
+            "audio_cross_attention_dim": 2048, "connector_attention_head_dim": 128,
+            "connector_num_attention_heads": 30, "connector_num_layers": 2,
+            "use_keyframes_abs_pos_embedding": False}
 MODELS = {
     "wan21": ModelSpec("Wan 2.1 1.3B", "wan21_t2v", WAN_13B, text=4096, tiny_size="96x64"),
     "wan21_vace": ModelSpec("Wan 2.1 VACE 1.3B", "wan21_vace",
@@ -82,6 +114,15 @@ MODELS = {
                        "cross_attention_dim": 2048, "caption_channels": 4096, "in_channels": 128,
                        "out_channels": 128},
                       text=4096, cfg=3.0, tiny_size="96x64", tiny_frames=9),
+    "wan21_14b": ModelSpec("Wan 2.1 14B", "wan21_t2v", WAN_14B, text=4096, tiny_size="96x64"),
+    "wan21_14b_i2v": ModelSpec("Wan 2.1 I2V 14B", "wan21_i2v", {**WAN_14B, "model_type": "i2v", "in_dim": 36},
+                               text=4096, tiny_size="96x64"),
+    "wan22_a14b_i2v": ModelSpec("Wan 2.2 I2V A14B expert", "wan22_i2v_a14b", {**WAN_14B, "in_dim": 36}, text=4096,
+                                tiny_size="96x64"),
+    "wan22_5b": ModelSpec("Wan 2.2 TI2V 5B", "wan22_ti2v_5b", WAN22_5B, text=4096, tiny_size="96x64"),
+    # the text as its connectors give it: video and audio halves, caption_channels each
+    "ltx2": ModelSpec("LTX-2 19B", "ltxav", LTX2_19B, text=2 * 3840, cfg=3.0, tiny_size="96x64", tiny_frames=9,
+                      audio=True),
     "sd15": ModelSpec("SD1.5", "SD15", dtype="float16", cfg=7.0),
     "sdxl": ModelSpec("SDXL", "SDXL", dtype="float16", cfg=7.0),
 }
@@ -105,6 +146,8 @@ class RowSpec:
     max_rounds: int = 25
     note: str = ""  # what the row is for
     pending: str = ""  # not measured yet: why ("not yet supported")
+    steps: int = STEPS  # sampling steps a run times (1: the one-step rows of the video preset)
+    preset: str = TABLE  # the table it belongs to: --gpu-table (TABLE) or --gpu-table-video (VIDEO)
 
 
 TODO, TOME = "ToDo 2", "ToMe 0.5"  # the nodes at their defaults (reduce_when auto)
@@ -135,10 +178,18 @@ ROWS: tuple[RowSpec, ...] = (
     # Issues #38 and #39: one line each once their families run here.
     RowSpec("qwen-image-1328", "qwen_image", "1328", (TODO,), pending="not yet supported: issue #38 (Qwen-Image's "
             "5-D image latent and full-size layout are not in the table's builder yet)"),
-    RowSpec("wan21-14b-720p-1step", "wan21_14b", "1280x720", (TODO,), frames=81,
-            pending="not yet supported: issue #38 (Wan 2.1 14B, one step)"),
-    RowSpec("ltx2", "ltx2", "768x512", (TODO,), frames=121,
-            pending="not yet supported: issue #39 (LTX-2 needs a ComfyUI newer than 0.3.75)"),
+    # The video preset (--gpu-table-video): one step each, after a warm-up. Expected seconds: estimates
+    # from the FLOPs (Wan 14B at 720p, 81 frames: 75,600 tokens, ~1.4e16 FLOPs a CFG step, two thirds
+    # of them attention), not measured yet.
+    RowSpec("wan21-14b-720p-1step", "wan21_14b", "1280x720", (TODO,), frames=81, steps=1, preset=VIDEO,
+            h200_seconds=30.0, speedups=(1.8,), budget=240, timed=0.0,
+            note="one step after a warm-up (the layout of each Wan 2.2 A14B expert): target >= 2.2x"),
+    RowSpec("wan21-14b-720p-1step-sage", "wan21_14b", "1280x720", (TODO,), frames=81, steps=1, preset=VIDEO,
+            attention="sage", h200_seconds=22.0, speedups=(1.6,), budget=200, timed=0.0,
+            note="Sage + ToDo over Sage alone, one step: target >= 2x"),
+    RowSpec("ltx2-704p-121f-1step", "ltx2", "1280x704", (TODO,), frames=121, steps=1, preset=VIDEO,
+            h200_seconds=4.0, speedups=(1.2,), budget=90, timed=0.0,
+            note="one step after a warm-up, audio present: target >= 1.4x"),
 )
 BY_KEY = {row.key: row for row in ROWS}
 
@@ -157,12 +208,12 @@ def expected_seconds(row: RowSpec) -> float:
 
 
 def plan_text(rows: list[RowSpec], deadline: float) -> str:
-    lines = ["| row | model, size | variants | budget s | expected s (H200) |", "|---|---|---|---|---|"]
+    lines = ["| row | model, size | variants | steps | budget s | expected s (H200) |", "|---|---|---|---|---|---|"]
     for row in rows:
         spec = MODELS.get(row.model)
         where = f"{spec.label if spec else row.model}, {row.size} px" + (f", {row.frames} frames" if row.frames > 1
                                                                          else "")
-        lines.append(f"| {row.key} | {where} | {', '.join(row.configs)} | {row.budget:.0f} | "
+        lines.append(f"| {row.key} | {where} | {', '.join(row.configs)} | {row.steps} | {row.budget:.0f} | "
                      + (row.pending if row.pending else f"{expected_seconds(row):.0f}") + " |")
     total = sum(expected_seconds(r) for r in rows)
     lines += ["", f"Expected: {total:.0f} s of rows plus the model builds, under a deadline of {deadline:.0f} s."]
@@ -357,9 +408,12 @@ class RowRun:
             time_down = self._time_down()
             self.latent_frames = (video_frames - 1) // time_down + 1
         self.conditioning = conditioning
-        self.run = SampledRun(model, size, conditioning, TINY_STEPS if args.tiny else STEPS, downscale=self._downscale(),
+        self.steps = min(row.steps, TINY_STEPS) if args.tiny else row.steps  # what each timed run samples
+        self.run = SampledRun(model, size, conditioning, self.steps, downscale=self._downscale(),
                               frames=self.latent_frames, cfg=self.spec.cfg)
         self.run.evals = 1  # seconds per whole run, not per step
+        if self.spec.audio:
+            self._with_audio(model, video_frames)
         backend = environment.attention_backends([row.attention])[row.attention]
         base = environment.with_attention(model, backend)
         if row.hypertile:
@@ -376,7 +430,10 @@ class RowRun:
         self.configs: dict = {}  # name -> configs.Config
         for name in row.configs:
             config = BY_NAME[name]
-            patched = config.apply(base, host.appliers)
+            try:
+                patched = config.apply(base, host.appliers)
+            except ValueError as reason:  # the node's refusal, said in the table
+                raise Refused(str(reason)) from None
             self.configs[name] = config
             if row.compile:
                 self.models[name] = patched
@@ -387,6 +444,20 @@ class RowRun:
         self.in_first, self.running = None, None  # the variant whose first run is under way, since when
         self.times: dict[str, list] = {name: [] for name in self.models}
         self.outs: dict[str, object] = {}
+
+    def _with_audio(self, model, video_frames: int) -> None:
+        """The latent and noise with LTX-2's audio beside the video (a nested latent, as
+        LTXVConcatAVLatent makes it): LTXVEmptyLatentAudio's length for the video's frames at
+        FRAME_RATE, the model's audio channels and frequency bins."""
+        import comfy.nested_tensor
+        import torch
+
+        diffusion_model = model.get_model_object("diffusion_model")
+        audio = (1, diffusion_model.num_audio_channels, round(video_frames / FRAME_RATE * AUDIO_LATENTS_PER_SECOND),
+                 diffusion_model.audio_frequency_bins)
+        noise = torch.randn(audio, generator=torch.Generator().manual_seed(13))
+        self.run.latent = comfy.nested_tensor.NestedTensor((self.run.latent, torch.zeros(audio)))
+        self.run.noise = comfy.nested_tensor.NestedTensor((self.run.noise, noise))
 
     def _downscale(self) -> int:
         if self.spec.unet:
@@ -405,8 +476,14 @@ class RowRun:
     def _one(self, name: str) -> float:
         random.seed(0)  # HyperTile draws its tile sizes from Python's random: the same every run
         start = self.running = time.perf_counter()
-        self.outs[name] = self.run(self.models[name])
-        return time.perf_counter() - start
+        out = self.run(self.models[name])
+        seconds = time.perf_counter() - start
+        if getattr(out, "is_nested", False):  # video and audio: one flat tensor for the error
+            import torch
+
+            out = torch.cat([t.reshape(t.shape[0], -1) for t in out.unbind()], dim=-1)
+        self.outs[name] = out
+        return seconds
 
     def measure(self) -> None:
         """First runs, then alternating rounds; fills first, times and outs as it goes (an
@@ -430,7 +507,7 @@ class RowRun:
         from . import amdahl
         from .step import OneStep
 
-        if self.row.compile:
+        if self.row.compile or self.spec.audio:  # the Amdahl pass samples a plain latent
             return None
         if not hasattr(self, "_parts"):
             base = self.base
@@ -461,7 +538,8 @@ class RowRun:
                           hypertile=row.hypertile, compiled=row.compile and name.startswith("compiled"),
                           build_seconds=self.build_seconds if not records else None,
                           first_seconds=self.first.get(name), reference_first_seconds=self.first.get(versus),
-                          status=status, note=row.note, rounds=min(len(times), len(base_times)) or None)
+                          status=status, note=row.note, rounds=min(len(times), len(base_times)) or None,
+                          steps=self.steps)
             if name == self.in_first:  # cut in its first run (compiling, say): it took at least this long
                 record["first_seconds_at_least"] = time.perf_counter() - self.running
             if times and base_times:
@@ -523,6 +601,9 @@ def run_row(args, host, models: Models, row: RowSpec, seconds: float) -> list[di
     """The lines of one row, measured within ``seconds`` (its build inside the same timer)."""
     if row.pending:
         return [_stub(row, args.tiny, row.pending)]
+    missing = _missing_family(MODELS[row.model])
+    if missing:
+        return [_stub(row, args.tiny, missing)]
     if row.attention != "sdpa":
         from . import environment
 
@@ -541,6 +622,8 @@ def run_row(args, host, models: Models, row: RowSpec, seconds: float) -> list[di
                 if line.get("variant") in state["run"].configs and line.get("seconds") is not None:
                     line["bound"] = state["run"].bound(line["variant"])
             return lines
+    except Refused as reason:
+        return [_stub(row, args.tiny, f"refused: {reason}", state.get("build"))]
     except OverBudget:
         status = f"over budget ({seconds:.0f} s), not measured"
         if "run" in state:
@@ -557,13 +640,35 @@ def run_row(args, host, models: Models, row: RowSpec, seconds: float) -> list[di
             torch._dynamo.reset()
 
 
+def _missing_family(spec: ModelSpec) -> str:
+    """Why this tree cannot build the model ("" where it can): a DiT family of later ComfyUI trees."""
+    if spec.unet:
+        return ""
+    import random_dits
+
+    if spec.family not in random_dits.FAMILY_SPECS:
+        return f"not yet supported: no {spec.family} model in devtools/random_dits.py"
+    if not random_dits.available(spec.family):
+        return (f"skipped: this ComfyUI has no {random_dits.FAMILY_SPECS[spec.family].config} "
+                f"({spec.label}: run it with --comfyui PATH of a tree that has it, 0.33 or later)")
+    return ""
+
+
+def preset_rows(args) -> list[RowSpec]:
+    """``--rows`` in their order, else the rows of the preset asked for (--gpu-table-video: VIDEO)."""
+    if args.rows:
+        return [BY_KEY[key] for key in args.rows]
+    preset = VIDEO if getattr(args, "gpu_table_video", None) is not None else TABLE
+    return [row for row in ROWS if row.preset == preset]
+
+
 def main(args) -> int:
-    """Run the rows of ``args.rows`` (all by default) in order, under ``args.deadline``."""
+    """Run the rows of ``args.rows`` (the preset's by default) in order, under ``args.deadline``."""
     import torch
 
     from . import environment
 
-    rows = [BY_KEY[key] for key in args.rows] if args.rows else list(ROWS)
+    rows = preset_rows(args)
     if args.plan:
         print(plan_text(rows, args.deadline))
         return 0
@@ -571,7 +676,9 @@ def main(args) -> int:
     stubbed = _stub_video_io()
     host = environment.load(Path(args.comfyui))
     machine = environment.machine()
-    settings = (f"Whole sampling runs of {TINY_STEPS if args.tiny else STEPS} euler steps (simple schedule), random weights "
+    steps = sorted({min(row.steps, TINY_STEPS) if args.tiny else row.steps for row in rows if not row.pending})
+    settings = (f"Whole sampling runs of {' or '.join(map(str, steps)) or STEPS} euler step(s) (simple schedule, "
+                "as each row says), random weights "
                 + ("(tiny models, float32)" if args.tiny else "(released layouts; bf16 DiTs, fp16 UNets)")
                 + "; per row: one first run of each variant (reduce_when auto measures in it; compiled: it "
                   "compiles), then alternating rounds, the order rotated each round; medians. Speed-up: reference "
@@ -647,6 +754,9 @@ _BUILD_BUDGET = 60.0  # seconds a model's build may add to the first row that ne
 def add_arguments(p) -> None:
     p.add_argument("--gpu-table", dest="gpu_table", type=Path, metavar="OUT",
                    help="the GPU table of the issues (bench/gpu_table.py): writes OUT/gpu_table.md and .jsonl row by row")
+    p.add_argument("--gpu-table-video", dest="gpu_table_video", type=Path, metavar="OUT",
+                   help="the video preset of the GPU table (720p and longer, one step each: Wan 2.1 14B, LTX-2 19B), "
+                        "its own run under --deadline")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
                    help=f"with --gpu-table: seconds for the whole run (default {DEFAULT_DEADLINE:.0f})")
     p.add_argument("--rows", nargs="+", choices=list(BY_KEY), help="with --gpu-table: only these rows, in this order")
