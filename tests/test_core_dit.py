@@ -518,3 +518,67 @@ def test_the_fronts_kept_for_overrides_found_after_todo_are_bounded_and_thread_s
     assert len(fronts) == len(overrides) and len(patch._fronts) == todo_dit.FRONTS
     last = overrides[-1]
     assert _model_call(patch, last)[2][OVERRIDE] is _model_call(patch, last)[2][OVERRIDE]
+
+
+# --- a call plan that follows the model call (Family.call_plan) -----------------------------------
+
+def _skipping_wan(model, x, context, kwargs, options):
+    """Wan's plan with the self-attention of the blocks in options["skip"] left out (as STG skips
+    a block's self-attention call), or a reason where options["refuse"] says so."""
+    from tokenreduce.dit import IMAGE, OTHER, Slot
+
+    if options.get("refuse"):
+        return "this kind of call cannot be planned"
+    skip = options.get("skip", ())
+    return tuple(slot for i in range(len(model.blocks))
+                 for slot in ((() if i in skip else (Slot(IMAGE, i),)) + (Slot(OTHER, i),)))
+
+
+def _call_planned(skip=(), refuse=False, blocks=(1,)):
+    family = FAMILY["Wan 2.1 / 2.2"]._replace(call_plan=_skipping_wan)
+    model = wan_model()
+    patch = ToDoDiTPatch(dit_layout(model, family), frozenset(blocks), 2.0, 1.0, "nearest", model, KEY, "ToDo")
+    patch.plan = tuple(slot._replace(kind="other") for slot in patch.plan)  # the fixed plan is not used
+    call = Call.__new__(Call)
+    call.run = RunState(SigmaWindow(1.0, 0.0), always_active=True)
+    sigmas = torch.tensor([0.5])
+    call.context = call.run.open_call(sigmas)
+    call.options = {OVERRIDE: patch.override, "skip": skip, "refuse": refuse}
+    patch.prepare_call(call.context, call.run, ModelCall(video_latent(3, 8, 8), torch.zeros(B, 512, 8), {},
+                                                         call.options, sigmas))
+    call.options[KEY] = call.context
+    call.patch = patch
+    return call
+
+
+def test_a_family_plans_each_call_from_its_inputs():
+    """With block 0's self-attention skipped in this call, its second attention call is block 1's
+    self-attention: reduced (block 1 is selected), where the fixed plan would have taken it for
+    block 0's cross-attention."""
+    n = 3 * 4 * 4
+    x, text = positions(n, "bnc"), positions(512, "bnc")
+    call = _call_planned(skip=(0,))
+    (_, rk, _), _ = call(x, text, text, heads=HEADS)
+    assert rk is text
+    (_, rk, _), _ = call(x, x, x, heads=HEADS)
+    assert seq_of(rk, 1) == strided(0, (3, 4, 4), 2)
+    call = _call_planned(skip=())  # block 0 runs its self-attention: not selected, left alone
+    assert [call(x, k, k, heads=HEADS)[0][1] is k for k in (x, text, x)] == [True, True, False]
+
+
+def test_a_call_plan_is_made_once_per_distinct_call_and_a_reason_leaves_the_call_alone():
+    first, again = _call_planned(skip=(0,)), _call_planned(skip=(0,))
+    assert first.context["plan"] == again.context["plan"]
+    other = first.run.open_call(torch.tensor([0.4]))
+    first.patch.prepare_call(other, first.run, ModelCall(video_latent(3, 8, 8), torch.zeros(B, 512, 8), {},
+                                                         dict(first.options), torch.tensor([0.4])))
+    assert other["plan"] is first.context["plan"]  # the same object: a compiled model sees no new value
+    refused = _call_planned(refuse=True)
+    assert not refused.context["active"]
+    assert any("cannot be planned" in w for w in refused.run.warnings)
+
+
+def test_a_fixed_plan_family_keeps_its_plan():
+    patch = make_patch("Flux.1", flux_model())
+    call = Call(patch, image_latent(8, 8), torch.zeros(B, 3, 8))
+    assert call.context["plan"] is patch.plan

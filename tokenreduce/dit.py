@@ -8,7 +8,9 @@ text, reference latents), is
 - its *call plan*: the attention calls of one model call in order, each a joint call (text and
   image tokens in one sequence), an image-only call, or one the pack leaves alone (text-only
   refiners, cross-attention to text or image embeddings, audio streams), with the block it
-  belongs to;
+  belongs to. Most families make the same calls in every model call (``plan``, per model); one
+  whose calls depend on the call's inputs (an audio stream present or not, blocks skipping their
+  self-attention, a call split into masked parts) also describes each call's plan (``call_plan``);
 - its *token layout* for a model call: the grid ``(t, h, w)`` of the main image or video tokens
   (frame-major raster order, as every family patchifies) and where that grid sits in the key
   sequence of joint and image-only calls; text, reference-image and padding tokens are around it.
@@ -29,6 +31,9 @@ JOINT, IMAGE, OTHER = "joint", "image", "other"  # kinds of attention call
 class Slot(NamedTuple):
     kind: str  # JOINT, IMAGE or OTHER
     block: int  # the block it belongs to (-1: none)
+    # its queries are a part of the key sequence (one of the calls a host splits an attention
+    # into by groups of queries, each over all keys): the keys are still the grid's
+    part: bool = False
 
 
 class Geometry(NamedTuple):
@@ -68,6 +73,11 @@ class Family(NamedTuple):
     # diffusion model -> why this model of the family cannot be reduced (a stream or block the
     # plan does not know), or None
     check: Callable = _no_check
+    # (diffusion model, x, context, kwargs, the call's options) -> tuple[Slot, ...]: the plan of
+    # this model call, for a family whose calls depend on its inputs (streams present or not,
+    # blocks that skip a call, calls split in parts); or a str: why this call cannot be planned
+    # (said as a warning, the call left alone). None: every call follows ``plan``
+    call_plan: Callable | None = None
 
 
 def geometry_of(family: Family, model, kind: str) -> Geometry:

@@ -102,11 +102,6 @@ class ToDoDiTPatch(CallPatch):
         self.method = method
         self.model = diffusion_model  # read for its structure only (reference inputs, token order)
         self.patch = self.family.patch(diffusion_model)
-        # The auto rule times a kind of grid call at the first slot of a reduced block making it.
-        self.first_slot = {}
-        for index, slot in enumerate(self.plan):
-            if slot.kind != OTHER and slot.block in blocks:
-                self.first_slot.setdefault(slot.kind, index)
         self._geometry = {}  # call kind -> dit.Geometry of its grid calls, read from the model when first timed
         self._fronts = OrderedDict()  # id of an override found installed after ours -> (it, ours in front of it)
         self._fronts_lock = threading.Lock()
@@ -117,6 +112,11 @@ class ToDoDiTPatch(CallPatch):
         installed, after = self._in_front(run, call.options)
         if not context["active"]:
             return
+        plan, first_slot = self._call_plan(run, call)
+        if isinstance(plan, str):  # the family's reason: a call it cannot plan
+            context["active"] = False
+            run.warn_once(f"{self.label}: {plan}; those calls were left alone.")
+            return
         tokens = self.family.tokens(self.model, self.patch, call.x, call.context, call.kwargs)
         if tokens is None or isinstance(tokens, str):  # a str: the family's reason
             context["active"] = False
@@ -126,13 +126,34 @@ class ToDoDiTPatch(CallPatch):
             return
         plans = self._keep_plans(run, tokens, call.x.device)
         left = frozenset(kind for kind, length in plans
-                         if not self._pays(run, call, tokens, kind, length, plans, installed, after))
+                         if not self._pays(run, call, tokens, kind, length, plans, installed, after, (plan, first_slot)))
         if len(left) == len({kind for kind, _ in plans}):
             context["active"] = False  # nothing of this call pays: the override passes every call through
             return
+        context["plan"] = plan
         context["keep"] = plans
         context["left"] = left
         context["calls"] = 0
+
+    def _call_plan(self, run: RunState, call: ModelCall) -> tuple[tuple | str, dict]:
+        """This model call's plan (the fixed one, or the family's plan of this call: the same
+        object for every call that plans the same, so a compiled model sees no new value) and
+        where each kind of grid call of a reduced block first comes in it (the auto rule times
+        it there); a str plan: why this call cannot be planned."""
+        plan = self.plan
+        if self.family.call_plan is not None:
+            plan = self.family.call_plan(self.model, call.x, call.context, call.kwargs, call.options)
+            if isinstance(plan, str):
+                return plan, {}
+        cache_key = ("todo dit plan", self.blocks, plan)
+        found = run.cache.get(cache_key)
+        if found is None:
+            first_slot = {}
+            for index, slot in enumerate(plan):
+                if slot.kind != OTHER and slot.block in self.blocks:
+                    first_slot.setdefault(slot.kind, index)
+            found = run.cache[cache_key] = (plan, first_slot)
+        return found
 
     def _in_front(self, run: RunState, options: dict) -> tuple[Callable, Callable | None]:
         """The override this call runs ours as, and the one ours hands its keys to. Where another
@@ -170,12 +191,13 @@ class ToDoDiTPatch(CallPatch):
             return front
 
     def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
-              installed: Callable, after: Callable | None) -> bool:
+              installed: Callable, after: Callable | None, planned: tuple) -> bool:
         """reduce_when auto for one kind of grid call (joint or image-only) of this layout, timed
         through ``installed`` (our override, as this call runs it), which calls ``after``."""
         if self.rule is None:
             return True
-        slot = self.first_slot.get(kind)
+        plan, first_slot = planned
+        slot = first_slot.get(kind)
         if slot is None:
             return False  # no reduced block makes calls of this kind
         geometry = self._geometry.get(kind)
@@ -186,7 +208,7 @@ class ToDoDiTPatch(CallPatch):
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]  # an image: no frames to name
-            context = call_context(True, keep=plans, left=frozenset(), calls=slot)
+            context = call_context(True, plan=plan, keep=plans, left=frozenset(), calls=slot)
             return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
                     dit_attention_work(call.attention, geometry, length, call, installed, self.context_key,
                                        context, slot))
@@ -224,14 +246,15 @@ class ToDoDiTPatch(CallPatch):
     def _reduce(self, call: dict, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         index = call["calls"]
         call["calls"] = index + 1
-        slot = self.plan[index] if index < len(self.plan) else None
+        plan = call["plan"]
+        slot = plan[index] if index < len(plan) else None
         if slot is None or slot.kind == OTHER or slot.block not in self.blocks or slot.kind in call["left"]:
             return args, kwargs
         dim = 2 if kwargs.get("skip_reshape") else 1  # [B, H, N, D], else [B, N, H*D] (SD3's v: [B, N, H, D])
         q, k, v = args[:3]
         length = k.shape[dim]
         keep = call["keep"].get((slot.kind, length))
-        if keep is None or q.shape[dim] != length or v.shape[dim] != length:
+        if keep is None or v.shape[dim] != length or (q.shape[dim] > length if slot.part else q.shape[dim] != length):
             note_skipped(call)  # a grid call whose tokens are not the predicted layout: left alone
             return args, kwargs
         mask = args[4] if len(args) > 4 else kwargs.get("mask")
