@@ -238,8 +238,32 @@ def reducing_only(model, index):
     """``model`` (ToDo's output) with ToDo reducing attention call ``index`` of a model call
     alone: every call before it computes what it computes unpatched."""
     patch = model.model_options["transformer_options"]["optimized_attention_override"].__self__
-    patch.plan = tuple(slot if i == index else slot._replace(kind="other") for i, slot in enumerate(patch.plan))
+
+    def only(plan):
+        return tuple(slot if i == index else slot._replace(kind="other") for i, slot in enumerate(plan))
+
+    patch.plan = only(patch.plan)
+    planned = patch.family.call_plan
+    if planned is not None:  # a family that plans each call (LTX-2)
+        patch.family = patch.family._replace(call_plan=lambda *call: only(planned(*call)))
     return model
+
+
+def plan_of(comfy, model, variant):
+    """The call plan of ``variant``'s model calls: its family's fixed plan, or the plan the
+    family makes for this variant's calls (recorded while ToDo runs one step on it)."""
+    config = VARIANTS[variant][0]
+    diffusion_model = model.get_model_object("diffusion_model")
+    family = pack("tokenreduce.families").dit_family(config, diffusion_model)
+    if family.call_plan is None:
+        return family.plan(diffusion_model)
+    patched = todo(comfy, model, **ALL_BLOCKS).result[0]
+    patch = patched.model_options["transformer_options"]["optimized_attention_override"].__self__
+    seen = []
+    patch.family = family._replace(call_plan=lambda *call: seen.append(family.call_plan(*call)) or seen[-1])
+    run(comfy, patched, variant, steps=1, cfg=1.0)
+    assert seen and len(set(seen)) == 1
+    return seen[0]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -255,7 +279,7 @@ def test_only_latent_tokens_leave_the_keys(comfy, dits, variant):
         pytest.skip(f"this ComfyUI has no {config}")
     base = dits(variant)
     diffusion_model = base.get_model_object("diffusion_model")
-    plan = pack("tokenreduce.families").dit_family(config, diffusion_model).plan(diffusion_model)
+    plan = plan_of(comfy, base, variant)
     assert len(plan) == len(calls)
     first = {}  # kind -> its first grid call
     for index, (slot, call) in enumerate(zip(plan, calls)):
@@ -555,7 +579,7 @@ def test_the_auto_rule_times_grid_calls_in_the_shapes_the_model_passes(comfy, di
     run(comfy, probed, variant, steps=1, cfg=1.0)  # one model call
     diffusion_model = model.get_model_object("diffusion_model")
     family = pack("tokenreduce.families").dit_family(config, diffusion_model)
-    plan = family.plan(diffusion_model)
+    plan = plan_of(comfy, model, variant)
     grid_calls = [(call, slot.kind) for call, slot, kind in zip(seen, plan, calls) if kind == "g"]
     assert len(seen) == len(calls) == len(plan) and grid_calls
     assert all(slot.kind != "other" for slot, kind in zip(plan, calls) if kind == "g")
@@ -664,3 +688,28 @@ def test_a_forward_that_drops_the_transformer_options_is_said(comfy, dits):
     (warning,) = session_of(model).last_report.warnings
     assert "did nothing: in 2 model calls the model's attention never reached" in warning
     assert "TeaCache and MagCache" in warning and "EasyCache or LazyCache" in warning
+
+
+# --- LTX-2: a plan per model call ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("options,calls", [
+    ({"stg_self_attn_blocks": frozenset({0})}, "-----g-----"),  # STG: block 0's self-attention is its values
+    ({"a2v_cross_attn": False, "v2a_cross_attn": False}, "g---g---"),  # LTXVModalityGuidance's extra pass
+    ({"run_ax": False}, "g-g-"),  # the audio stream not run
+])
+def test_ltx2_plans_each_model_call_from_its_options(comfy, dits, options, calls):
+    """LTX-2's attention calls follow the call's options (STG, the audio<->video coupling cut,
+    the audio stream off): ToDo reduces each video self-attention that runs and nothing else."""
+    if not random_dits.available("ltxav"):
+        pytest.skip("this ComfyUI has no LTXAV")
+    plain_calls, calls_seen = [], []
+    for records, patched in ((plain_calls, False), (calls_seen, True)):
+        model = with_probe(dits("ltxav"), records)
+        model = todo(comfy, model, **ALL_BLOCKS).result[0] if patched else model
+        model = model.clone()
+        model.model_options["transformer_options"] = {**model.model_options["transformer_options"], **options}
+        run(comfy, model, "ltxav", steps=1, cfg=1.0)
+    assert len(plain_calls) == len(calls_seen) == len(calls)
+    removed = math.prod((3, 4, 3)) - kept_tokens((3, 4, 3))
+    for seen, (q, k, v, sigma), kind in zip(calls_seen, plain_calls, calls):
+        assert seen == ((q, k - removed, v - removed, sigma) if kind == "g" else (q, k, v, sigma))

@@ -12,12 +12,6 @@ from __future__ import annotations
 _AUDIO = "an audio model: its tokens are a 1-D sequence of audio latents, there is no image or video grid to reduce"
 _SHAPE = "a 3-D shape model: its tokens are a set of shape latents or sparse voxels, not an image or video grid"
 _NOT_DIFFUSION = "not an image or video denoiser (detection, segmentation or depth): nothing for ToDo to reduce"
-_LTX2_AV = ("LTX-2 (audio and video in one model): how many attention calls a block makes depends on the model "
-            "call, not on the model (the audio self- and cross-attention and the audio<->video cross-attention run "
-            "only with an audio latent and their options, STG blocks skip their self-attention calls, guide "
-            "strengths split a video self-attention into masked calls), and the video and audio latents come "
-            "packed in one tensor; ToDo's call plan is fixed per model, so its video self-attention cannot be "
-            "placed yet")
 
 # PixArt (comfy/ldm/pixart), HunyuanDiT (comfy/ldm/hydit) and ERNIE-Image (comfy/ldm/ernie, 0.33
 # only) call optimized_attention without transformer_options in every tree that has them: the
@@ -33,7 +27,6 @@ REFUSED: dict[str, str] = {
     "Trellis2": _SHAPE,
     "RT_DETR_v4": _NOT_DIFFUSION, "SAM3": _NOT_DIFFUSION, "SAM31": _NOT_DIFFUSION, "DepthAnything3": _NOT_DIFFUSION,
     # Image and video DiTs.
-    "LTXAV": _LTX2_AV,
     "PixArtAlpha": _NO_OVERRIDE, "PixArtSigma": _NO_OVERRIDE, "HunyuanDiT": _NO_OVERRIDE,
     "HunyuanDiT1": _NO_OVERRIDE, "ErnieImage": _NO_OVERRIDE,
     # Wan 2.2 S2V: 0.3.75 calls its blocks without transformer_options (comfy/ldm/wan/model.py,

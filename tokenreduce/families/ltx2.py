@@ -1,0 +1,100 @@
+"""LTX-2 (``LTXAV``, ComfyUI 0.33): audio and video in one model. Per transformer block, in this
+order: the video self-attention over the video tokens (frame-major, patch (1, 1, 1)), the video's
+cross-attention to the text, then with an audio stream the audio self-attention, the audio's
+cross-attention to the text, and the audio-to-video and video-to-audio cross-attention. Only the
+video self-attention is a grid call; the audio tokens and every cross-attention are left alone.
+
+Which of these calls a model call makes depends on the call, so the family plans each call
+(``call_plan``) from its inputs and options:
+
+- the audio calls run only where the call has audio tokens (a video + audio latent, whose shapes
+  the sampler passes as ``latent_shapes``, or a reference audio) and ``run_ax`` is not off; the
+  audio<->video cross-attention only where ``a2v_cross_attn`` / ``v2a_cross_attn`` are not off
+  (LTXVModalityGuidance severs both in its extra pass);
+- STG (``stg_self_attn_blocks``: LTXVApplySTG's perturbed pass) replaces the self-attention of
+  those blocks by its values: no attention call there;
+- guides (LTXVAddGuide: ``keyframe_idxs``) append their frames' tokens after the video, in the
+  keys of the video self-attention (kept, never mixed with the grid); with a guide strength other
+  than 1 or a guide attention mask the host splits each video self-attention into two masked
+  calls by groups of queries (the video's, the guides'), both over every key: both are reduced
+  on the video grid (``Slot.part``).
+
+Guides that drop tokens by their denoise mask (IC-LoRA's dilated references) change the key
+count: those calls do not match the predicted layout and are left alone (the report says so)."""
+
+from __future__ import annotations
+
+import math
+
+from ..dit import IMAGE, OTHER, Family, Slot, TokenLayout, block_paths
+from .ltx import geometry, patch  # LTX-Video's: the same video blocks and patchifier
+
+
+def plan(model) -> tuple[Slot, ...]:
+    """The calls of a model call with an audio stream, no STG and no split guide calls."""
+    return _plan(len(model.transformer_blocks), True, True, True, (), 1)
+
+
+def _plan(blocks: int, video: bool, audio: bool, a2v_v2a: tuple | bool, stg, parts: int) -> tuple[Slot, ...]:
+    a2v, v2a = (a2v_v2a, a2v_v2a) if isinstance(a2v_v2a, bool) else a2v_v2a
+    slots = []
+    for i in range(blocks):
+        if video:
+            if i not in stg:
+                slots += [Slot(IMAGE, i, parts > 1)] * parts
+            slots.append(Slot(OTHER, i))  # cross-attention to the text
+        if audio:
+            slots += [Slot(OTHER, i), Slot(OTHER, i)]  # audio self-attention, its cross-attention to the text
+        if video and audio and a2v:
+            slots.append(Slot(OTHER, i))
+        if audio and v2a:
+            slots.append(Slot(OTHER, i))
+    return tuple(slots)
+
+
+def _video_shape(x, kwargs):
+    shapes = kwargs.get("latent_shapes")
+    if shapes:
+        return tuple(shapes[0])
+    return tuple((x[0] if isinstance(x, (list, tuple)) else x).shape)
+
+
+def _has_audio(kwargs) -> bool:
+    shapes = kwargs.get("latent_shapes")
+    return bool(shapes and len(shapes) > 1 and math.prod(shapes[1]) > 0) or kwargs.get("ref_audio") is not None
+
+
+def _guide_tokens(kwargs) -> int:
+    keyframes = kwargs.get("keyframe_idxs")
+    return 0 if keyframes is None else keyframes.shape[2]
+
+
+def call_plan(model, x, context, kwargs, options) -> tuple[Slot, ...]:
+    video = options.get("run_vx", True)
+    audio = options.get("run_ax", True) and _has_audio(kwargs)
+    a2v = video and options.get("a2v_cross_attn", True)
+    v2a = options.get("v2a_cross_attn", True)
+    split = _guide_tokens(kwargs) > 0 and any(
+        entry.get("strength", 1.0) != 1.0 or entry.get("pixel_mask") is not None
+        for entry in kwargs.get("guide_attention_entries") or ())
+    return _plan(len(model.transformer_blocks), video, audio, (a2v, v2a),
+                 frozenset(options.get("stg_self_attn_blocks", ())), 2 if split else 1)
+
+
+def tokens(model, patch, x, context, kwargs) -> TokenLayout | str:
+    _, _, frames, height, width = _video_shape(x, kwargs)[:5]
+    pt, ph, pw = patch
+    per_frame = (height // ph) * (width // pw)
+    guides = _guide_tokens(kwargs)
+    if guides % per_frame:
+        return (f"LTX-2 guide tokens ({guides}) that are not whole latent frames of the video ({per_frame} tokens "
+                f"a frame) cannot be placed")
+    total = (frames // pt) * per_frame
+    grid = (frames // pt - guides // per_frame, height // ph, width // pw)
+    return TokenLayout(grid, joint=None, image=(total, 0))  # the guides' tokens after the video, kept
+
+
+FAMILIES = (
+    Family("LTX-2", ("LTXAV",), ("LTXAVModel",), True, True,
+           lambda m: block_paths(m, "transformer_blocks"), plan, patch, tokens, geometry, call_plan=call_plan),
+)
