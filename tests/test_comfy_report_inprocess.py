@@ -36,6 +36,21 @@ def test_the_report_gives_tokens_per_level_before_and_after(comfy, models, node,
     assert not report.warnings
 
 
+@pytest.mark.parametrize("node", ["tome", "todo"])
+def test_the_info_says_on_the_cpu_what_a_run_on_the_cpu_shows(comfy, models, node):
+    """reduce_when auto on the CPU reduces every call without timing any: the info text, made when
+    the node executes, promises no times there, and the run's report has none."""
+    output = apply(comfy, node, models["SD15"])
+    info = output.result[1]
+    assert "reduce_when auto" in info and "on a CPU every call is reduced, untimed" in info
+    assert "The report shows the times" not in info
+    sample(comfy, output.result[0], steps=2)
+    report = session_of(output.result[0]).last_report
+    assert report.completed and report.active_steps == (1, 2)
+    assert not [line for line in report_module().run_lines(session_of(output.result[0]).header, report)
+                if line.startswith("auto ·")]
+
+
 def test_a_second_level_is_reported_finest_first(comfy, models):
     model = patched(comfy, "todo", models["SDXL"], factor_next=2.0)
     sample(comfy, model, "SDXL", size=(64, 64), steps=1)

@@ -258,16 +258,30 @@ def test_hires_fix_two_pass_with_different_settings_per_pass(server, object_info
 
 @pytest.mark.parametrize("patch", ["tome", "todo"])
 def test_interrupt_during_sampling_then_same_prompt(server, object_info, patch):
+    """Interrupted at its first step, the run stops there and says so on our node; the same prompt
+    queued again (our node cached, so the same patched model) gives the uninterrupted image bit for
+    bit: nothing of the interrupted run is left. The fresh-server test below compares it again."""
     prompt = prompt_for(object_info, patch, seed=5) if patch == "tome" else prompt_for(object_info, patch, factor=3.0)
     prompt[SAMPLER]["inputs"]["steps"] = 3
+    uninterrupted = image_of(server, copy.deepcopy(prompt))
+    server.free()  # else the whole prompt is cached and nothing samples
+    messages = []
 
-    def interrupt_after_first_step(value):
-        server.interrupt()
-        return True
+    def interrupt_at_first_step(kind, data):
+        messages.append((kind, data))
+        if kind == "progress" and data.get("node") == SAMPLER and sum(k == "progress" for k, _ in messages) == 1:
+            server.interrupt()
+        return kind == "execution_interrupted"
 
-    server.queue_and_follow(prompt, SAMPLER, interrupt_after_first_step)
+    prompt_id = server._follow(copy.deepcopy(prompt), interrupt_at_first_step, raise_errors=False)
+    assert "execution_interrupted" in [name for name, _ in server.wait(prompt_id)["status"]["messages"]]
+    (run,) = [data for kind, data in messages if kind == "tokenreduce.run"]
+    assert run["node"] == OURS and not run["completed"] and run["lines"][-1].endswith(" · interrupted")
+    assert run["active_steps"] and run["active_steps"][-1] < 3
+    again = image_of(server, copy.deepcopy(prompt))
+    assert np.array_equal(again, uninterrupted)
     REFERENCE_PROMPTS[f"after interrupt {patch}"] = prompt
-    REFERENCE_IMAGES[f"after interrupt {patch}"] = image_of(server, copy.deepcopy(prompt))
+    REFERENCE_IMAGES[f"after interrupt {patch}"] = again
 
 
 def test_after_all_of_this_the_server_matches_a_fresh_server(server, object_info, tmp_path_factory):

@@ -239,8 +239,15 @@ def test_two_processes_measuring_at_once_keep_one_valid_file_with_every_kind(tmp
         "auto_decisions.json"]
     for output in outputs:  # each process kept what it decided or read first, for all its runs
         assert output["first"] == output["again"]
-    shared = [key for key in decisions if '"shared' in key]
-    assert len(shared) == 10 and all(decisions[key]["reduce"] in (True, False) for key in shared)
+    # Each kind's entry is one process's whole decision, as its clock made it (10 ms unreduced; a:
+    # 8 ms reduced, so reduce; b: 12 ms, so not), never a mix of the two.
+    made = {"a": (True, 10.0, 8.0), "b": (False, 10.0, 12.0)}
+    entry = {key: (value["reduce"], value["full_ms"], round(value["reduced_ms"], 6)) for key, value in decisions.items()}
+    for name, decision in made.items():
+        own = [entry[key] for key in decisions if f'"{name} ' in key]
+        assert own == [decision] * 10, name
+    shared = [entry[key] for key in decisions if '"shared' in key]
+    assert len(shared) == 10 and all(decision in made.values() for decision in shared), shared
     # The one that lost the race for a shared kind uses the winner's decision, as after a restart.
     in_file = {json.loads(key)[-1]: value["reduce"] for key, value in decisions.items() if '"shared' in key}
     assert all(output["first"][:10] == [in_file[f"shared {i}"] for i in range(10)] for output in outputs)

@@ -313,3 +313,19 @@ def test_the_changelog_has_unreleased_on_top_and_the_current_version():
     sections = [h for h in headings(REPO / "CHANGELOG.md") if h != "Changelog"]
     assert sections[0] == "Unreleased"
     assert any(h.split()[0] == version for h in sections[1:]), f"CHANGELOG.md has no section for {version}"
+
+
+def test_every_claim_that_tome_equals_tomesd_names_its_condition():
+    """tomesd draws its random merge targets from the global RNG, ToMe here from a private seeded
+    generator: their outputs are the same only with random targets off (``use_rand=False``).
+    Every sentence of the README, the docs and the help pages that says they are the same names
+    that condition (a sentence about the plan for given targets needs none)."""
+    pages = [README, *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "js" / "docs").rglob("*.md"))]
+    unconditioned = []
+    for page in pages:
+        for paragraph in re.split(r"\n\s*\n|\n(?=\|)|\n(?=- )", page.read_text(encoding="utf-8")):
+            for sentence in re.split(r"(?<=[.;:])\s(?=[A-Z(`*])", " ".join(paragraph.split())):
+                claim = re.search(r"bit[- ]identical|bit for bit|exact(ly)? tomesd", sentence, re.I)
+                if "tomesd" in sentence and claim and "use_rand" not in sentence and "plan is" not in sentence:
+                    unconditioned.append(f"{page.relative_to(REPO)}: {sentence[:160]}")
+    assert not unconditioned, "\n".join(unconditioned)

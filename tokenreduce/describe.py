@@ -38,8 +38,10 @@ def reduce_when_text(settings) -> str:
     if settings.reduce_when == REDUCE_ALWAYS:
         return "reduce_when always: reduced wherever set."
     again = " (measure again: timed anew once)" if settings.reduce_when == REDUCE_REMEASURE else ""
-    return (f"reduce_when auto{again}: each kind of call is reduced only where timing it on the device shows that "
-            f"it pays, decided once and kept; on the CPU everywhere. The report shows the times.")
+    # Made when the node executes, before a run shows on which device it samples: true on both.
+    return (f"reduce_when auto{again}: on a CPU every call is reduced, untimed; on a GPU (any other device) each "
+            f"kind of call is reduced only where timing it there shows that it pays, decided once and kept, and "
+            f"the report shows the times.")
 
 
 def tome_info(settings, target: Target) -> str:

@@ -30,9 +30,9 @@ def reduce_when_input() -> Input:
                          "identical runs give identical images, also after a restart. The decisions are kept in "
                          "ComfyUI's user directory, tokenreduce/auto_decisions.json (Forge: its data directory); the "
                          "report names the file. CPUs reduce every size without measuring (it paid "
-                         "at every size measured). The node's report shows the times. always: reduce wherever the "
-                         "other settings say. auto (measure again): as auto, but time each kind anew once and replace "
-                         "the kept decisions.")
+                         "at every size measured). Where it measures, the node's report shows the times. always: "
+                         "reduce wherever the other settings say. auto (measure again): as auto, but time each kind "
+                         "anew once and replace the kept decisions.")
 
 
 def window_inputs(what: str) -> tuple[Input, Input]:
@@ -107,7 +107,7 @@ TOME = Method("ToMe", (
     Input("share_plans", BOOL, False, optional=True,
           tooltip="Plan the merge once per level and model call (in the level's first block) and reuse it in "
                   "its other blocks, instead of once per block as tomesd does. Saves most of the planning time, "
-                  "which matters at small sizes on fast attention; off is exact tomesd."),
+                  "which matters at small sizes on fast attention; off plans per block, as tomesd does."),
     Input("matching", CHOICE, MATCH_WHOLE_GRID, options=tuple(MATCHING_REACH), optional=True,
           tooltip="Where each token looks for its merge target: in the whole grid (tomesd: its cost grows with "
                   "the square of the tokens, like the attention it saves) or only in the nearby cells (cost "
