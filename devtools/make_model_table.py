@@ -41,14 +41,17 @@ def render() -> str:
 
     lines = [HEAD, "## UNets: ToMe and ToDo", "", "| ComfyUI config | what both nodes do |", "|---|---|"]
     lines += [f"| `{config}` | {note} |" for config, note in UNETS.items()]
-    lines += ["", "## DiTs: ToDo", "",
-              "| family | ComfyUI configs | video | keys carry rotary positions |", "|---|---|---|---|"]
+    lines += ["", "## DiTs: ToDo, and ToMe where it merges whole blocks", "",
+              "| family | ComfyUI configs | video | keys carry rotary positions | ToMe (whole blocks) |",
+              "|---|---|---|---|---|"]
     for family in FAMILIES:
         configs = ", ".join(f"`{c}`" for c in family.configs)
+        tome = "yes" if family.merge is not None else "refused (use ToDo)"
         lines.append(f"| {family.name} | {configs} | {'yes' if family.video else 'no'} | "
-                     f"{'yes (nearest only)' if family.rope else 'no (nearest or average)'} |")
+                     f"{'yes (nearest only)' if family.rope else 'no (nearest or average)'} | {tome} |")
     lines += ["", "## Refused, and why", "",
-              "Both nodes refuse these with the reason below (ToMe also refuses every DiT: it works on UNets).", "",
+              "Both nodes refuse these with the reason below (ToMe also refuses every DiT family without "
+              "\"yes\" in its ToMe column above).", "",
               "| ComfyUI config | reason |", "|---|---|"]
     lines += [f"| `{config}` | {reason} |" for config, reason in sorted(REFUSED.items())]
     return "\n".join(lines) + "\n"

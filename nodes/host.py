@@ -91,3 +91,11 @@ def install_attention_override(patcher, patch) -> None:
     options = patcher.model_options.setdefault("transformer_options", {})
     patch.previous = options.get(OVERRIDE)
     options[OVERRIDE] = patch.override
+
+
+def install_block_replacements(patcher, patch) -> None:
+    """Put ``patch``'s block replacements into the clone's ``patches_replace["dit"]`` (undone with
+    the clone), each chained to the replacement that was there before (called as its inner block)."""
+    found = patcher.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    for block, (kind, number) in patch.replace_keys().items():
+        patcher.set_model_patch_replace(patch.replacement(kind, block, found.get((kind, number))), "dit", kind, number)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from comfy_api.latest import io
 
 from ..tokenreduce.catalog import TOME_NODE
-from ..tokenreduce.describe import header, tome_info
+from ..tokenreduce.describe import header, tome_dit_info, tome_info
+from ..tokenreduce.layout import DIT, UNET
 from ..tokenreduce.methods import TOME, tome_select
 from ..tokenreduce.preflight import tome_strides
+from ..tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks, tome_refusal
 from ..tokenreduce.tome_patch import ToMePatch
 from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, reduce_rule,
                      refuse_or_unchanged, refuse_stacking, unet_levels)
-from .host import bind_to_device_copies
+from .host import bind_to_device_copies, install_block_replacements
 from .schema import validate_inputs_for
 
 
@@ -30,7 +34,9 @@ class ToMePatchNode(PatchNode):
                              f"merges the queries before this node sees them, so this node would be skipped in every "
                              f"block. Use one of the two (this node's mode 'queries only' computes what the built-in "
                              f"does).")
-        target = find_target(model, "ToMe", "max_downsample", settings.max_downsample, tome_select)
+        target = find_target(model, "ToMe", "max_downsample", settings.max_downsample, tome_select, kinds=(UNET, DIT))
+        if target.layout is not None and target.layout.kind == DIT and not target.refused:
+            return cls._patch_dit(model, settings, target)
         if target.sites is None:
             return refuse_or_unchanged(model, cls.NODE_ID, target)
 
@@ -56,3 +62,22 @@ class ToMePatchNode(PatchNode):
             merge_mlps(patched)
             bind_to_device_copies(patched, session.context_key, merge_mlps)
         return done(patched, tome_info(settings, target), title)
+
+    @classmethod
+    def _patch_dit(cls, model, settings, target) -> io.NodeOutput:
+        """Whole-block merging through the host's block-replace seam, on the clone."""
+        family = target.layout.family
+        if family.merge is None:
+            raise ValueError(f"{cls.NODE_ID}: {tome_refusal(target.family, family)}")
+        if target.sites is None:
+            return refuse_or_unchanged(model, cls.NODE_ID, replace(target, message=(
+                f"WARNING: ToMe does nothing on this {target.family} model: it has {len(target.layout.sites)} blocks, "
+                f"and ToMe leaves the first and the last whole. The model is returned unchanged.")))
+        title = header("ToMe", target)
+        diffusion_model = model.get_model_object("diffusion_model")
+        patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node())
+        patch = ToMeDiTPatch(settings, target.layout, tome_dit_blocks(target.sites), diffusion_model,
+                             session.context_key, cls.NODE_ID)
+        session.attach(patched, patch)
+        install_block_replacements(patched, patch)
+        return done(patched, tome_dit_info(settings, target, patch), title)

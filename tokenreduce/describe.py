@@ -61,6 +61,24 @@ def tome_info(settings, target: Target) -> str:
             + reduce_when_text(s))
 
 
+def tome_dit_info(settings, target: Target, patch) -> str:
+    """ToMe on a DiT: which blocks merge, how, and that reduce_when auto does not time them yet."""
+    s = settings
+    kinds = {}
+    for kind, _ in patch.replace_keys().values():
+        kinds[kind] = kinds.get(kind, 0) + 1
+    blocks = ", ".join(f"{count} {kind.replace('_', ' ')}s" for kind, count in kinds.items())
+    return (f"ToMe on {target.family}: whole blocks merged ({blocks}; the first and last block left whole): the "
+            f"image grid's tokens merge before each block and its change is restored after, text and reference "
+            f"tokens never merge; ratio {s.ratio:g}, tiles {s.stride_x}x{s.stride_y}"
+            + (" (frames not merged)" if target.layout.family.video else "")
+            + f"; active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
+            + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
+            + ("; one plan per model call. " if s.share_plans else "; one plan per block call. ")
+            + ("reduce_when auto: not timed for whole-block merging on DiTs yet, so merged in every call (as "
+               "always)." if s.reduce_when != REDUCE_ALWAYS else reduce_when_text(s)))
+
+
 def todo_info(settings, target: Target) -> tuple[str, list[str]]:
     """The info text and the warnings (a factor at a level without blocks does nothing)."""
     if target.layout.kind == DIT:

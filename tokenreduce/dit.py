@@ -50,6 +50,29 @@ class TokenLayout(NamedTuple):
     image: tuple[int, int] | None  # the same for image-only calls
 
 
+class BlockArgs(NamedTuple):
+    """Where one kind of block's inputs sit in the host's block-replace arguments."""
+
+    tokens: str  # the argument holding the sequence with the grid (restored after the block)
+    # TokenLayout -> (length of that sequence, where the grid starts in it); None: the layout has none
+    in_tokens: Callable
+    pe: str | None = None  # rotary positions, indexed like the tokens
+    pe_dim: int = 1  # their token dimension
+    in_pe: Callable | None = None  # TokenLayout -> (length, grid start) of the positions' sequence
+    mask: str | None = None  # an attention mask over the positions' sequence (its last two dimensions)
+    modulation: str | None = None  # a modulation that may be per token ([B, L, ...] over the tokens' sequence)
+
+
+class DiTMerge(NamedTuple):
+    """How ToMe reaches a family's blocks: the host's block-replace key of each block (by the
+    block's index in the family's plan) and where each kind of block's inputs sit."""
+
+    keys: Callable  # diffusion model -> {block index: (kind, number)} (the host's patches_replace["dit"] keys)
+    args: dict  # kind -> BlockArgs
+    # (diffusion model, call kwargs) -> why this call's blocks cannot be merged, or None
+    check: Callable | None = None
+
+
 def _no_check(model) -> None:
     return None
 
@@ -78,6 +101,10 @@ class Family(NamedTuple):
     # blocks that skip a call, calls split in parts); or a str: why this call cannot be planned
     # (said as a warning, the call left alone). None: every call follows ``plan``
     call_plan: Callable | None = None
+    # How ToMe merges whole blocks of this family (DiTMerge: the host's block-replace
+    # keys and where each kind of block's tokens, positions, modulation and mask sit), or None:
+    # ToMe refuses the family (tome_dit.tome_refusal says why)
+    merge: DiTMerge | None = None
 
 
 def geometry_of(family: Family, model, kind: str) -> Geometry:

@@ -173,9 +173,16 @@ def todo_select(settings):
     return select
 
 
+TOME_DIT_SKIP = 1  # DiTs: ToMe leaves this many first and last blocks whole (they lay out the image, settle details)
+
+
 def tome_select(layout, level):
-    """The sites ToMe merges: every block down to its max_downsample level."""
-    return layout.within(level)
+    """The sites ToMe merges: every block down to its max_downsample level (UNets); on DiTs every
+    block but the first and last ``TOME_DIT_SKIP``, as ToDo's defaults leave them."""
+    sites = layout.within(level)
+    if layout.kind == DIT:
+        return tuple(sites[TOME_DIT_SKIP: max(TOME_DIT_SKIP, len(sites) - TOME_DIT_SKIP)])
+    return sites
 
 
 def dit_method_problem(label: str, family, method: str) -> str | None:

@@ -32,32 +32,9 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from .dit import TokenLayout
+from .dit import BlockArgs, TokenLayout
 from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
 from .seeding import derive_seed
-
-
-class BlockArgs(NamedTuple):
-    """Where one kind of block's inputs sit in the host's block-replace arguments."""
-
-    tokens: str  # the argument holding the sequence with the grid (restored after the block)
-    # TokenLayout -> (length of that sequence, where the grid starts in it); None: the layout has none
-    in_tokens: Callable
-    pe: str | None = None  # rotary positions, indexed like the tokens
-    pe_dim: int = 1  # their token dimension
-    in_pe: Callable | None = None  # TokenLayout -> (length, grid start) of the positions' sequence
-    mask: str | None = None  # an attention mask over the positions' sequence (its last two dimensions)
-    modulation: str | None = None  # a modulation that may be per token ([B, L, ...] over the tokens' sequence)
-
-
-class DiTMerge(NamedTuple):
-    """How ToMe reaches a family's blocks: the host's block-replace key of each block (by the
-    block's index in the family's plan) and where each kind of block's inputs sit."""
-
-    keys: Callable  # diffusion model -> {block index: (kind, number)} (the host's patches_replace["dit"] keys)
-    args: dict  # kind -> BlockArgs
-    # (diffusion model, call kwargs) -> why this call's blocks cannot be merged, or None
-    check: Callable | None = None
 
 
 class Tiles(NamedTuple):
@@ -228,6 +205,21 @@ def restored(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, x: torch.Ten
     change = out.narrow(1, start, m) - merged_x.narrow(1, start, m)
     grid = x.narrow(1, start, plan.tokens) + restore(plan, change)
     return torch.cat([out.narrow(1, 0, start), grid, out.narrow(1, start + m, out.shape[1] - start - m)], 1)
+
+
+def tome_dit_blocks(sites) -> frozenset:
+    """The indices (in the family's plan) of the DiT blocks the selected sites are."""
+    return frozenset(site.key[1] for site in sites)
+
+
+def tome_refusal(target_family: str, family) -> str:
+    """Why ToMe does not patch a DiT of ``family`` (no ``DiTMerge``), and what to use instead."""
+    from .families import FAMILIES  # the registry imports this module's users
+
+    merged = ", ".join(f.name for f in FAMILIES if f.merge is not None)
+    return (f"ToMe cannot patch this {target_family} model: it has no UNet transformer blocks, and ToMe does not merge "
+            f"whole blocks of {family.name} yet (it does on {merged}). For this model use Token Downsampling (ToDo, "
+            f"TokenReduce), which supports {family.name}. Remove this node for this model.")
 
 
 SHARED_PLAN = "tome dit plan"  # the call context's key of the plan all selected blocks share

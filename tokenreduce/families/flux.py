@@ -6,7 +6,7 @@ Flux ``model_base`` (which Chroma's derives from) passes ReferenceLatent's laten
 
 from __future__ import annotations
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, ref_tokens
+from ..dit import JOINT, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, ref_tokens
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -42,11 +42,35 @@ def blocks(model) -> tuple[str, ...]:
     return block_paths(model, "double_blocks", "single_blocks")
 
 
+def merge_keys(model) -> dict:
+    """ToMe: the block-replace key of each block (by its index in the plan)."""
+    double = len(model.double_blocks)
+    return {**{i: ("double_block", i) for i in range(double)},
+            **{double + i: ("single_block", i) for i in range(len(model.single_blocks))}}
+
+
+def merge_check(model, kwargs) -> str | None:
+    if kwargs.get("ref_latents") and kwargs.get("ref_latents_method") == "index_timestep_zero":
+        return ("its reference images are modulated apart (index_timestep_zero) over token ranges the block is "
+                "given outside its arguments, which merging would shift")
+    return None
+
+
+# Double blocks: img = [main image, references], positions and mask over [text, img]; single
+# blocks: img = [text, main image, references]. Only the main image's grid merges.
+MERGE = DiTMerge(merge_keys, {
+    "double_block": BlockArgs("img", lambda lay: (lay.joint[0] - lay.joint[1], 0), pe="pe", pe_dim=2,
+                              in_pe=lambda lay: lay.joint, mask="attn_mask"),
+    "single_block": BlockArgs("img", lambda lay: lay.joint, pe="pe", pe_dim=2, in_pe=lambda lay: lay.joint,
+                              mask="attn_mask"),
+}, merge_check)
+
 FAMILIES = (
     Family("Flux.1", ("Flux", "FluxSchnell", "FluxInpaint"), ("Flux",), True, False,
-           blocks, plan, patch, text_first_tokens, geometry),
+           blocks, plan, patch, text_first_tokens, geometry, merge=MERGE),
     Family("Flux.2", ("Flux2",), ("Flux",), True, False, blocks, plan, patch, text_first_tokens, geometry),
-    Family("Chroma", ("Chroma",), ("Chroma",), True, False, blocks, plan, patch, text_image_tokens, geometry),
+    Family("Chroma", ("Chroma",), ("Chroma",), True, False, blocks, plan, patch, text_image_tokens, geometry,
+           merge=MERGE),
     Family("Chroma Radiance", ("ChromaRadiance",), ("ChromaRadiance",), True, False, blocks, plan, patch,
            text_image_tokens, geometry),
     # The Flux model class itself; the host config only shifts its rope positions (rope_options).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import IMAGE, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -114,13 +114,20 @@ def humo_check(model) -> str | None:
     return None
 
 
+# ToMe: each block's x is [reference frame (Fun), video]; its rotary positions (freqs) follow x,
+# and a per-token modulation (Wan 2.2 TI2V's per-token timesteps, e0 [B, L, 6, C]) too.
+MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.blocks))}, {
+    "double_block": BlockArgs("img", lambda lay: lay.image, pe="pe", pe_dim=1, in_pe=lambda lay: lay.image,
+                              modulation="vec"),
+})
+
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
                              "WAN22_Camera", "WAN22_Animate", "WAN21_FlowRVS",
                              "WAN22_WanDancer"),
            ("WanModel", "CameraWanModel", "AnimateWanModel", "WanDancerModel"),
            True, True,
-           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
+           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry, merge=MERGE),
     Family("Wan SCAIL", ("WAN21_SCAIL", "WAN21_SCAIL2"), ("SCAILWanModel", "SCAIL2WanModel"), True, True,
            lambda m: block_paths(m, "blocks"), plan, patch, scail_tokens, geometry),
     Family("Wan VACE", ("WAN21_Vace",), ("VaceWanModel",), True, True,

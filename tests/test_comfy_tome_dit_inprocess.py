@@ -1,0 +1,218 @@
+"""ToMe on DiTs in the real ComfyUI, in-process: whole-block token merging through the host's
+block-replace seam (``patches_replace["dit"]``) on tiny random Flux.1 (with Kontext reference
+tokens), Chroma and Wan 2.1 (t2v, i2v) models with 4 blocks (the first and last stay whole),
+sampled with ``comfy.sample``.
+
+A spy installed as a block replacement *before* the node (ours calls it as its inner block) sees
+what a merged block is given; one wrapped *around* ours on the patched clone sees what the model
+hands it. Together they show that only grid tokens merge: text and reference tokens pass through
+in count, position and value, and the rotary positions follow the tokens."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import random_dits
+from comfy_helpers import apply, session_of
+from test_comfy_dit_inprocess import run, todo
+
+# variant -> (unet_config overrides for 4 blocks, block-replace keys of the merged blocks, grid tokens N)
+VARIANTS = {
+    "flux_dev": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
+    "flux_kontext": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
+    "chroma": ({"depth": 2, "depth_single_blocks": 2, "n_layers": 1}, [("double_block", 1), ("single_block", 0)], 48),
+    "wan21_t2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    "wan21_i2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+}
+REFERENCE_TOKENS = {"flux_kontext": 12}  # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
+
+
+@pytest.fixture(scope="module")
+def dits(comfy):
+    built = {}
+
+    def get(variant):
+        if variant not in built:
+            built[variant] = random_dits.make_dit(variant, **VARIANTS[variant][0])
+        return built[variant]
+
+    return get
+
+
+def tome(comfy, model, **settings):
+    return apply(comfy, "tome", model, **settings)
+
+
+def spy_inside(model, keys, records):
+    """A clone of ``model`` with a block replacement at ``keys`` that records what its block is
+    given (the merged arguments, once ToMe is applied after it) and runs the block."""
+    clone = model.clone()
+    for kind, number in keys:
+        def spy(args, extra, key=(kind, number)):
+            records.setdefault(key, []).append({k: v.clone() for k, v in args.items() if torch.is_tensor(v)})
+            return extra["original_block"](args)
+        clone.set_model_patch_replace(spy, "dit", kind, number)
+    return clone
+
+
+def spy_around(model, keys, records):
+    """A clone of the patched ``model`` whose replacements at ``keys`` are wrapped: the wrapper
+    records what the model hands the block, then calls ours."""
+    clone = model.clone()
+    found = clone.model_options["transformer_options"]["patches_replace"]["dit"]
+    for kind, number in keys:
+        ours = found[(kind, number)]
+
+        def around(args, extra, ours=ours, key=(kind, number)):
+            records.setdefault(key, []).append({k: v.clone() for k, v in args.items() if torch.is_tensor(v)})
+            return ours(args, extra)
+        clone.set_model_patch_replace(around, "dit", kind, number)
+    return clone
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
+    _, keys, n = VARIANTS[variant]
+    model = dits(variant)
+    inside, outside = {}, {}
+    patched = tome(comfy, spy_inside(model, keys, inside), ratio=0.5).result[0]
+    out = run(comfy, spy_around(patched, keys, outside), variant, steps=1)
+    assert torch.isfinite(out).all()
+    r = int(n * 0.5)
+    refs = REFERENCE_TOKENS.get(variant, 0)
+    for key in keys:
+        assert len(inside[key]) == len(outside[key]) == 1  # one model call (cond and uncond batched)
+        given, merged = outside[key][0], inside[key][0]
+        x, y = given["img"], merged["img"]
+        pe_dim = 2 if variant != "wan" and "wan" not in variant else 1
+        if variant.startswith("wan"):
+            text, start = 0, 0
+        elif key[0] == "double_block":
+            text, start = given["txt"].shape[1], 0
+            assert torch.equal(merged["txt"], given["txt"])  # text untouched
+        else:
+            text = start = given["pe"].shape[2] - x.shape[1] - 0  # single blocks: img = [text, image, refs]
+            text = start = x.shape[1] - n - refs
+        assert y.shape[1] == x.shape[1] - r  # the merged count the plan makes
+        assert torch.equal(y[:, :start], x[:, :start])  # text tokens in front: unchanged
+        if refs:
+            assert torch.equal(y[:, -refs:], x[:, -refs:])  # reference tokens after the image: unchanged
+        pe_x, pe_y = given["pe"], merged["pe"]
+        assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
+        text_pe = text if not variant.startswith("wan") else 0
+        assert torch.equal(pe_y.narrow(pe_dim, 0, text_pe), pe_x.narrow(pe_dim, 0, text_pe).expand_as(
+            pe_y.narrow(pe_dim, 0, text_pe)))
+        if refs:
+            assert torch.equal(pe_y.narrow(pe_dim, pe_y.shape[pe_dim] - refs, refs),
+                               pe_x.narrow(pe_dim, pe_x.shape[pe_dim] - refs, refs).expand_as(
+                                   pe_y.narrow(pe_dim, pe_y.shape[pe_dim] - refs, refs)))
+        # each merged grid token's position is one of the grid's own positions, none twice
+        grid_pe = pe_y.narrow(pe_dim, text_pe, n - r).flatten(pe_dim + 1)
+        all_pe = pe_x.narrow(pe_dim, text_pe, n).flatten(pe_dim + 1).expand(grid_pe.shape[0], *[-1] * (grid_pe.ndim - 1))
+        for b in range(grid_pe.shape[0]):
+            rows = grid_pe[b].movedim(pe_dim - 1, 0).flatten(1)
+            full = all_pe[b].movedim(pe_dim - 1, 0).flatten(1)
+            matches = (rows[:, None] == full[None]).all(-1)
+            assert (matches.sum(1) >= 1).all()
+    report = session_of(patched).last_report
+    (level,) = report.levels
+    assert set(level.tokens.values()) == {(n, n - r)}
+
+
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v"])
+def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
+    model = dits(variant)
+    options_before = repr(model.model_options)
+    patched = tome(comfy, model, ratio=0.5, use_rand=True, seed=3).result[0]
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = run(comfy, patched, variant)
+    assert torch.equal(torch.get_rng_state(), state)
+    second = run(comfy, patched, variant)
+    assert torch.equal(first, second)
+    assert repr(model.model_options) == options_before
+    assert "patches_replace" not in model.model_options.get("transformer_options", {})
+    unpatched = run(comfy, model, variant)
+    assert not torch.equal(first, unpatched)  # it did merge
+    other_seed = run(comfy, tome(comfy, model, ratio=0.5, use_rand=True, seed=4).result[0], variant)
+    assert not torch.equal(first, other_seed)
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
+    model = dits(variant)
+    assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
+
+
+def test_families_without_a_description_are_refused(comfy):
+    model = random_dits.make_dit("sd3")
+    with pytest.raises(ValueError, match="ToMe does not merge whole blocks of SD3 / SD3.5 yet"):
+        tome(comfy, model)
+
+
+def test_info_says_auto_is_not_timed(comfy, dits):
+    output = tome(comfy, dits("flux_dev"))
+    info = output.result[1]
+    assert "whole blocks merged (1 double blocks, 1 single blocks" in info
+    assert "reduce_when auto: not timed for whole-block merging on DiTs yet, so merged in every call" in info
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
+    """ToMe's merged blocks hand ToDo a sequence that is not the grid's: ToDo passes those calls
+    through, counted as skipped; it reduces the blocks ToMe leaves whole."""
+    model = dits(variant)
+    todo_settings = dict(skip_first_blocks=0, skip_last_blocks=0)
+    tome_then_todo = todo(comfy, tome(comfy, model).result[0], **todo_settings).result[0]
+    todo_then_tome = tome(comfy, todo(comfy, model, **todo_settings).result[0]).result[0]
+    a, b = run(comfy, tome_then_todo, variant), run(comfy, todo_then_tome, variant)
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+    only_tome = run(comfy, tome(comfy, model).result[0], variant)
+    assert not torch.equal(a, only_tome)  # ToDo acted too
+    for patched in (tome_then_todo, todo_then_tome):
+        sessions = {s.label: s for s in __import__("sys").modules["tokenreduce_pack.nodes.session"].sessions_of(patched)}
+        assert sessions["TokenReduceToDo"].last_report.skipped_calls > 0
+        assert sessions["TokenReduceToMe"].last_report.levels
+
+
+def _compiled(comfy, model, variant):
+    """Two sampling runs (2 and 3 steps, other seeds) of a compiled clone: dynamo's counters and outputs."""
+    import torch._dynamo
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = model.clone()
+    set_torch_compile_wrapper(compiled, backend="eager")
+    outputs = [run(comfy, compiled, variant, steps=2), run(comfy, compiled, variant, steps=3, seed=5)]
+    result = {"graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values()), "reasons": dict(counters["graph_break"]),
+              "outputs": outputs}
+    torch._dynamo.reset()
+    return result
+
+
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_t2v"])
+def test_compiles_without_graph_breaks_or_recompiles(comfy, dits, variant, monkeypatch):
+    import importlib
+
+    import comfy.ldm.modules.attention as attention
+
+    # PyTorch SDPA everywhere (ComfyUI's CPU default asks psutil for free memory: a graph break of
+    # the host's own), also where a model module imported the backend by name
+    for name in ("comfy.ldm.modules.attention", "comfy.ldm.wan.model", "comfy.ldm.flux.math"):
+        module = importlib.import_module(name)
+        if hasattr(module, "optimized_attention"):
+            monkeypatch.setattr(module, "optimized_attention", attention.attention_pytorch)
+    model = dits(variant)
+    unpatched = _compiled(comfy, model, variant)
+    patched = tome(comfy, model).result[0]
+    ours = _compiled(comfy, patched, variant)
+    # no graph break and no graph of its own (no recompile per step or per run)
+    assert unpatched["breaks"] == 0 and ours["breaks"] == 0, ours["reasons"]
+    assert ours["graphs"] <= unpatched["graphs"]
+    eager = run(comfy, patched, variant, steps=3, seed=5)
+    assert torch.allclose(ours["outputs"][1], eager, rtol=1e-4, atol=1e-5)
