@@ -243,6 +243,9 @@ def test_a_run_auto_leaves_alone_reads_no_noise_level_and_builds_no_kind_after_i
 
     monkeypatch.setattr(run_module.RunState, "sigma", counting("sigma", run_module.RunState.sigma))
     monkeypatch.setattr(levels, "kind", counting("kind", levels.kind))
+    close_call, active = run_module.RunState.close_call, []
+    monkeypatch.setattr(run_module.RunState, "close_call", lambda run, context, sigmas: (
+        active.append(context["active"]), close_call(run, context, sigmas)))
     model = model.clone()
 
     def call(apply_model, args):
@@ -255,6 +258,8 @@ def test_a_run_auto_leaves_alone_reads_no_noise_level_and_builds_no_kind_after_i
     assert torch.equal(latent, unpatched)
     # The wrapper counts before the sessions' wrappers run: what the n-th call reads is noted with n.
     assert [c for c in counts["sigma"] + counts["kind"] if c > 1] == []  # only in the first call
+    # Switched off from the first call on (it decided there): a compiled model sees one kind of call.
+    assert active == [False] * 8
     if not window:  # the whole run is the window, and ToMe draws nothing: no noise level is read at all
         assert counts["sigma"] == []
     assert all(not session.last_report.levels for session in sys.modules["tokenreduce_pack.nodes.session"]

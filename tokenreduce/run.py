@@ -289,10 +289,12 @@ class CallPatch:
         cached = run.cache.get((LEFT_ALONE, self.call_key(call)))
         return cached is not None and cached[1]
 
-    def left_alone(self, run: RunState, call: ModelCall, sites, pays_at: Callable[[object], bool]) -> frozenset:
+    def left_alone(self, context: dict, run: RunState, call: ModelCall, sites,
+                   pays_at: Callable[[object], bool]) -> frozenset:
         """The sites (levels, kinds of call) of ``sites`` the auto rule leaves alone in this call:
         ``pays_at(site)`` asked the first time the run meets a call with this ``call_key``, then a
-        cached lookup (no kind is built again)."""
+        cached lookup (no kind is built again). Where it leaves every site alone the call's context
+        is switched off, from the first such call on (a compiled model sees one kind of call)."""
         if self.rule is None:
             return frozenset()
         key = (LEFT_ALONE, self.call_key(call))
@@ -303,6 +305,8 @@ class CallPatch:
             cached = (left, bool(left) and len(left) == len(sites))
             if key[1] is not None:
                 run.cache[key] = cached
+        if cached[1]:
+            context["active"] = False
         return cached[0]
 
     def pays(self, run: RunState, device: torch.device, kind: tuple,

@@ -32,7 +32,7 @@ class ToDoPatch(CallPatch):
         if not context["active"]:
             return
         levels = [level for level in self.factors if level in self.unet.first]  # others have no blocks (said)
-        context["left"] = self.left_alone(run, call, levels, lambda level: self._pays(run, call, level))
+        context["left"] = self.left_alone(context, run, call, levels, lambda level: self._pays(run, call, level))
 
     def call_key(self, call) -> tuple:
         return self.unet.call_key(call)

@@ -64,8 +64,10 @@ class ToMePatch(CallPatch):
         latent_hw, device, sigmas = tuple(call.x.shape[-2:]), call.x.device, call.sigmas
         s = self.settings
         levels = sorted({site.level for site in self.sites if site.level <= self.max_level})
-        context["left"] = left = self.left_alone(run, call, levels,
+        context["left"] = left = self.left_alone(context, run, call, levels,
                                                  lambda level: self._pays(run, call, level, latent_hw))
+        if not context["active"]:  # every level left alone
+            return
         keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
                 if site.level in levels and site.level not in left}
         sigma = run.sigma(sigmas) if s.use_rand and keys else None  # nothing to draw: no read (a device sync)
