@@ -26,8 +26,11 @@ VARIANTS = {
     "chroma": ({"depth": 2, "depth_single_blocks": 2, "n_layers": 1}, [("double_block", 1), ("single_block", 0)], 48),
     "wan21_t2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
     "wan21_i2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    "qwen_image": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
+    "qwen_image_edit": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
 }
-REFERENCE_TOKENS = {"flux_kontext": 12}  # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
+# a 64x48 px reference latent at patch 2: 4x3 tokens after the image
+REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12}
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +125,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     assert set(level.tokens.values()) == {(n, n - r)}
 
 
-@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v"])
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -141,7 +144,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     assert not torch.equal(first, other_seed)
 
 
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
