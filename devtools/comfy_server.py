@@ -266,6 +266,7 @@ EXTRA_MODELS = {  # kind -> (ComfyUI model folder, writer "module.function" in d
     "wan21_t2v_fp8_scaled": ("diffusion_models", "random_dits.write_wan_scaled_fp8", 1),
     "wan21_vace": ("diffusion_models", "random_dits.write_wan_vace_diffusion_model", 1),
     "ltxv": ("diffusion_models", "random_dits.write_ltxv_diffusion_model", 1),
+    "ltx2": ("diffusion_models", "random_dits.write_ltx2_diffusion_model", 1),  # LTXAV: ComfyUI 0.33 only
     # Wan 2.2 A14B's second expert and its LoRA beside the scaled-fp8 Wan file and the LoRA above:
     # the same architecture, other weights (a writer with arguments is called as written).
     "wan22_low_noise": ("diffusion_models", "random_dits.write_wan_scaled_fp8(path, seed=1)", 1),

@@ -1,9 +1,10 @@
 """Write the UI-format example workflows in ``example_workflows/``: txt2img graphs for SD1.5 and
 SDXL with each patch node between the checkpoint loader and the sampler, and ToDo on the DiTs
 most users run: Wan 2.1 text to video, Wan 2.1 VACE (1.3B), Wan 2.2 A14B text to video (two
-experts, a ToDo node on each, lightx2v's 4-step LoRAs), LTX-Video text to video and Flux.1 [dev]
-text to image, with the loaders, file names and sizes of ComfyUI's own templates for them, and a
-long Wan 2.1 clip sampled in ComfyUI's context windows.
+experts, a ToDo node on each, lightx2v's 4-step LoRAs), LTX-Video text to video, LTX-2 text to
+video with audio (ComfyUI 0.33: ``NEWER_HOST_NODES``) and Flux.1 [dev] text to image, with the
+loaders, file names and sizes of ComfyUI's own templates for them, and a long Wan 2.1 clip
+sampled in ComfyUI's context windows.
 
     python3 devtools/make_examples.py
 
@@ -272,6 +273,8 @@ def wan_vace_workflow() -> dict:
 
 LTXV_PROMPT = ("a lighthouse on a rocky cliff at sunset, waves crashing against the rocks below, seagulls "
                "circling the tower, the camera slowly pushes in, warm golden light, real-life footage")
+LTX2_PROMPT = ("a lighthouse on a rocky cliff at sunset, waves crashing against the rocks below, seagulls "
+               "circling and calling, the camera slowly pushes in, the roar of the surf and the wind, real-life footage")
 LTXV_NEGATIVE = ("low quality, worst quality, deformed, distorted, disfigured, motion smear, motion artifacts, "
                  "fused fingers, bad anatomy, weird hand, ugly")
 
@@ -305,6 +308,62 @@ def ltxv_workflow() -> dict:
     g.add(9, "SaveAnimatedWEBP", [1240, 160], [480, 420], ["TokenReduce_ltxv_t2v_todo", 24.0, False, 90, "default"],
           [], [("images", "IMAGE", (decode, 0))])
     return g.flow("LTX-Video text to video with ToDo")
+
+
+# LTX-2 (ComfyUI 0.33's LTXAV; 0.3.75 has none of these nodes): the files of ComfyUI's LTX-2
+# templates, the 19B dev checkpoint in fp8 (model, video VAE and audio VAE) and Gemma 3 12B.
+LTX2_CHECKPOINT = "ltx-2-19b-dev-fp8.safetensors"
+LTX2_FPS = 24.0
+# The node types only a ComfyUI with LTX-2 has: an example using one needs that ComfyUI (the
+# tests skip it elsewhere, saying so).
+NEWER_HOST_NODES = {"ltx2_t2v_audio_todo.json": ("LTXVConcatAVLatent", "ComfyUI 0.33 (LTXAV)")}
+
+
+def ltx2_workflow() -> dict:
+    """LTX-2 19B text to video with audio at 1280x704, 121 frames, 24 fps: the checkpoint (model
+    and video VAE), its audio VAE (LTXVAudioVAELoader) and Gemma 3 12B with the checkpoint's text
+    projection (LTXAVTextEncoderLoader); LTXVConditioning at 24 fps; the empty video latent and an
+    empty audio latent of the same length (LTXVEmptyLatentAudio) joined by LTXVConcatAVLatent into
+    the one latent the model denoises; LTXVScheduler (20 steps) on it and SamplerCustom (euler,
+    CFG 4); ToDo at its defaults between the checkpoint loader and the sampler (it reduces the
+    video self-attention only: the audio stream and the audio<->video cross-attention are left
+    alone); LTXVSeparateAVLatent, the video decoded by the checkpoint's VAE and saved (animated
+    WEBP, as the other video examples), the audio decoded by the audio VAE into PreviewAudio
+    (play or save it there; CreateVideo + SaveVideo join both into one file)."""
+    g = Graph()
+    checkpoint = g.add(1, "CheckpointLoaderSimple", [40, 60], [340, 98], [LTX2_CHECKPOINT],
+                       [("MODEL", "MODEL"), ("CLIP", "CLIP"), ("VAE", "VAE")])
+    clip = g.add(2, "LTXAVTextEncoderLoader", [40, 210], [340, 106],
+                 ["gemma_3_12B_it.safetensors", LTX2_CHECKPOINT, "default"], [("CLIP", "CLIP")])
+    audio_vae = g.add(3, "LTXVAudioVAELoader", [40, 360], [340, 58], [LTX2_CHECKPOINT], [("Audio VAE", "VAE")])
+    positive, negative = _prompts(g, clip, LTX2_PROMPT, LTXV_NEGATIVE, [40, 460])
+    conditioning = g.add(11, "LTXVConditioning", [500, 540], [315, 78], [LTX2_FPS],
+                         [("positive", "CONDITIONING"), ("negative", "CONDITIONING")],
+                         [("positive", "CONDITIONING", (positive, 0)), ("negative", "CONDITIONING", (negative, 0))])
+    video = g.add(6, "EmptyLTXVLatentVideo", [40, 830], [340, 130], [1280, 704, 121, 1], [("LATENT", "LATENT")])
+    audio = g.add(14, "LTXVEmptyLatentAudio", [40, 1000], [340, 130], [121, LTX2_FPS, 1], [("Latent", "LATENT")],
+                  [("audio_vae", "VAE", (audio_vae, 0))])
+    latent = g.add(15, "LTXVConcatAVLatent", [500, 660], [315, 46], [], [("latent", "LATENT")],
+                   [("video_latent", "LATENT", (video, 0)), ("audio_latent", "LATENT", (audio, 0))])
+    scheduler = g.add(12, "LTXVScheduler", [500, 760], [315, 154], [20, 2.05, 0.95, True, 0.1],
+                      [("SIGMAS", "SIGMAS")], [("latent", "LATENT", (latent, 0))])
+    select = g.add(13, "KSamplerSelect", [500, 950], [315, 58], ["euler"], [("SAMPLER", "SAMPLER")])
+    patch = _todo_node(g, (checkpoint, 0), [420, 60])
+    sampler = g.add(7, "SamplerCustom", [880, 60], [315, 230], [True, 42, "fixed", 4.0],
+                    [("output", "LATENT"), ("denoised_output", "LATENT")],
+                    [("model", "MODEL", (patch, 0)), ("positive", "CONDITIONING", (conditioning, 0)),
+                     ("negative", "CONDITIONING", (conditioning, 1)), ("sampler", "SAMPLER", (select, 0)),
+                     ("sigmas", "SIGMAS", (scheduler, 0)), ("latent_image", "LATENT", (latent, 0))])
+    separate = g.add(16, "LTXVSeparateAVLatent", [1240, 60], [250, 66], [],
+                     [("video_latent", "LATENT"), ("audio_latent", "LATENT")], [("av_latent", "LATENT", (sampler, 0))])
+    decode = g.add(8, "VAEDecode", [1240, 180], [210, 46], [], [("IMAGE", "IMAGE")],
+                   [("samples", "LATENT", (separate, 0)), ("vae", "VAE", (checkpoint, 2))])
+    sound = g.add(17, "LTXVAudioVAEDecode", [1240, 280], [250, 66], [], [("Audio", "AUDIO")],
+                  [("samples", "LATENT", (separate, 1)), ("audio_vae", "VAE", (audio_vae, 0))])
+    g.add(9, "SaveAnimatedWEBP", [1560, 60], [480, 420], ["TokenReduce_ltx2_t2v_audio_todo", LTX2_FPS, False, 90,
+                                                          "default"], [], [("images", "IMAGE", (decode, 0))])
+    g.add(18, "PreviewAudio", [1560, 520], [480, 100], [], [], [("audio", "AUDIO", (sound, 0))])
+    return g.flow("LTX-2 text to video with audio with ToDo")
 
 
 def flux_workflow() -> dict:
@@ -341,6 +400,7 @@ def examples() -> dict[str, dict]:
     flows["wan21_vace_todo.json"] = wan_vace_workflow()
     flows["wan22_a14b_t2v_4step_lora_todo.json"] = wan22_a14b_workflow()
     flows["ltxv_t2v_todo.json"] = ltxv_workflow()
+    flows["ltx2_t2v_audio_todo.json"] = ltx2_workflow()
     flows["flux_txt2img_todo.json"] = flux_workflow()
     return flows
 

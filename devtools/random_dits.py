@@ -569,6 +569,21 @@ def write_ltxv_diffusion_model(path: str, seed: int = 0) -> None:
                                 path, metadata=metadata)
 
 
+def write_ltx2_diffusion_model(path: str, seed: int = 0) -> None:
+    """A tiny random LTX-2 (``LTXAV``, ComfyUI 0.33) diffusion-model file: the fixture's 2 audio-video
+    blocks (devtools/dit_fixtures/ltx2.py) with that config as the file's "config" metadata over
+    what detection reads (its audio blocks make it LTXAV)."""
+    import json
+
+    import comfy.utils
+
+    config = FIXTURES["ltxav"].config
+    model = make_dit("ltxav", seed).model.diffusion_model
+    metadata = {"config": json.dumps({"transformer": config})}
+    comfy.utils.save_torch_file({k: t.detach().contiguous().to(torch.bfloat16) for k, t in model.state_dict().items()},
+                                path, metadata=metadata)
+
+
 def write_wan_vace_diffusion_model(path: str, seed: int = 0) -> None:
     """``write_wan_diffusion_model`` of the VACE variant (1 block, 1 VACE block on a 96-channel
     hint: 32 frame latent + 64 mask channels), detected as WAN21_Vace."""

@@ -21,8 +21,8 @@ def node_types(workflow: dict) -> set[str]:
 
 
 def _is_widget(spec: list) -> bool:
-    kind = spec[0]
-    return isinstance(kind, list) or kind in WIDGET_TYPES
+    kind = spec[0]  # an input of several types (ComfyUI 0.33's MultiType) is the widget it names
+    return isinstance(kind, list) or kind in WIDGET_TYPES or (len(spec) > 1 and spec[1].get("widgetType") in WIDGET_TYPES)
 
 
 def _widget_default(spec: list):

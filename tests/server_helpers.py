@@ -103,7 +103,7 @@ def widget_problems(flow: dict, object_info: dict) -> list[str]:
             if value is workflow._MISSING or name in linked:
                 continue
             where = f"{node['type']} (node {node['id']}) input {name} = {value!r}"
-            kind = spec[0]
+            kind = options.get("widgetType", spec[0])  # a MultiType input: the widget it names
             choices = kind if isinstance(kind, list) else options.get("options") if kind == "COMBO" else None
             if choices is not None:
                 if value not in choices and not str(value).endswith(MODEL_FILE):

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 import make_examples
 import workflow
 from comfy_server import PromptRejected
-from conftest import REPO
+from conftest import REPO, comfyui_dir
 from server_helpers import execution_error, link_extra_models, link_test_nodes, node_id, start_server
 
 TODO = "TokenReduceToDo"
@@ -54,7 +54,13 @@ GRAPHS = {
              "ToDo · LTXV · 2 of 2 blocks", "ds 1 · 2 frames × 4×4 · q 32→32 · k/v 32→8",
              "ToDo on LTXV (LTX-Video, DiT): keys/values of the video tokens"),
 }
-MODEL_FILES = {"wan": "wan21_t2v", "flux": "flux", "wan_long": "wan21_t2v", "wan_vace": "wan21_vace", "ltxv": "ltxv"}
+# LTX-2 (LTXAV: ComfyUI 0.33; skipped on 0.3.75, which has none) with audio: 17 frames of 128x96 px
+# are 3 latent frames of 4x3 (its audio latent: 17 frames at 24 fps, 18 audio latent frames).
+HAS_LTXAV = (comfyui_dir() / "comfy" / "ldm" / "lightricks" / "av_model.py").exists()
+GRAPHS["ltx2"] = ("ltx2_t2v_audio_todo.json", "EmptyLTXVLatentVideo", dict(width=128, height=96, length=17),
+                  "ToDo · LTXAV · 2 of 2 blocks", "ds 1 · 3 frames × 4×3 · q 36→36 · k/v 36→12", "ToDo on LTXAV (LTX-2, DiT): keys/values of the video tokens")
+MODEL_FILES = {"wan": "wan21_t2v", "flux": "flux", "wan_long": "wan21_t2v", "wan_vace": "wan21_vace", "ltxv": "ltxv",
+               "ltx2": "ltx2"}
 CONTEXT_WINDOWS = dict(context_length=17, context_overlap=9)  # the stand-in for the long clip's 81 / 30
 
 
@@ -63,7 +69,7 @@ def files(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy-dit")
     link_test_nodes(base)
     return base, link_extra_models(base, ["wan21_t2v", "flux", "wan21_vace", "ltxv", "unsupported_dit",
-                                          *sorted(set(A14B_FILES.values()))])
+                                          *sorted(set(A14B_FILES.values())), *(["ltx2"] if HAS_LTXAV else [])])
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +91,13 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
     prompt = stand_ins(workflow.to_api(workflow.load(REPO / "example_workflows" / example), object_info), family)
     workflow.find(prompt, "UNETLoader")["unet_name"] = files[1][MODEL_FILES[family]]
     workflow.find(prompt, latent_node).update(size)
-    steps_node = "LTXVScheduler" if family == "ltxv" else "KSampler"
+    steps_node = "LTXVScheduler" if family in ("ltxv", "ltx2") else "KSampler"
     workflow.find(prompt, steps_node)["steps"] = steps
     workflow.find(prompt, TODO).update({"skip_first_blocks": 0, "skip_last_blocks": 0, **todo_settings})
     if family == "wan_long":
         workflow.find(prompt, "WanContextWindowsManual").update(CONTEXT_WINDOWS)
+    if family == "ltx2":
+        workflow.find(prompt, "TokenReduceTestLTX2AudioLatent")["frames_number"] = size["length"]
     return prompt
 
 
@@ -105,7 +113,11 @@ def stand_ins(prompt: dict, family: str) -> dict:
                                                                            "reference_image")}
             prompt[nid] = {"class_type": "TokenReduceTestVaceConditioning",
                            "inputs": {**inputs, "reference": False, "seed": 3}}
-        elif kind in ("CLIPLoader", "DualCLIPLoader", "VAELoader", "SaveImage", "SaveAnimatedWEBP"):
+        elif kind == "LTXVEmptyLatentAudio":  # LTX-2's audio latent, without its audio VAE
+            inputs = {k: v for k, v in node["inputs"].items() if k != "audio_vae"}
+            prompt[nid] = {"class_type": "TokenReduceTestLTX2AudioLatent", "inputs": inputs}
+        elif kind in ("CLIPLoader", "DualCLIPLoader", "VAELoader", "SaveImage", "SaveAnimatedWEBP",
+                      "LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVAudioVAEDecode", "PreviewAudio"):
             del prompt[nid]
         elif kind == "CLIPTextEncode":
             prompt[nid] = {"class_type": "TokenReduceTestDiTConditioning",
@@ -149,6 +161,8 @@ def history(server, prompt_id) -> dict:
 
 @pytest.mark.parametrize("family", list(GRAPHS))
 def test_the_example_graph_runs_reports_repeats_and_acts(server, object_info, files, family):
+    if family == "ltx2" and not HAS_LTXAV:
+        pytest.skip("this ComfyUI has no LTXAV (LTX-2): run with --comfyui of ComfyUI 0.33")
     _, _, _, header, tokens, info = GRAPHS[family]
     prompt = dit_prompt(object_info, files, family)
     ours = node_id(prompt, TODO)

@@ -22,6 +22,8 @@ T5_XXL = 4096  # T5-XXL / umt5-xxl hidden size (Wan 2.1, Flux.1, LTX-Video)
 CLIP_L_POOLED = 768  # CLIP-L pooled output (Flux.1)
 WAN_TOKENS = 512  # Wan's umt5 tokenizer pads every prompt to 512 tokens
 LTXV_TOKENS = 128  # LTX-Video's T5 tokenizer pads every prompt to at least 128 tokens
+LTX2_CONTEXT = 64  # the tiny LTX-2's processed text width: twice its caption_channels (dit_fixtures/ltx2.py)
+LTX2_AUDIO = (8, 16)  # LTX-2's audio latent: 8 channels x 16 frequency bins, 25 latent frames a second
 
 
 class RandomDiTConditioning:
@@ -30,7 +32,7 @@ class RandomDiTConditioning:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "family": (["wan", "flux", "ltxv"],),
+            "family": (["wan", "flux", "ltxv", "ltx2"],),
             "seed": ("INT", {"default": 0, "min": 0, "max": 2 ** 31 - 1}),
             "tokens": ("INT", {"default": 16, "min": 1, "max": 512,
                                "tooltip": "Text tokens (Flux; LTX-Video: unmasked of its 128; Wan "
@@ -49,6 +51,8 @@ class RandomDiTConditioning:
             mask = torch.zeros(1, max(LTXV_TOKENS, tokens), dtype=torch.long)
             mask[:, :tokens] = 1
             return ([[torch.randn(1, mask.shape[1], T5_XXL, generator=generator), {"attention_mask": mask}]],)
+        if family == "ltx2":  # the text connectors' output, video and audio halves (the tests' tiny LTX-2)
+            return ([[torch.randn(1, tokens, LTX2_CONTEXT, generator=generator), {}]],)
         context = torch.randn(1, tokens, T5_XXL, generator=generator)
         return ([[context, {"pooled_output": torch.randn(1, CLIP_L_POOLED, generator=generator)}]],)
 
@@ -101,7 +105,32 @@ class RandomVaceConditioning:
         return append(positive), append(negative), empty, int(reference)
 
 
+class EmptyLTX2AudioLatent:
+    """LTXVEmptyLatentAudio without its audio VAE (which cannot be had here: its loader reads the
+    LTX-2 checkpoint): zeros of LTX-2's audio latent shape, round(frames / frame_rate * 25) latent
+    frames of 8 channels x 16 bins, as that node gives them."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "frames_number": ("INT", {"default": 97, "min": 1, "max": 1000}),
+            "frame_rate": ("FLOAT", {"default": 25.0, "min": 1.0, "max": 1000.0}),
+            "batch_size": ("INT", {"default": 1, "min": 1, "max": 4096}),
+        }}
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "empty"
+    CATEGORY = "_for_testing"
+
+    def empty(self, frames_number, frame_rate, batch_size):
+        channels, bins = LTX2_AUDIO
+        frames = round(frames_number / frame_rate * 25)
+        return ({"samples": torch.zeros(batch_size, channels, frames, bins), "type": "audio"},)
+
+
 NODE_CLASS_MAPPINGS = {"TokenReduceTestDiTConditioning": RandomDiTConditioning,
-                       "TokenReduceTestVaceConditioning": RandomVaceConditioning}
+                       "TokenReduceTestVaceConditioning": RandomVaceConditioning,
+                       "TokenReduceTestLTX2AudioLatent": EmptyLTX2AudioLatent}
 NODE_DISPLAY_NAME_MAPPINGS = {"TokenReduceTestDiTConditioning": "Random DiT conditioning (TokenReduce tests)",
-                              "TokenReduceTestVaceConditioning": "Random VACE conditioning (TokenReduce tests)"}
+                              "TokenReduceTestVaceConditioning": "Random VACE conditioning (TokenReduce tests)",
+                              "TokenReduceTestLTX2AudioLatent": "Empty LTX-2 audio latent (TokenReduce tests)"}
