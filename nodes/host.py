@@ -10,13 +10,19 @@
   extra device's work on a copy loaded afresh from the model's loader; an object patch bound to a
   module of the first copy must be bound again to each copy's own module. 0.33 calls
   ``ON_MATCH_MULTIGPU_CLONES`` callbacks when it makes the copies; 0.3.75 has no such split.
+- Wan 2.2 S2V's blocks: 0.3.75 calls them (and a block replacement's original block) without
+  transformer_options, so their attention calls carry no call context; there the clone gets an
+  object patch of the model's ``forward_orig`` that hands each call's options to its blocks
+  (``hand_options_to_blocks``). 0.33 passes them.
 - The dtype a model computes in: 0.33 names it (``BaseModel.get_dtype_inference``); 0.3.75
   computes it inline in ``_apply_model`` (the manual-cast dtype, else the weights' dtype).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -63,6 +69,49 @@ def decisions_file() -> Path:
     import folder_paths
 
     return Path(folder_paths.get_user_directory()) / "tokenreduce" / "auto_decisions.json"
+
+
+def hand_options_to_blocks(patcher, diffusion_model) -> bool:
+    """Where a Wan S2V model's ``forward_orig`` calls its blocks without transformer_options (0.3.75:
+    its block wrapper passes none), give the clone an object patch of ``forward_orig`` (undone with
+    the clone) that hands each model call's options to every block through the host's own hook: a
+    block replacement per block, chained to one found in the call's options. Whether it did."""
+    if type(diffusion_model).__name__ != "WanModel_S2V" or _block_wrap_passes_options(type(diffusion_model)):
+        return False
+    key = "diffusion_model.forward_orig"
+    patcher.add_object_patch(key, functools.partial(_forward_handing_options, patcher.get_model_object(key),
+                                                    diffusion_model.blocks))
+    return True
+
+
+def _block_wrap_passes_options(model_class) -> bool:
+    """Whether ``forward_orig``'s block wrapper (the original block it hands a block replacement)
+    reads transformer_options from its arguments; True where there is none to tell."""
+    wraps = [c for c in model_class.forward_orig.__code__.co_consts
+             if isinstance(c, types.CodeType) and c.co_name == "block_wrap"]
+    return not wraps or any("transformer_options" in c.co_consts for c in wraps)
+
+
+def _forward_handing_options(original, blocks, *args, transformer_options=None, **kwargs):
+    options = {} if transformer_options is None else transformer_options
+    replace = options.get("patches_replace", {})
+    found = replace.get("dit", {})
+    ours = {("double_block", i): functools.partial(_block_with_options, block, options, found.get(("double_block", i)))
+            for i, block in enumerate(blocks)}
+    return original(*args, transformer_options={**options, "patches_replace": {**replace, "dit": {**found, **ours}}},
+                    **kwargs)
+
+
+def _block_with_options(block, options, inner, args, extra):
+    """A block replacement that runs the block with the call's options (inside ``inner``, a
+    replacement found there, as its original block)."""
+    def original_block(block_args):
+        return {"img": block(block_args["img"], context=block_args["txt"], e=block_args["vec"],
+                             freqs=block_args["pe"], transformer_options=options)}
+
+    if inner is None:
+        return original_block(args)
+    return inner({**args, "transformer_options": options}, {**extra, "original_block": original_block})
 
 
 def host_environment() -> tuple:

@@ -13,7 +13,7 @@ from ..tokenreduce.todo_dit import ToDoDiTPatch
 from ..tokenreduce.todo_patch import ToDoPatch
 from .common import (PatchNode, done, find_target, patched_clone, reduce_rule, refuse_or_unchanged, refuse_stacking,
                      unet_levels)
-from .host import install_attention_override
+from .host import hand_options_to_blocks, install_attention_override
 from .schema import validate_inputs_for
 
 
@@ -61,5 +61,6 @@ class ToDoPatchNode(PatchNode):
                              cls.NODE_ID, reduce_rule(settings))
         session.attach(patched, patch)
         install_attention_override(patched, patch)
+        hand_options_to_blocks(patched, diffusion_model)
         info, warnings = todo_info(settings, target)
         return done(patched, info, title, warnings)

@@ -134,8 +134,16 @@ def with_probe(model, records, measured=None):
             records.append((*(t.shape[dim] for t in args[:3]), float(options["sigmas"].max())))
         return func(*args, **kwargs)
 
-    probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
+    install_probe(probed, probe)
     return probed
+
+
+def install_probe(model, probe) -> None:
+    """Make ``probe`` the attention override of ``model`` (a clone). Where the host calls a
+    model's blocks without transformer_options (0.3.75's Wan S2V), an override sees their calls
+    only through the pack's object patch, which ToDo's node installs: the probe gets it too."""
+    model.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
+    pack("nodes.host").hand_options_to_blocks(model, model.get_model_object("diffusion_model"))
 
 
 def grid_text(grid):
@@ -229,7 +237,7 @@ def call_keys(comfy, model, variant, index, seed):
             seen.append(None)
         return func(*args, **kwargs)
 
-    probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
+    install_probe(probed, probe)
     run(comfy, probed, variant, steps=1, cfg=1.0, seed=seed, latent_seed=seed)
     return seen[index]
 
@@ -575,7 +583,7 @@ def test_the_auto_rule_times_grid_calls_in_the_shapes_the_model_passes(comfy, di
         seen.append((tuple(args[0].shape), bool(kwargs.get("skip_reshape")), heads))
         return func(*args, **kwargs)
 
-    probed.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = probe
+    install_probe(probed, probe)
     run(comfy, probed, variant, steps=1, cfg=1.0)  # one model call
     diffusion_model = model.get_model_object("diffusion_model")
     family = pack("tokenreduce.families").dit_family(config, diffusion_model)
@@ -713,3 +721,16 @@ def test_ltx2_plans_each_model_call_from_its_options(comfy, dits, options, calls
     removed = math.prod((3, 4, 3)) - kept_tokens((3, 4, 3))
     for seen, (q, k, v, sigma), kind in zip(calls_seen, plain_calls, calls):
         assert seen == ((q, k - removed, v - removed, sigma) if kind == "g" else (q, k, v, sigma))
+
+
+def test_wan_s2v_blocks_get_the_call_options_by_an_object_patch_on_the_clone_only_where_dropped(comfy, dits):
+    """0.3.75 calls Wan S2V's blocks without transformer_options: ToDo's clone gets an object patch
+    of forward_orig that hands them the call's options (the model and its other clones untouched);
+    0.33 passes them, and nothing is patched."""
+    if not random_dits.available("wan22_s2v"):
+        pytest.skip("this ComfyUI has no WAN22_S2V")
+    base = dits("wan22_s2v")
+    patched = todo(comfy, base, **ALL_BLOCKS).result[0]
+    dropped = "comfyui-0.3.75" in str(comfy.root)
+    assert set(patched.object_patches) == ({"diffusion_model.forward_orig"} if dropped else set())
+    assert not base.object_patches

@@ -1,4 +1,4 @@
-"""Tiny Wan variants built on the Wan 2.1 layout: Fun Control, the camera models and VACE, each
+"""Tiny Wan variants built on the Wan 2.1 layout: Fun Control, the camera models, VACE and S2V, each
 with the conditioning its ComfyUI node gives (control latents, camera embeddings, VACE frames
 and mask)."""
 
@@ -102,7 +102,23 @@ def _dancer(generator, shape) -> dict:
             "audio_embed": torch.randn([1, 4 * shape[2], 35], generator=generator)}
 
 
+def _s2v(generator, shape) -> dict:
+    # WanSoundImageToVideo: the audio encoder's 25 layers of 1024 features at 4 per latent frame
+    # [B, 25, 1024, 4 T], a reference image's latent (one frame), the last 19 latent frames of a
+    # motion video (packed by the model into 1 + 2 + 16 frames at 1x, 2x and 4x its patch), the
+    # control video's latent.
+    return {"audio_embed": torch.randn([1, 25, 1024, 4 * shape[2]], generator=generator),
+            "reference_latents": [torch.randn([1, 16, 1] + shape[3:], generator=generator)],
+            "reference_motion": torch.randn([1, 16, 19] + shape[3:], generator=generator),
+            "control_video": torch.randn([1, 16] + shape[2:], generator=generator)}
+
+
 FIXTURES = {
+    # S2V: self-attention over [video, reference frame, packed motion tokens]; its audio
+    # injector's per-frame cross-attention is called without transformer_options (never counted).
+    "wan22_s2v": Fixture(
+        Spec("WAN22_S2V", 16, 8, True, 4), {**_WAN, "model_type": "s2v", "in_dim": 16, "out_dim": 16},
+        "Wan S2V", 2, "g-g-", _GRID, text=_text, shared=_s2v),
     # FlowRVS: a t2v Wan whose sampling starts from the input video's latent and takes the model's
     # output as the result; an empty latent would give identical tokens everywhere.
     "wan21_flow_rvs": Fixture(

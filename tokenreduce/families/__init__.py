@@ -15,13 +15,13 @@ from typing import NamedTuple
 
 from ..dit import Family
 from . import (auraflow, cogvideo, cosmos, flux, hidream, hunyuan, ideogram4, joyimage, kandinsky, krea2, lens, ltx,
-               ltx2, lumina, mage_flow, minimax, mochi, omnigen, pixeldit, qwen, sd3, wan, zimage_pixel)
+               ltx2, lumina, mage_flow, minimax, mochi, omnigen, pixeldit, qwen, sd3, wan, wan_s2v, zimage_pixel)
 from .refusals import REFUSED
 from .unets import UNETS
 
 FAMILIES: tuple[Family, ...] = tuple(family for module in (
-    flux, qwen, lumina, sd3, wan, hunyuan, zimage_pixel, auraflow, ltx, hidream, cosmos, mage_flow, omnigen, ideogram4,
-    joyimage, kandinsky, mochi, lens, pixeldit, cogvideo, krea2, minimax, ltx2) for family in module.FAMILIES)
+    flux, qwen, lumina, sd3, wan, wan_s2v, hunyuan, zimage_pixel, auraflow, ltx, hidream, cosmos, mage_flow, omnigen,
+    ideogram4, joyimage, kandinsky, mochi, lens, pixeldit, cogvideo, krea2, minimax, ltx2) for family in module.FAMILIES)
 
 
 class Recognition(NamedTuple):

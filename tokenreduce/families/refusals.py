@@ -29,19 +29,19 @@ REFUSED: dict[str, str] = {
     # Image and video DiTs.
     "PixArtAlpha": _NO_OVERRIDE, "PixArtSigma": _NO_OVERRIDE, "HunyuanDiT": _NO_OVERRIDE,
     "HunyuanDiT1": _NO_OVERRIDE, "ErnieImage": _NO_OVERRIDE,
-    # Wan 2.2 S2V: 0.3.75 calls its blocks without transformer_options (comfy/ldm/wan/model.py,
-    # WanModel_S2V.forward_orig); 0.33 passes them, but appends reference and motion tokens whose
-    # count the frame packer decides inside the model.
-    "WAN22_S2V": ("Wan 2.2 S2V: in ComfyUI 0.3.75 its blocks are called without transformer_options, so the "
-                  "attention override ToDo uses never sees their calls; in 0.33 the self-attention runs over the "
-                  "video grid followed by reference and packed motion tokens whose count ToDo cannot predict from "
-                  "the model call's inputs yet (and its audio injector's attention bypasses the override)"),
     # Wan variants whose self-attention is not one call over the model call's video grid (0.33).
     "WAN21_CausalAR_T2V": ("Wan causal autoregressive (0.33): each chunk's queries attend to a KV cache of the "
                            "frames generated before it, so the keys are not the model call's video grid"),
-    "WAN_Animate2": ("Wan Animate 2 (0.33): with pose guidance each block's self-attention runs once per frame, "
-                     "that frame's queries attending to every video token plus one pose frame, and a pose branch "
-                     "runs its own self-attention first; ToDo's plan has no slots for these per-frame calls yet"),
+    # Wan Animate 2 (comfy/ldm/wan/model_animate2.py): without pose latents (outside the pose
+    # window) plain Wan self-attention; with them, per block a pose branch (its self- and
+    # cross-attention) and then the video's self-attention as one call per latent frame.
+    "WAN_Animate2": ("Wan Animate 2 (0.33): with pose latents each block's self-attention runs once per latent "
+                     "frame, frame j's queries over the keys of every video token (the reference slot and the video) "
+                     "plus pose frame j-1's tokens (frame 0: the video tokens alone), so one block's grid calls have "
+                     "two key lengths where ToDo's token layout has one per kind of call; and the pose branch's own "
+                     "attention calls run or not by the state of its pose cache (animate2_cache, which the model "
+                     "selects and fills during the call), which a plan made before the call cannot read without "
+                     "changing it"),
     # HiDream-O1 (comfy/ldm/hidream_o1/attention.py): each decoder layer runs the prompt prefix
     # causally through SDPA directly and only the rest through the host's attention.
     "HiDreamO1": ("HiDream-O1 (0.33): each decoder layer's call through the host's attention has queries only for "
