@@ -179,3 +179,32 @@ def test_a_workflow_without_matching_gets_tomesds_whole_grid(comfy, models):
     explicit = sample(comfy, patched(comfy, "tome", models["SD15"], matching="whole grid (tomesd)"))
     assert torch.equal(sample(comfy, patched(comfy, "tome", models["SD15"], **settings)), explicit)
     assert torch.equal(sample(comfy, patched(comfy, "tome", models["SD15"], matching=None)), explicit)
+
+
+@pytest.mark.parametrize("family,grid", [("SD15", (32, 32)), ("SDXL", (16, 16))])
+def test_tile_matching_plans_within_cells(comfy, models, monkeypatch, family, grid):
+    """matching "tile (fast)": the DiT path's tile plan (no whole-grid similarity, no scatter),
+    the same token counts, seeded, repeatable, the global RNG untouched, quality like tomesd's."""
+    import sys
+
+    module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
+    tiled, whole = [], []
+    plan_block, plan_merge = module.plan_block, module.plan_merge
+    monkeypatch.setattr(module, "plan_block", lambda x, *a: tiled.append(x.shape[1]) or plan_block(x, *a))
+    monkeypatch.setattr(module, "plan_merge", lambda *a: whole.append(a) or plan_merge(*a))
+    base = models[family]
+    output = apply(comfy, "tome", base, matching="tile (fast)")
+    assert "matching within each cell (tile, fast)" in output.result[1]
+    records = []
+    sample(comfy, spy_attn1(output.result[0], records), family, steps=1)
+    tokens = grid[0] * grid[1]
+    assert reduced(records) == {grid} and tiled and set(tiled) == {tokens} and not whole
+    assert all(r["queries"] == r["keys"] == tokens - tokens // 2 for r in records if r["grid"] == grid)
+    state = torch.get_rng_state()
+    out = sample(comfy, output.result[0], family)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(out, sample(comfy, output.result[0], family))  # bit for bit
+    assert not torch.equal(out, sample(comfy, patched(comfy, "tome", base, matching="tile (fast)", seed=1), family))
+    unpatched = sample(comfy, base, family)
+    whole_grid = sample(comfy, patched(comfy, "tome", base), family)
+    assert rel_error(out, unpatched) < 1.5 * rel_error(whole_grid, unpatched)

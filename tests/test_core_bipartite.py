@@ -189,3 +189,83 @@ def test_a_large_similarity_is_computed_in_blocks_with_the_same_plan(monkeypatch
     for a, b in zip((whole.unmerged, whole.merged, whole.merged_into), (blocked.unmerged, blocked.merged,
                                                                        blocked.merged_into)):
         assert torch.equal(a, b)
+
+
+# --- matching "tile (fast)": the DiT path's tile plan behind the UNet patches --------------
+
+TILE_CASES = [(8, 8, 2, 2, 2, 0.5), (9, 13, 2, 2, 1, 0.6), (7, 5, 3, 2, 3, 0.5), (6, 8, 1, 2, 2, 0.4),
+              (16, 16, 4, 4, 1, 0.9), (64, 64, 2, 2, 2, 0.5)]
+
+
+def _naive_tile_restore(x, values, h, w, sx, sy, r, seed):
+    """Reference for "tile (fast)", token by token: one target per whole sy x sx cell (the
+    first token of the cell in raster order, or the one at a drawn offset), every other token
+    of a whole cell compared (cosine) with its own cell's target only, the r most similar
+    (ties: the earlier cell, then the earlier token) averaged into their target; each token
+    reads back its target's average."""
+    batch = x.shape[0]
+    cells = [[(cy * sy + dy) * w + cx * sx + dx for dy in range(sy) for dx in range(sx)]
+             for cy in range(h // sy) for cx in range(w // sx)]
+    if seed is not None:
+        offsets = torch.randint(0, sy * sx, (len(cells), 1), generator=torch.Generator().manual_seed(seed))
+        cells = [cell[o:] + cell[:o] for cell, o in zip(cells, offsets[:, 0].tolist())]
+    out = values.clone()
+    for b in range(batch):
+        pairs = []  # (similarity, target, source), in cell then token order
+        for cell in cells:
+            target = x[b, cell[0]]
+            for source in cell[1:]:
+                cos = float(torch.dot(x[b, source], target) / (x[b, source].norm() * target.norm()))
+                pairs.append((cos, cell[0], source))
+        chosen = sorted(range(len(pairs)), key=lambda i: -pairs[i][0])[:r]
+        groups = {}
+        for i in chosen:
+            groups.setdefault(pairs[i][1], []).append(pairs[i][2])
+        for target, sources in groups.items():
+            mean = values[b, [target, *sources]].mean(0)
+            out[b, [target, *sources]] = mean
+    return out
+
+
+@pytest.mark.parametrize("h,w,sx,sy,batch,ratio", TILE_CASES)
+@pytest.mark.parametrize("seed", [None, 7])
+def test_tile_plan_equals_a_naive_reference(h, w, sx, sy, batch, ratio, seed):
+    from tokenreduce.tome_patch import TilePlan, draw_cells, plan_cells
+
+    x = _metric(batch, h, w)
+    values = _metric(batch, h, w, channels=5, seed=1)
+    r = int(h * w * ratio)
+    cells = draw_cells(h, w, sx, sy, None if seed is None else torch.Generator().manual_seed(seed), "cpu", True)
+    plan = plan_cells(x, w, h, sx, sy, cells, r, None)
+    assert isinstance(plan, TilePlan)
+    r = min(r, (h // sy) * (w // sx) * (sx * sy - 1))
+    merged = plan.merge(values)
+    assert merged.shape == (batch, h * w - r, 5) and plan.merged_tokens == h * w - r and plan.tokens == h * w
+    assert torch.allclose(plan.unmerge(merged), _naive_tile_restore(x, values, h, w, sx, sy, r, seed), atol=1e-5)
+
+
+def test_tile_plan_uses_no_scatter_and_reruns_bit_for_bit():
+    from tokenreduce.tome_patch import draw_cells, plan_cells
+
+    state = torch.get_rng_state()
+    h, w = 24, 32
+    cells = draw_cells(h, w, 2, 2, torch.Generator().manual_seed(3), "cpu", True)  # drawn before the model call
+    again = draw_cells(h, w, 2, 2, torch.Generator().manual_seed(3), "cpu", True)
+    assert torch.equal(cells.tile_index, again.tile_index)
+    x = _metric(2, h, w)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        plan = plan_cells(x, w, h, 2, 2, cells, h * w // 2, None)
+        out = plan.unmerge(plan.merge(x))
+    names = {e.name for e in profile.events()}
+    assert not [n for n in names if "scatter" in n or "index_put" in n or "index_add" in n]
+    repeat = plan_cells(x, w, h, 2, 2, again, h * w // 2, None)
+    assert torch.equal(repeat.unmerge(repeat.merge(x)), out)
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG untouched
+
+
+def test_tile_plan_of_a_grid_smaller_than_a_cell_is_the_identity():
+    from tokenreduce.tome_patch import draw_cells, plan_cells
+
+    x = _metric(1, 1, 5)
+    plan = plan_cells(x, 5, 1, 2, 2, draw_cells(1, 5, 2, 2, None, "cpu", True), 2, None)
+    assert plan.is_identity and torch.equal(plan.unmerge(plan.merge(x)), x)

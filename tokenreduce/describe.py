@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .layout import DIT
-from .methods import MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
+from .methods import MATCH_TILE, MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
 from .pays import FAILED, MARGIN, MEASURED
 from .target import Target
 
@@ -56,13 +56,14 @@ def tome_info(settings, target: Target) -> str:
             f"transformer blocks ({per_level}); merges {', '.join(stages)}; "
             f"active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
             + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
-            + f"; matching in the {'whole grid' if s.matching == MATCH_WHOLE_GRID else s.matching}"
+            + ("; matching within each cell (tile, fast)" if s.matching == MATCH_TILE else
+               f"; matching in the {'whole grid' if s.matching == MATCH_WHOLE_GRID else s.matching}")
             + ("; one plan per level and model call. " if s.share_plans else "; one plan per block call. ")
             + reduce_when_text(s))
 
 
 def tome_dit_info(settings, target: Target, patch) -> str:
-    """ToMe on a DiT: which blocks merge, how, and that reduce_when auto does not time them yet."""
+    """ToMe on a DiT: which blocks merge, how, and how reduce_when decides it."""
     s = settings
     kinds = {}
     for kind, _ in patch.replace_keys().values():

@@ -15,6 +15,8 @@ MODE_FULL = "q, k, v (tomesd)"
 MODE_QUERIES = "queries only (ComfyUI built-in)"
 MATCH_WHOLE_GRID = "whole grid (tomesd)"
 MATCHING_REACH = {MATCH_WHOLE_GRID: None, "3x3 cells": 1, "5x5 cells": 2}  # option -> reach in cells
+MATCH_TILE = "tile (fast)"  # within its own stride cell, merged and restored as tome_dit does (no scatter)
+MATCHING_CHOICES = (*MATCHING_REACH, MATCH_TILE)
 
 
 REDUCE_AUTO, REDUCE_ALWAYS, REDUCE_REMEASURE = "auto", "always", "auto (measure again)"
@@ -108,10 +110,12 @@ TOME = Method("ToMe", (
           tooltip="Plan the merge once per level and model call (in the level's first block) and reuse it in "
                   "its other blocks, instead of once per block as tomesd does. Saves most of the planning time, "
                   "which matters at small sizes on fast attention; off plans per block, as tomesd does."),
-    Input("matching", CHOICE, MATCH_WHOLE_GRID, options=tuple(MATCHING_REACH), optional=True,
+    Input("matching", CHOICE, MATCH_WHOLE_GRID, options=MATCHING_CHOICES, optional=True,
           tooltip="Where each token looks for its merge target: in the whole grid (tomesd: its cost grows with "
-                  "the square of the tokens, like the attention it saves) or only in the nearby cells (cost "
-                  "grows with the tokens; same quality in our benchmarks, much faster planning at large sizes)."),
+                  "the square of the tokens, like the attention it saves), only in the nearby cells (cost "
+                  "grows with the tokens; same quality in our benchmarks, much faster planning at large sizes), "
+                  "or tile (fast): only its own stride_x x stride_y cell's target (cheapest planning; merged by "
+                  "per-cell sums and restored by one gather, no scatter operations)."),
     reduce_when_input(),
 ), checks=(_ratio_within_cap, _something_to_merge, _window_order))
 
@@ -147,7 +151,12 @@ DIT_METHODS = ("nearest", "average")
 
 def tome_reach(settings) -> int | None:
     """How many cells around its own a token looks for its merge target (None: everywhere)."""
-    return MATCHING_REACH[settings.matching]
+    return MATCHING_REACH.get(settings.matching)
+
+
+def tile_matching(settings) -> bool:
+    """Whether each token is matched within its own cell only (``MATCH_TILE``)."""
+    return settings.matching == MATCH_TILE
 
 
 def todo_level_factors(level: int, settings) -> list[tuple[str, int, float]]:

@@ -23,21 +23,71 @@ do tensor work on what the call context holds.
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import torch
 
-from .bipartite import MergePlan, partition_grid, plan_merge
+from .bipartite import MergePlan, Partition, partition_grid, plan_merge
 from .describe import level_text
 from .grid import grid_at
 from .layout import unet_call_grid, unet_call_key
 from .measure import UNetLevels, sample, compute_dtype
-from .methods import MODE_QUERIES, tome_reach
+from .methods import MODE_QUERIES, tile_matching, tome_reach
 from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 from .seeding import derive_seed
+from .tome_dit import BlockPlan, Tiles, make_tiles, merge, plan_block, restore
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
 SHARED = ("shared",)  # the key shared plans are drawn under
+
+
+class TilePlan(NamedTuple):
+    """matching "tile (fast)": the DiT path's tile plan (``tome_dit.plan_block``: each source
+    compared with its own cell's destination only) behind the ``MergePlan`` interface the
+    patches use. Merging is a dense per-cell sum and a gather, unmerging one gather: no
+    scatter, no sort over a similarity matrix."""
+
+    plan: BlockPlan
+
+    @property
+    def tokens(self) -> int:
+        return self.plan.tokens
+
+    @property
+    def merged_tokens(self) -> int:
+        return self.plan.merged_tokens
+
+    @property
+    def is_identity(self) -> bool:
+        return self.plan.r <= 0
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        return merge(self.plan, x)
+
+    def unmerge(self, x: torch.Tensor) -> torch.Tensor:
+        return restore(self.plan, x)
+
+
+def draw_cells(h: int, w: int, sx: int, sy: int, generator: torch.Generator | None, device,
+               tiled: bool) -> Partition | Tiles | None:
+    """The merge targets of an ``h x w`` grid: tomesd's partition, or the tiles of "tile (fast)"
+    (one target per whole ``sy x sx`` cell, drawn with ``generator`` or the first token)."""
+    if tiled:
+        return make_tiles((1, h, w), (1, sy, sx), generator, device) if h >= sy and w >= sx else None
+    return partition_grid(h, w, sx, sy, generator, device)
+
+
+def plan_cells(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, cells: Partition | Tiles | None, r: int,
+               reach: int | None) -> MergePlan | TilePlan:
+    """Plan merging ``r`` tokens of ``metric`` with the targets ``draw_cells`` drew."""
+    if isinstance(cells, Tiles):
+        r = min(r, cells.sources)
+        if r <= 0:
+            return MergePlan.identity(metric.shape[0], metric.shape[1])
+        with torch.no_grad():
+            return TilePlan(plan_block(metric, cells, r))
+    return plan_merge(metric, w, h, sx, sy, cells, r, reach)
 
 
 class ToMePatch(CallPatch):
@@ -53,6 +103,7 @@ class ToMePatch(CallPatch):
         self.site_levels = frozenset(site.level for site in target.sites)  # levels with self-attention blocks
         self.queries_only = settings.mode == MODE_QUERIES
         self.reach = tome_reach(settings)
+        self.tiled = tile_matching(settings)
         self._per_thread = threading.local()  # .mlp_plans: site key -> this thread's call's plan (MLP patches)
 
     # --- before each model call (outside any compiled region) ------------------------------
@@ -106,14 +157,14 @@ class ToMePatch(CallPatch):
         blocks = sum(1 for site in self.sites if site.level == level)
         r = int(h * w * s.ratio)
         partition = context["draw_partition"](None, grid)
-        plan = lambda: plan_merge(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
+        plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
         return Work({**block.runs, "plan": plan}, block.full_ms, lambda t: t["reduced"] + t["plan"] / blocks)
 
     def timing_context(self, grid: tuple[int, int], device: torch.device) -> dict:
         """A fresh call context in which a timed block merges at ``grid`` (every host times in
         one): top-left targets, no draw from the run's generators, nothing noted in the run."""
         s = self.settings
-        partition = partition_grid(grid[0], grid[1], s.stride_x, s.stride_y, None, device)
+        partition = draw_cells(grid[0], grid[1], s.stride_x, s.stride_y, None, device, self.tiled)
         return call_context(True, left=frozenset(), shared={}, partitions={},
                             draw_partition=lambda key, g: partition)
 
@@ -129,15 +180,15 @@ class ToMePatch(CallPatch):
         s = self.settings
         h, w = grid
         if not s.use_rand:  # the top-left token of every cell: the same for the whole run
-            cached = run.cache.get(("tome top-left", grid, device))
+            cache_key = ("tome top-left", grid, device, self.tiled)
+            cached = run.cache.get(cache_key)
             if cached is None:
-                cached = run.cache[("tome top-left", grid, device)] = partition_grid(
-                    h, w, s.stride_x, s.stride_y, None, device)
+                cached = run.cache[cache_key] = draw_cells(h, w, s.stride_x, s.stride_y, None, device, self.tiled)
             return cached
         # Keyed by when and where, not by call order: split or batched cond/uncond and area
         # conditioning draw the same partition for the same block and step.
         generator = run.generator(device, derive_seed(s.seed, sigma, key, h, w))
-        return partition_grid(h, w, s.stride_x, s.stride_y, generator, device)
+        return draw_cells(h, w, s.stride_x, s.stride_y, generator, device, self.tiled)
 
     def end_run(self, run: RunState) -> None:
         self.mlp_plans().clear()  # a host that keeps object patches after the run must find no plan
@@ -176,8 +227,8 @@ class ToMePatch(CallPatch):
         r = int(n.shape[1] * s.ratio)
         timer = context["timer"]
         if timer is None:
-            return plan_merge(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach)
-        return timer.timed(n.device, lambda: plan_merge(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach))
+            return plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach)
+        return timer.timed(n.device, lambda: plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach))
 
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)
