@@ -19,6 +19,9 @@ import random_dits
 from comfy_helpers import apply, session_of
 from test_comfy_dit_inprocess import run, todo
 
+# MMDiT: hidden 64 per block, so 4 blocks are 256 wide
+_MMDIT4 = {"depth": 4, "context_embedder_config": {"target": "torch.nn.Linear", "params": {
+    "in_features": random_dits.CONTEXT_DIM, "out_features": 256}}}
 # variant -> (unet_config overrides for 4 blocks, block-replace keys of the merged blocks, grid tokens N)
 VARIANTS = {
     "flux_dev": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
@@ -28,6 +31,9 @@ VARIANTS = {
     "wan21_i2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
     "qwen_image": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
     "qwen_image_edit": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
+    "sd3": (_MMDIT4, [("double_block", 1), ("double_block", 2)], 48),
+    # an image-only self-attention in a merged block too
+    "sd35_medium": ({**_MMDIT4, "x_block_self_attn_layers": [1]}, [("double_block", 1), ("double_block", 2)], 48),
 }
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12}
@@ -103,6 +109,8 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
         assert torch.equal(y[:, :start], x[:, :start])  # text tokens in front: unchanged
         if refs:
             assert torch.equal(y[:, -refs:], x[:, -refs:])  # reference tokens after the image: unchanged
+        if "pe" not in given:  # SD3: positions added to the tokens before the blocks
+            continue
         pe_x, pe_y = given["pe"], merged["pe"]
         assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
         text_pe = text if not variant.startswith("wan") else 0
@@ -125,7 +133,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     assert set(level.tokens.values()) == {(n, n - r)}
 
 
-@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit"])
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -144,15 +152,15 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     assert not torch.equal(first, other_seed)
 
 
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image"])
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
 
 
 def test_families_without_a_description_are_refused(comfy):
-    model = random_dits.make_dit("sd3")
-    with pytest.raises(ValueError, match="ToMe does not merge whole blocks of SD3 / SD3.5 yet"):
+    model = random_dits.make_dit("lumina2")
+    with pytest.raises(ValueError, match="ToMe does not merge whole blocks of Lumina 2 / Z-Image"):
         tome(comfy, model)
 
 

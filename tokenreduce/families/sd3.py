@@ -3,7 +3,7 @@ image-only call in its first blocks. Positions are added, not rotated: keys may 
 
 from __future__ import annotations
 
-from ..dit import IMAGE, JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
+from ..dit import IMAGE, JOINT, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -31,7 +31,14 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
     return TokenLayout(grid, joint=(text + grid[1] * grid[2], text), image=(grid[1] * grid[2], 0))
 
 
+# ToMe: each joint block is handed img (the image tokens alone, their positions already added)
+# and txt ([registers, text]) apart, and a per-sample modulation (vec); SD3.5 Medium's image-only
+# self-attention runs inside the block on the merged tokens.
+MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.joint_blocks))}, {
+    "double_block": BlockArgs("img", lambda lay: lay.image),
+})
+
 FAMILIES = (
     Family("SD3 / SD3.5", ("SD3",), ("OpenAISignatureMMDITWrapper",), False, False,
-           lambda m: block_paths(m, "joint_blocks"), plan, patch, tokens, geometry),
+           lambda m: block_paths(m, "joint_blocks"), plan, patch, tokens, geometry, merge=MERGE),
 )
