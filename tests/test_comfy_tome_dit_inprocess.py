@@ -34,6 +34,9 @@ VARIANTS = {
     "sd3": (_MMDIT4, [("double_block", 1), ("double_block", 2)], 48),
     # an image-only self-attention in a merged block too
     "sd35_medium": ({**_MMDIT4, "x_block_self_attn_layers": [1]}, [("double_block", 1), ("double_block", 2)], 48),
+    "hunyuan_video": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 3 * 48),
+    # byT5 glyph tokens after the text; a 4x3 grid (32x VAE, patch 1)
+    "hunyuan_image21": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 12),
 }
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12}
@@ -82,6 +85,18 @@ def spy_around(model, keys, records):
     return clone
 
 
+def _grid_starts(model, variant, key, given, n, refs):
+    """Where the grid starts in a block's ``img`` and in its positions: double blocks are handed
+    the image stream alone ([main image, references]), single blocks every token; the positions
+    run over the whole sequence, text first, or image first (HunyuanVideo on 0.3.75)."""
+    if variant.startswith("wan"):
+        return 0, 0
+    blocks = getattr(model.model.diffusion_model, "double_blocks", None)
+    image_first = bool(blocks is not None and getattr(blocks[0], "flipped_img_txt", False))
+    text = given["txt"].shape[1] if "txt" in given else given["img"].shape[1] - n - refs
+    return (0 if "txt" in given or image_first else text), (0 if image_first else text)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     _, keys, n = VARIANTS[variant]
@@ -96,33 +111,25 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
         assert len(inside[key]) == len(outside[key]) == 1  # one model call (cond and uncond batched)
         given, merged = outside[key][0], inside[key][0]
         x, y = given["img"], merged["img"]
-        pe_dim = 2 if variant != "wan" and "wan" not in variant else 1
-        if variant.startswith("wan"):
-            text, start = 0, 0
-        elif key[0] == "double_block":
-            text, start = given["txt"].shape[1], 0
+        if "txt" in given:  # double blocks: the text apart
             assert torch.equal(merged["txt"], given["txt"])  # text untouched
-        else:
-            text = start = given["pe"].shape[2] - x.shape[1] - 0  # single blocks: img = [text, image, refs]
-            text = start = x.shape[1] - n - refs
+        start, pe_start = _grid_starts(model, variant, key, given, n, refs)
+        after = x.shape[1] - start - n  # reference (and, image first, text) tokens after the grid
         assert y.shape[1] == x.shape[1] - r  # the merged count the plan makes
-        assert torch.equal(y[:, :start], x[:, :start])  # text tokens in front: unchanged
-        if refs:
-            assert torch.equal(y[:, -refs:], x[:, -refs:])  # reference tokens after the image: unchanged
+        assert torch.equal(y[:, :start], x[:, :start])  # tokens in front: unchanged
+        assert torch.equal(y[:, y.shape[1] - after:], x[:, x.shape[1] - after:])  # tokens after: unchanged
         if "pe" not in given:  # SD3: positions added to the tokens before the blocks
             continue
+        pe_dim = 1 if variant.startswith("wan") else 2
         pe_x, pe_y = given["pe"], merged["pe"]
         assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
-        text_pe = text if not variant.startswith("wan") else 0
-        assert torch.equal(pe_y.narrow(pe_dim, 0, text_pe), pe_x.narrow(pe_dim, 0, text_pe).expand_as(
-            pe_y.narrow(pe_dim, 0, text_pe)))
-        if refs:
-            assert torch.equal(pe_y.narrow(pe_dim, pe_y.shape[pe_dim] - refs, refs),
-                               pe_x.narrow(pe_dim, pe_x.shape[pe_dim] - refs, refs).expand_as(
-                                   pe_y.narrow(pe_dim, pe_y.shape[pe_dim] - refs, refs)))
+        pe_after = pe_x.shape[pe_dim] - pe_start - n
+        for first, count in ((0, pe_start), (pe_start + n, pe_after)):  # positions around the grid: unchanged
+            kept = pe_y.narrow(pe_dim, first - (r if first else 0), count)
+            assert torch.equal(kept, pe_x.narrow(pe_dim, first, count).expand_as(kept))
         # each merged grid token's position is one of the grid's own positions, none twice
-        grid_pe = pe_y.narrow(pe_dim, text_pe, n - r).flatten(pe_dim + 1)
-        all_pe = pe_x.narrow(pe_dim, text_pe, n).flatten(pe_dim + 1).expand(grid_pe.shape[0], *[-1] * (grid_pe.ndim - 1))
+        grid_pe = pe_y.narrow(pe_dim, pe_start, n - r).flatten(pe_dim + 1)
+        all_pe = pe_x.narrow(pe_dim, pe_start, n).flatten(pe_dim + 1).expand(grid_pe.shape[0], *[-1] * (grid_pe.ndim - 1))
         for b in range(grid_pe.shape[0]):
             rows = grid_pe[b].movedim(pe_dim - 1, 0).flatten(1)
             full = all_pe[b].movedim(pe_dim - 1, 0).flatten(1)
@@ -133,7 +140,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     assert set(level.tokens.values()) == {(n, n - r)}
 
 
-@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3"])
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -152,7 +159,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     assert not torch.equal(first, other_seed)
 
 
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium"])
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 
-from ..dit import JOINT, OTHER, Family, Slot, TokenLayout, block_paths, ceil_div, image_grid, video_grid
-from .flux import geometry
+from ..dit import (JOINT, OTHER, BlockArgs, DiTMerge, Family, Slot, TokenLayout, block_paths, ceil_div, image_grid,
+                   video_grid)
+from .flux import geometry, merge_keys
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -43,13 +44,33 @@ def blocks(model) -> tuple[str, ...]:
     return block_paths(model, "double_blocks", "single_blocks")
 
 
+def merge_check(model, kwargs) -> str | None:
+    if kwargs.get("guiding_frame_index") is not None:
+        return ("its first frame is modulated apart (image to video, v2 replace) over a token range the block is "
+                "given as modulation_dims, which merging would shift")
+    if kwargs.get("ref_latent") is not None:
+        return "its reference latent's tokens sit before the video in the double blocks' image stream, which ToMe does not place yet"
+    return None
+
+
+# ToMe: double blocks are handed img (the video alone) and txt apart, single blocks img = the
+# whole joint sequence (0.3.75: [video, text]; later: [text, video]); the rotary positions
+# ([B, 1, L, ...]) and the text mask ([1, 1, L]) run over the joint sequence in that order; the
+# modulation (vec) is per sample.
+MERGE = DiTMerge(merge_keys, {
+    "double_block": BlockArgs("img", lambda lay: (math.prod(lay.grid), 0), pe="pe", pe_dim=2,
+                              in_pe=lambda lay: lay.joint, mask="attention_mask"),
+    "single_block": BlockArgs("img", lambda lay: lay.joint, pe="pe", pe_dim=2, in_pe=lambda lay: lay.joint,
+                              mask="attention_mask"),
+}, merge_check)
+
 FAMILIES = (
     # SkyReels i2v and 1.5 SR only concatenate image channels to the latent: no token of their own.
     Family("HunyuanVideo", ("HunyuanVideo", "HunyuanVideoI2V", "HunyuanVideoSkyreelsI2V", "HunyuanVideo15",
                             "HunyuanVideo15_SR_Distilled"), ("HunyuanVideo",), True, True,
-           blocks, plan, patch, tokens, geometry),
+           blocks, plan, patch, tokens, geometry, merge=MERGE),
     # An image model: a 2-D latent (2.1), or the refiner's one-frame 3-D latent; byT5 glyph tokens
     # after the text. Its own family so that the temporal factor never applies.
     Family("HunyuanImage 2.1", ("HunyuanImage21", "HunyuanImage21Refiner"), ("HunyuanVideo",), True, False,
-           blocks, plan, patch, tokens, geometry),
+           blocks, plan, patch, tokens, geometry, merge=MERGE),
 )
