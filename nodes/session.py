@@ -31,6 +31,17 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str):
     return args[index] if len(args) > index else kwargs.get(name)
 
 
+def _rehearsal(base_model, args: tuple, kwargs: dict):
+    """options -> this apply_model call run once more with ``options`` as its transformer_options,
+    through ``BaseModel._apply_model`` (below the APPLY_MODEL wrappers: uncompiled, no sampler
+    wrapper of ours): the auto rule of whole-block ToMe captures a block's inputs there."""
+    def rehearse(options: dict):
+        if len(args) > 5:
+            return base_model._apply_model(*args[:5], options, *args[6:], **kwargs)
+        return base_model._apply_model(*args, **{**kwargs, "transformer_options": options})
+    return rehearse
+
+
 class PatchSession:
     """Shared by the patch of one node output and its sampler wrappers."""
 
@@ -117,7 +128,7 @@ class PatchSession:
         base_model = executor.class_obj  # the BaseModel this call runs (a device's own copy under multi-GPU)
         call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas,
                          compute_dtype(base_model), attention_entry(), getattr(base_model, "diffusion_model", None),
-                         compiled(options))
+                         compiled(options), _rehearsal(base_model, args, kwargs))
         # Where auto already left every site of such calls alone: no noise level read, nothing prepared.
         context = run.open_call(sigmas, options, aside=self.patch.steps_aside(run, call))
         self.patch.prepare_call(context, run, call)

@@ -77,7 +77,7 @@ class ToMePatchNode(PatchNode):
         diffusion_model = model.get_model_object("diffusion_model")
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node())
         patch = ToMeDiTPatch(settings, target.layout, tome_dit_blocks(target.sites), diffusion_model,
-                             session.context_key, cls.NODE_ID)
+                             session.context_key, cls.NODE_ID, reduce_rule(settings))
         session.attach(patched, patch)
         install_block_replacements(patched, patch)
         return done(patched, tome_dit_info(settings, target, patch), title)

@@ -171,11 +171,14 @@ def test_families_without_a_description_are_refused(comfy):
         tome(comfy, model)
 
 
-def test_info_says_auto_is_not_timed(comfy, dits):
+def test_info_says_how_auto_decides(comfy, dits):
     output = tome(comfy, dits("flux_dev"))
     info = output.result[1]
     assert "whole blocks merged (1 double blocks, 1 single blocks" in info
-    assert "reduce_when auto: not timed for whole-block merging on DiTs yet, so merged in every call" in info
+    assert ("reduce_when auto: on a CPU every block is merged, untimed; on a GPU (any other device) each kind of "
+            "block is merged only where timing one there, unmerged and merged (plan, merge, block, restore), shows "
+            "that it pays") in info
+    assert "reduce_when always: reduced wherever set." in tome(comfy, dits("flux_dev"), reduce_when="always").result[1]
 
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
@@ -234,3 +237,94 @@ def test_compiles_without_graph_breaks_or_recompiles(comfy, dits, variant, monke
     assert ours["graphs"] <= unpatched["graphs"]
     eager = run(comfy, patched, variant, steps=3, seed=5)
     assert torch.allclose(ours["outputs"][1], eager, rtol=1e-4, atol=1e-5)
+
+
+# --- reduce_when auto: each kind of block timed merged and unmerged (scripted clock) -------------
+
+def _auto(store, model):
+    report = session_of(model).last_report
+    return [(site, d.reduce, d.source) for site, d in report.decisions], store.measurements
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+def test_auto_merges_the_kinds_of_block_where_merging_is_faster(comfy, dits, measuring, variant):
+    model = dits(variant)
+    store = measuring((10.0, 8.0))
+    patched = tome(comfy, model, ratio=0.5).result[0]
+    first = run(comfy, patched, variant)
+    decided, measured = _auto(store, patched)
+    kinds = {kind for kind, _ in VARIANTS[variant][1]}
+    assert measured == len(kinds) and [reduce for _, reduce, _ in decided] == [True] * len(kinds)
+    assert all(source == "measured" for _, _, source in decided)
+    assert all("block" in site for site, _, _ in decided)
+    assert store.stopwatch.compiling and not any(store.stopwatch.compiling)
+    always = run(comfy, tome(comfy, model, ratio=0.5, reduce_when="always").result[0], variant)
+    assert torch.equal(first, always)  # measuring changed nothing of the run
+    assert torch.equal(run(comfy, patched, variant), first) and store.measurements == measured  # kept
+
+
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v"])
+def test_auto_leaves_blocks_alone_where_merging_is_slower(comfy, dits, measuring, variant):
+    model = dits(variant)
+    store = measuring((10.0, 11.0))
+    patched = tome(comfy, model, ratio=0.5).result[0]
+    first = run(comfy, patched, variant)
+    assert torch.equal(first, run(comfy, model, variant))  # bit for bit the unpatched model
+    decided, measured = _auto(store, patched)
+    assert measured >= 1 and not any(reduce for _, reduce, _ in decided)
+    report = session_of(patched).last_report
+    assert not report.levels and not report.active_steps
+    # Another node output: the decisions are kept (memory and file), nothing measured again.
+    again = tome(comfy, model, ratio=0.5).result[0]
+    assert torch.equal(run(comfy, again, variant), first) and store.measurements == measured
+    assert {source for _, _, source in _auto(store, again)[0]} == {"kept"}
+
+
+def test_auto_decides_per_kind_of_block(comfy, dits, measuring):
+    model = dits("flux_dev")
+    store = measuring((10.0, 8.0), (10.0, 11.0))  # the first kind met gains, the second loses
+    records = {}
+    patched = tome(comfy, spy_inside(model, VARIANTS["flux_dev"][1], records), ratio=0.5).result[0]
+    first = run(comfy, patched, "flux_dev")
+    decided, measured = _auto(store, patched)
+    assert measured == 2 and [reduce for _, reduce, _ in decided] == [True, False]
+    records.clear()  # the timed blocks ran the spy too: what a run with kept decisions hands it
+    assert torch.equal(run(comfy, patched, "flux_dev"), first) and store.measurements == 2
+    merged_kind = decided[0][0].split()[1]  # "Flux.1 double blocks, ..." -> "double"
+    unmerged = {}
+    run(comfy, spy_inside(model, VARIANTS["flux_dev"][1], unmerged), "flux_dev")
+    for key, calls in records.items():
+        lengths, full = {c["img"].shape[1] for c in calls}, {c["img"].shape[1] for c in unmerged[key]}
+        merged = key[0].startswith(merged_kind)
+        assert (max(lengths) < min(full)) if merged else lengths == full, (key, lengths, full)
+
+
+def test_auto_on_the_cpu_merges_everywhere_untimed(comfy, dits):
+    model = dits("flux_dev")
+    patched = tome(comfy, model, ratio=0.5).result[0]
+    out = run(comfy, patched, "flux_dev")
+    assert torch.equal(out, run(comfy, tome(comfy, model, ratio=0.5, reduce_when="always").result[0], "flux_dev"))
+    assert not session_of(patched).last_report.decisions
+
+
+def test_a_block_that_changes_its_input_in_place_keeps_its_change(comfy, dits):
+    """ComfyUI's Flux blocks add to their input in place under inference mode (``x += ...``): the
+    change restored must be the block's, not zero (the merged input is changed by the block)."""
+    clone = dits("flux_dev").clone()
+    clone.set_model_patch_replace(lambda args, extra: {"img": args["img"].add_(0.5), "txt": args["txt"]},
+                                  "dit", "double_block", 1)
+    patched = tome(comfy, clone, ratio=0.5).result[0]
+    changes = []
+    around = patched.clone()
+    ours = around.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 1)]
+
+    def wrap(args, extra):
+        before = args["img"].clone()
+        out = ours(args, extra)
+        changes.append(out["img"] - before)
+        return out
+    around.set_model_patch_replace(wrap, "dit", "double_block", 1)
+    run(comfy, around, "flux_dev")
+    assert changes and session_of(patched).last_report.levels
+    for change in changes:
+        torch.testing.assert_close(change, torch.full_like(change, 0.5))

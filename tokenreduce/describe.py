@@ -76,8 +76,11 @@ def tome_dit_info(settings, target: Target, patch) -> str:
             + f"; active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
             + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
             + ("; one plan per model call. " if s.share_plans else "; one plan per block call. ")
-            + ("reduce_when auto: not timed for whole-block merging on DiTs yet, so merged in every call (as "
-               "always)." if s.reduce_when != REDUCE_ALWAYS else reduce_when_text(s)))
+            + (reduce_when_text(s) if s.reduce_when == REDUCE_ALWAYS else
+               f"reduce_when auto{' (measure again: timed anew once)' if s.reduce_when == REDUCE_REMEASURE else ''}: "
+               f"on a CPU every block is merged, untimed; on a GPU (any other device) each kind of block is merged "
+               f"only where timing one there, unmerged and merged (plan, merge, block, restore), shows that it "
+               f"pays, decided once and kept, and the report shows the times."))
 
 
 def todo_info(settings, target: Target) -> tuple[str, list[str]]:

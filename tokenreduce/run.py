@@ -61,6 +61,9 @@ class ModelCall(NamedTuple):
     attention: Callable | None = None  # the host's attention entry (the auto rule times DiT calls through it)
     model: torch.nn.Module | None = None  # the diffusion model this call runs (another device's copy under multi-GPU)
     compiled: bool = False  # the host runs the model compiled (torch.compile): its own kinds of call
+    # options -> runs this model call once more, uncompiled and outside the host's wrappers, with the
+    # options given (the auto rule captures a DiT block's inputs there to time it); None: the host has none
+    rehearse: Callable | None = None
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,11 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .describe import grid_text
 from .dit import BlockArgs, TokenLayout
-from .run import CallPatch, ModelCall, RunState, note_reduced, note_skipped
+from .measure import backend_of, compute_dtype, measuring_options
+from .pays import AutoRule, Work
+from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 from .seeding import derive_seed
 
 
@@ -207,6 +210,16 @@ def restored(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, x: torch.Ten
     return torch.cat([out.narrow(1, 0, start), grid, out.narrow(1, start + m, out.shape[1] - start - m)], 1)
 
 
+def _shape_of(value):
+    """A model input as the auto rule's per-run lookup keys it: a tensor's shape without the batch,
+    a list of tensors' shapes, a plain value itself."""
+    if torch.is_tensor(value):
+        return tuple(value.shape[1:])
+    if isinstance(value, (list, tuple)):
+        return tuple(_shape_of(v) for v in value)
+    return value if isinstance(value, (str, int, float, bool, type(None))) else type(value).__name__
+
+
 def tome_dit_blocks(sites) -> frozenset:
     """The indices (in the family's plan) of the DiT blocks the selected sites are."""
     return frozenset(site.key[1] for site in sites)
@@ -225,12 +238,43 @@ def tome_refusal(target_family: str, family) -> str:
 SHARED_PLAN = "tome dit plan"  # the call context's key of the plan all selected blocks share
 
 
+class _Captured(Exception):
+    """Ends a rehearsed model call once every block to time has shown its inputs."""
+
+
+def captured_blocks(call: ModelCall, wanted: dict) -> dict:
+    """{kind: (the block-replace function at its key, the arguments and extras the model handed it)}
+    for ``wanted`` ({kind: block-replace key}): the model call rehearsed (``ModelCall.rehearse``) with
+    measuring options (no call context: every TokenReduce patch passes through) in which the
+    function at each wanted key is wrapped to keep what it is given; the rehearsal stops at the last
+    of them (the blocks after it never run)."""
+    if call.rehearse is None:
+        raise RuntimeError("this host cannot run a model call again to time a block")
+    options = measuring_options(call)
+    found_replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
+    found = {}
+    for kind, key in wanted.items():
+        def keep(args, extra, kind=kind, block=found_replace.get(key)):
+            block = block if block is not None else (lambda a, e: e["original_block"](a))
+            found[kind] = (block, args, extra)
+            if len(found) == len(wanted):
+                raise _Captured
+            return block(args, extra)
+        found_replace[key] = keep
+    try:
+        call.rehearse(options)
+    except _Captured:
+        pass
+    return found
+
+
 class ToMeDiTPatch(CallPatch):
     """The block replacements of one ToMe node output on a DiT: per selected block, merge the
     grid, run the block (or the replacement that was there before ours), restore."""
 
-    def __init__(self, settings, layout, blocks: frozenset, diffusion_model, context_key: str, label: str):
-        super().__init__(context_key, label, None)  # reduce_when auto is not timed for whole blocks yet
+    def __init__(self, settings, layout, blocks: frozenset, diffusion_model, context_key: str, label: str,
+                 rule: AutoRule | None = None):
+        super().__init__(context_key, label, rule)
         self.settings = settings
         self.family = layout.family
         self.merge = layout.family.merge
@@ -260,8 +304,72 @@ class ToMeDiTPatch(CallPatch):
         if r == 0:
             context["active"] = False  # nothing merges at this size: the blocks run as they are
             return
-        context.update(layout=tokens, tiles=tiles, r=r)
+        kinds = dict.fromkeys(kind for kind, _ in self.replace_keys().values())
+        left = self.left_alone(context, run, call, kinds, lambda kind: self._pays(run, call, tokens, kind, r))
+        if not context["active"]:  # reduce_when auto left every kind of block alone
+            return
+        context.update(layout=tokens, tiles=tiles, r=r, left=left)
         context[SHARED_PLAN] = None
+
+    # --- reduce_when auto ----------------------------------------------------------------------
+    def call_key(self, call: ModelCall) -> tuple:
+        """What of a model call decides its token layout and the kinds of its blocks (the batch
+        does not): the latent's and the text's shapes, the shapes of its other inputs (reference
+        latents), the dtype, the model copy and the attention backend."""
+        return (call.x.device, tuple(call.x.shape[1:]),
+                tuple(call.context.shape[1:]) if call.context is not None else (),
+                tuple((name, _shape_of(value)) for name, value in sorted(call.kwargs.items())),
+                compute_dtype(call), call.model, backend_of(call, call.options.get(OVERRIDE)))
+
+    def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, r: int) -> bool:
+        """reduce_when auto for the blocks of ``kind``: the first merged block of that kind timed
+        as the model runs it unmerged, and planned, merged, run and restored."""
+        if self.rule is None:
+            return True
+        s = self.settings
+        length = self.merge.args[kind].in_tokens(tokens)
+        signature = ("tome dit", self.family.name, kind, self._width(kind), length[0] if length else 0, *tokens.grid,
+                     r, s.ratio, *self.strides, s.share_plans, str(compute_dtype(call)),
+                     backend_of(call, call.options.get(OVERRIDE)))
+
+        def describe():
+            grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
+            n = math.prod(tokens.grid)
+            site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
+            return site, lambda: self._work(call, tokens, kind, r)
+
+        return self.pays(run, call.x.device, signature, describe)
+
+    def _width(self, kind: str) -> int:
+        """Parameters of the first merged block of ``kind`` (which model of the family, for the kind)."""
+        block = min(i for i, key in self.replace_keys().items() if key[0] == kind)
+        try:
+            module = self.model.get_submodule(self.family.blocks(self.model)[block])
+        except (AttributeError, IndexError):
+            return 0
+        return sum(p.numel() for p in module.parameters())
+
+    def _work(self, call: ModelCall, tokens: TokenLayout, kind: str, r: int) -> Work:
+        """The first merged block of ``kind`` with the inputs the model hands it (captured from a
+        rehearsal of this model call), through ours: unmerged (our context off), and merged
+        (planned, merged, run, restored). With share_plans one plan serves every merged block of a
+        model call: the block is timed with its plan made once, and the plan's own time, shared by
+        the merged blocks, is added."""
+        keys = self.replace_keys()
+        key = keys[min(i for i, k in keys.items() if k[0] == kind)]
+        ((block, args, extra),) = captured_blocks(call, {kind: key}).values()
+        options = args["transformer_options"]
+        tiles = make_tiles(tokens.grid, self.strides, None, call.x.device)
+        merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(), **{SHARED_PLAN: None})
+        full = {**args, "transformer_options": {**options, self.context_key: call_context(False)}}
+        reduced = {**args, "transformer_options": {**options, self.context_key: merging}}
+        runs = {"full": lambda: block(full, extra), "reduced": lambda: block(reduced, extra)}
+        if not self.settings.share_plans:
+            return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
+        spec = self.merge.args[kind]
+        grid = args[spec.tokens].narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
+        runs["plan"] = lambda: plan_block(grid, tiles, r)
+        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / len(keys))
 
     def _tiles(self, run: RunState, grid: tuple[int, int, int], call: ModelCall) -> Tiles:
         device = call.x.device
@@ -287,7 +395,7 @@ class ToMeDiTPatch(CallPatch):
 
             options = args.get("transformer_options")
             call = self.call_context(options) if isinstance(options, dict) else None
-            if call is None or not call["active"]:
+            if call is None or not call["active"] or kind in call["left"]:
                 return inner(args)
             layout, tiles = call["layout"], call["tiles"]
             where = spec.in_tokens(layout)
@@ -305,6 +413,7 @@ class ToMeDiTPatch(CallPatch):
                 note_skipped(call)
                 return inner(args)
             new_args, merged_x = made
+            merged_x = merged_x.clone()  # what the block was given: blocks may add to their input in place (Flux)
             out = dict(inner(new_args))
             out[spec.tokens] = restored(spec, layout, plan, x, merged_x, out[spec.tokens])
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
