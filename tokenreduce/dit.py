@@ -56,8 +56,8 @@ class BlockArgs(NamedTuple):
     tokens: str  # the argument holding the sequence with the grid (restored after the block)
     # TokenLayout -> (length of that sequence, where the grid starts in it); None: the layout has none
     in_tokens: Callable
-    pe: str | None = None  # rotary positions, indexed like the tokens
-    pe_dim: int = 1  # their token dimension
+    pe: str | None = None  # rotary positions, indexed like the tokens (a tensor, or a tuple: the tensor first)
+    pe_dim: int | Callable = 1  # their token dimension (or: the positions argument -> it)
     in_pe: Callable | None = None  # TokenLayout -> (length, grid start) of the positions' sequence
     mask: str | None = None  # an attention mask over the positions' sequence (its last two dimensions)
     modulation: str | None = None  # a modulation that may be per token ([B, L, ...] over the tokens' sequence)

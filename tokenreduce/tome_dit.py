@@ -185,10 +185,14 @@ def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dic
     if spec.pe is not None and args.get(spec.pe) is not None:
         pe_where = spec.in_pe(layout)
         pe = args[spec.pe]
-        if pe_where is None or pe.shape[spec.pe_dim] != pe_where[0]:
+        pair = isinstance(pe, tuple)  # (positions, what goes with them): LTX-Video's on ComfyUI 0.33
+        positions = pe[0] if pair else pe
+        pe_dim = spec.pe_dim(pe) if callable(spec.pe_dim) else spec.pe_dim
+        if pe_where is None or positions.shape[pe_dim] != pe_where[0]:
             return None
         pe_index = sequence_index(plan, *pe_where)
-        new[spec.pe] = take(pe, spec.pe_dim, pe_index)
+        positions = take(positions, pe_dim, pe_index)
+        new[spec.pe] = (positions, *pe[1:]) if pair else positions
         if spec.mask is not None and args.get(spec.mask) is not None:
             mask = args[spec.mask]
             if mask.shape[-1] != pe_where[0] or mask.shape[-2] not in (1, pe_where[0]):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import IMAGE, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -34,7 +34,16 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     return TokenLayout(grid, joint=None, image=(math.prod(grid), 0))
 
 
+# ToMe: each block is handed img (the video tokens alone), txt (the text, with its mask
+# attention_mask: cross-attention only), the rotary positions of the video tokens (0.3.75: a
+# [B, 1, L, ...] tensor; 0.33: a (matrix [B, L, heads, ...], split mode) pair) and the timestep
+# modulation vec ([B, 1, ...], or per token [B, L, ...] where the denoise mask differs per frame).
+MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.transformer_blocks))}, {
+    "double_block": BlockArgs("img", lambda lay: lay.image, pe="pe", pe_dim=lambda pe: 1 if isinstance(pe, tuple) else 2,
+                              in_pe=lambda lay: lay.image, modulation="vec"),
+})
+
 FAMILIES = (
     Family("LTX-Video", ("LTXV",), ("LTXVModel",), True, True,
-           lambda m: block_paths(m, "transformer_blocks"), plan, patch, tokens, geometry),
+           lambda m: block_paths(m, "transformer_blocks"), plan, patch, tokens, geometry, merge=MERGE),
 )
