@@ -319,6 +319,15 @@ LTX2_FPS = 24.0
 NEWER_HOST_NODES = {"ltx2_t2v_audio_todo.json": ("LTXVConcatAVLatent", "ComfyUI 0.33 (LTXAV)")}
 
 
+def lacking_nodes(file_name: str, has_node) -> str | None:
+    """Why the example ``file_name`` (``<name>.json``) cannot be used on a ComfyUI where
+    ``has_node(type)`` tells which node types exist (None: it can): the tests' skip reason."""
+    node, host = NEWER_HOST_NODES.get(file_name, (None, None))
+    if node is None or has_node(node):
+        return None
+    return f"this ComfyUI has no {node}: the example needs {host}; run with --comfyui of that tree"
+
+
 def ltx2_workflow() -> dict:
     """LTX-2 19B text to video with audio at 1280x704, 121 frames, 24 fps: the checkpoint (model
     and video VAE), its audio VAE (LTXVAudioVAELoader) and Gemma 3 12B with the checkpoint's text

@@ -196,6 +196,10 @@ def test_the_template_browser_shows_every_example_with_its_thumbnail(ui):
 
 @pytest.mark.parametrize("name", DIT_EXAMPLES)
 def test_a_dit_example_loads_and_exports_with_every_widget_value_of_our_node(ui, name):
+    # On a ComfyUI without the example's nodes the frontend loads it under its missing-nodes dialog.
+    if reason := make_examples.lacking_nodes(f"{name}.json", lambda node: ui.evaluate(
+            "(type) => type in LiteGraph.registered_node_types", node)):
+        pytest.skip(reason)
     ui.load_template(name)
     expected = _file_widgets(name)
     assert ui.widget_values(PATCH) == expected  # loaded as saved (no shifted values)

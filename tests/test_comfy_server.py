@@ -111,10 +111,8 @@ def test_out_of_range_inputs_are_rejected_with_node_errors(server, object_info, 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_workflows_use_existing_nodes_and_current_widgets(object_info, path):
-    if path.name in make_examples.NEWER_HOST_NODES:
-        node, host = make_examples.NEWER_HOST_NODES[path.name]
-        if node not in object_info:
-            pytest.skip(f"this ComfyUI has no {node}: the example needs {host}; run with --comfyui of that tree")
+    if reason := make_examples.lacking_nodes(path.name, object_info.__contains__):
+        pytest.skip(reason)
     flow = workflow.load(path)
     assert workflow.node_types(flow) <= set(object_info), workflow.node_types(flow) - set(object_info)
     assert widget_problems(flow, object_info) == []
