@@ -26,6 +26,7 @@ _MMDIT4 = {"depth": 4, "context_embedder_config": {"target": "torch.nn.Linear", 
 VARIANTS = {
     "flux_dev": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
     "flux_kontext": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
+    "flux2": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
     "chroma": ({"depth": 2, "depth_single_blocks": 2, "n_layers": 1}, [("double_block", 1), ("single_block", 0)], 48),
     "wan21_t2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
     "wan21_i2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),

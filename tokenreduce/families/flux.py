@@ -68,7 +68,9 @@ MERGE = DiTMerge(merge_keys, {
 FAMILIES = (
     Family("Flux.1", ("Flux", "FluxSchnell", "FluxInpaint"), ("Flux",), True, False,
            blocks, plan, patch, text_first_tokens, geometry, merge=MERGE),
-    Family("Flux.2", ("Flux2",), ("Flux",), True, False, blocks, plan, patch, text_first_tokens, geometry),
+    # Its global modulation hands the blocks vec as a pair of modulations (per sample).
+    Family("Flux.2", ("Flux2",), ("Flux",), True, False, blocks, plan, patch, text_first_tokens, geometry,
+           merge=MERGE),
     Family("Chroma", ("Chroma",), ("Chroma",), True, False, blocks, plan, patch, text_image_tokens, geometry,
            merge=MERGE),
     Family("Chroma Radiance", ("ChromaRadiance",), ("ChromaRadiance",), True, False, blocks, plan, patch,
