@@ -105,6 +105,9 @@ class Family(NamedTuple):
     # keys and where each kind of block's tokens, positions, modulation and mask sit), or None:
     # ToMe refuses the family (tome_dit.tome_refusal says why)
     merge: DiTMerge | None = None
+    # Without ``merge``: why ToMe cannot reach the family's blocks (the host hands them no
+    # block-replace seam, ...), said in the refusal and the model table; None: not described yet
+    merge_refusal: str | None = None
 
 
 def geometry_of(family: Family, model, kind: str) -> Geometry:

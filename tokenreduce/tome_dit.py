@@ -234,8 +234,9 @@ def tome_refusal(target_family: str, family) -> str:
     from .families import FAMILIES  # the registry imports this module's users
 
     merged = ", ".join(f.name for f in FAMILIES if f.merge is not None)
+    why = f": {family.merge_refusal}" if getattr(family, "merge_refusal", None) else " yet"
     return (f"ToMe cannot patch this {target_family} model: it has no UNet transformer blocks, and ToMe does not merge "
-            f"whole blocks of {family.name} yet (it does on {merged}). For this model use Token Downsampling (ToDo, "
+            f"whole blocks of {family.name}{why} (it does on {merged}). For this model use Token Downsampling (ToDo, "
             f"TokenReduce), which supports {family.name}. Remove this node for this model.")
 
 

@@ -28,8 +28,14 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     return TokenLayout(grid, joint=(text + image, text), image=(image, 0))
 
 
+# ToMe: NextDiT calls its layers directly, with no block-replace lookup (patches_replace["dit"]) in
+# ComfyUI 0.3.75 or 0.33; its "double_block" patches run after each layer, too late to merge. It
+# could be reached by wrapping each layer module on the clone (an object patch); not done.
+MERGE_REFUSAL = ("its model calls its layers with no block-replace lookup (patches_replace['dit']) and its "
+                 "double_block patches run only after each layer")
+
 FAMILIES = (
     Family("Lumina 2 / Z-Image", ("Lumina2", "ZImage"), ("NextDiT",), True, False,
            lambda m: block_paths(m, "noise_refiner", "layers"), plan, lambda m: (1, m.patch_size, m.patch_size),
-           tokens, geometry),
+           tokens, geometry, merge_refusal=MERGE_REFUSAL),
 )
