@@ -162,3 +162,45 @@ def test_a_run_over_the_whole_window_reads_no_timestep_per_call(pipe, monkeypatc
             assert not reads, method
             report = patch.report()
         assert report.steps == 3 and report.active_steps == (1, 2, 3) and report.levels
+
+
+@pytest.mark.parametrize("window", [{}, {"end_percent": 0.8}], ids=["whole run", "window"])
+@pytest.mark.parametrize("method", ["ToMe", "ToDo"])
+def test_a_run_auto_leaves_alone_reads_no_timestep_and_builds_no_kind_after_its_first_call(pipe, monkeypatch, tmp_path,
+                                                                                          method, window):
+    """Where auto leaves every block of the UNet alone, the patch steps aside: after the run's first
+    model call no call reads its timestep (a device sync on a GPU), builds a kind of block call or
+    asks the rule (a cached lookup per model call), and the latent is the unpatched one bit for bit."""
+    from tokenreduce.diffusers import todo, tome
+    from tokenreduce.run import CallPatch, RunState
+
+    store = _scripted(monkeypatch, tmp_path, 10.0, 12.0)  # every kind slower reduced: left alone
+    base = tiny.generate(pipe, steps=4, size=64)
+    counts = {"calls": 0, "sigma": [], "kind": [], "pays": []}
+
+    def counting(name, original):
+        def spy(*args, **kwargs):
+            counts[name].append(counts["calls"])
+            return original(*args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(RunState, "sigma", counting("sigma", RunState.sigma))
+    monkeypatch.setattr(CallPatch, "pays", counting("pays", CallPatch.pays))
+    for module in (tome, todo):  # every kind of block call names its attention backend
+        monkeypatch.setattr(module, "attention_backend", counting("kind", module.attention_backend))
+    # Registered before the patch's hook: what the n-th model call reads is noted with n.
+    handle = pipe.unet.register_forward_pre_hook(lambda *_: counts.update(calls=counts["calls"] + 1))
+    try:
+        with apply_patch(pipe, method, reduce_when="auto", **window) as patch:
+            out = tiny.generate(pipe, steps=4, size=64)
+            report = patch.report()
+    finally:
+        handle.remove()
+    assert counts["calls"] == 4 and store.measurements >= 1 and counts["kind"] and counts["pays"]
+    assert torch.equal(out, base)
+    assert {name: [c for c in counts[name] if c > 1] for name in ("sigma", "kind", "pays")} == \
+        {"sigma": [], "kind": [], "pays": []}  # only in the first call
+    if not window:  # the whole run is the window: no timestep is read at all
+        assert counts["sigma"] == []
+    assert report.steps == 4 and report.active_steps == () and not report.levels
+    assert report.decisions and not any(d.decision.reduce for d in report.decisions)

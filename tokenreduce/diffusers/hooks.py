@@ -61,12 +61,52 @@ def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare:
     def before(module, args, kwargs):
         arguments = read(args, kwargs)
         timestep = arguments("timestep")
-        context = session.open_call(0 if timestep is None else timestep)
+        context = session.open_call(0 if timestep is None else timestep, arguments)
         prepare(context, arguments)
 
     hooked = model if hooked is None else hooked  # (a compiled wrapper has no truth value: it has no len())
     hooks.pre(hooked, before)
     hooks.post(hooked, lambda module, args, kwargs, output: session.close_call())
+
+
+def unet_sample(arguments) -> torch.Tensor:
+    """The latent a UNet call is given (``sample``, or ``hidden_states`` as some callers name it)."""
+    sample = arguments("sample")
+    return sample if sample is not None else arguments("hidden_states")
+
+
+class UNetCalls:
+    """What the UNet patches (ToMe, ToDo) do around a model call: the latent's grid and the node's
+    checks before it; and, under ``reduce_when auto``, stepping aside where the run's first such
+    call left every kind of block call alone: the core's ``CallPatch.steps_aside``, asked by the
+    session before the next calls (no timestep read, no kind built, a cached lookup), filled by
+    ``CallPatch.left_alone`` when that first call ends (its kinds are decided in the blocks, where
+    the auto rule times the block's own call)."""
+
+    session: Session
+
+    def prepare(self, context: dict, arguments) -> None:
+        sample = unet_sample(arguments)
+        self.session.latent_hw = tuple(sample.shape[-2:])
+        self.session.check_latent(sample.shape)
+
+    def call_key(self, call) -> tuple:
+        """What of a UNet call (its arguments) decides the kinds of its block calls in a run: its
+        latent's shape (the batch too, as the kinds have it), dtype and device; the settings,
+        weights and attention backend are the run's."""
+        sample = unet_sample(call)
+        return sample.device, tuple(sample.shape), sample.dtype
+
+    @staticmethod
+    def decided(context: dict, kind: tuple, reduce: bool) -> bool:
+        """The auto rule's decision for a kind of block call in this model call, noted for close_call."""
+        context.setdefault("kinds", {})[kind] = reduce
+        return reduce
+
+    def close_call(self, context: dict) -> None:
+        kinds = context.get("kinds")
+        if kinds:  # the rule decided in this call: a later call like it steps aside where it left all alone
+            self.left_alone(context, self.session.run, self.session.call, kinds, kinds.get)
 
 
 class Switch:

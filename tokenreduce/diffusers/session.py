@@ -68,6 +68,7 @@ class Session:
         self.always_active = start <= 0 and end >= 1
         self.run: RunState | None = None
         self.context: dict | None = None  # the current model call's (patches read it)
+        self.call = None  # the current model call's arguments (a reader)
         self.latent_hw: tuple[int, int] | None = None  # of the current model call
         self.patch = None  # the patch (its end_run is called when a run ends)
         self._marker = None  # the scheduler's timesteps tensor of the current run
@@ -87,8 +88,10 @@ class Session:
             return SigmaWindow((1 - start) * self.timestep_scale, (1 - end) * self.timestep_scale)
         return SigmaWindow(flow_sigma(start, shift) * self.timestep_scale, flow_sigma(end, shift) * self.timestep_scale)
 
-    def open_call(self, timestep) -> dict:
-        """The context of a model call at ``timestep`` (a tensor or a number)."""
+    def open_call(self, timestep, call=None) -> dict:
+        """The context of a model call at ``timestep`` (a tensor or a number) with the arguments
+        ``call`` (a reader, ``hooks.argument_reader``): inactive, and no timestep read, where the
+        patch steps aside from such calls (``CallPatch.steps_aside``: auto left all of them alone)."""
         t = torch.as_tensor(timestep)
         now = time.perf_counter()
         scheduler = self.scheduler()
@@ -106,9 +109,12 @@ class Session:
         if marker is None:
             self._last = self.run.sigma(t)
         self._timesteps.append(t)
-        self.context = self.run.open_call(t)
+        aside = call is not None and self.patch is not None and self.patch.steps_aside(self.run, call)
+        self.call = call
+        self.context = self.run.open_call(t, aside=aside)
         self.context["timestep"] = t
         return self.context
+
     def check_latent(self, shape: tuple) -> None:
         """The node's preflight checks, once per run, on the latent of its first call."""
         if self.preflight is None or self._checked:
@@ -124,7 +130,7 @@ class Session:
                 close(self.context)
             self.run.close_call(self.context, self.context["timestep"])
             self._ended = time.perf_counter()
-        self.context = None
+        self.context = self.call = None
 
     def _finish(self) -> None:
         """Turn the run so far into its report (and log its warnings once)."""

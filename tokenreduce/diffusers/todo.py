@@ -33,13 +33,13 @@ from ..grid import grid_at
 from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys
-from .hooks import Hooks, Switch, attention_backend
+from .hooks import Hooks, Switch, UNetCalls, attention_backend
 from .session import Session
 
 DISPATCH = "dispatch_attention_fn"
 
 
-class UNetToDo(CallPatch):
+class UNetToDo(UNetCalls, CallPatch):
     """ToDo on the ``attn1`` of the selected BasicTransformerBlocks of one UNet."""
 
     def __init__(self, factors: dict, method: str, sites, label: str, session: Session, rule=None):
@@ -49,12 +49,6 @@ class UNetToDo(CallPatch):
         self.sites = sites
         self.session = session
         self.switch = Switch(session)
-
-    def prepare(self, context: dict, arguments) -> None:
-        sample = arguments("sample")
-        sample = sample if sample is not None else arguments("hidden_states")
-        self.session.latent_hw = tuple(sample.shape[-2:])
-        self.session.check_latent(sample.shape)
 
     def attn1(self, level: int):
         factor = self.factors[level]
@@ -68,22 +62,22 @@ class UNetToDo(CallPatch):
             if x.shape[1] != h * w:
                 note_skipped(context)  # tokens that are not the block's grid (another patch reshaped them)
                 return None
-            if not self._reduces(module, level, (h, w), x, args, kwargs):
+            if not self._reduces(context, module, level, (h, w), x, args, kwargs):
                 return None
             keys = downsample_tokens(x, h, w, factor, self.method)
             note_reduced(context, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, keys.shape[1])})
             return args, {**kwargs, "encoder_hidden_states": keys}
         return before
 
-    def _reduces(self, module, level: int, grid, x, args, kwargs) -> bool:
+    def _reduces(self, context: dict, module, level: int, grid, x, args, kwargs) -> bool:
         if self.switch.forced is not None:
             return self.switch.forced
         if self.rule is None:
             return True
         kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method,
                 attention_backend(module.processor))
-        return self.pays(self.session.run, x.device, kind,
-                         lambda: (level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs))))
+        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, lambda: (
+            level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs)))))
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         for site in self.sites:

@@ -24,11 +24,11 @@ from ..describe import level_text
 from ..grid import grid_at
 from ..run import note_reduced, note_skipped
 from ..tome_patch import ToMePatch
-from .hooks import Hooks, Switch, attention_backend
+from .hooks import Hooks, Switch, UNetCalls, attention_backend, unet_sample
 from .session import Session
 
 
-class DiffusersToMe(ToMePatch):
+class DiffusersToMe(UNetCalls, ToMePatch):
     """ToMe on the selected BasicTransformerBlocks of one UNet."""
 
     def __init__(self, settings, target, label: str, session: Session, rule=None):
@@ -39,13 +39,11 @@ class DiffusersToMe(ToMePatch):
 
     def prepare(self, context: dict, arguments) -> None:
         """Before a model call: where its partitions come from (drawn when first needed)."""
-        sample = arguments("sample")
-        if sample is None:
-            sample = arguments("hidden_states")
-        self.session.latent_hw = tuple(sample.shape[-2:])
-        self.session.check_latent(sample.shape)
+        super().prepare(context, arguments)
+        if not context["active"]:
+            return
         run = self.session.run
-        timestep, device, noise = context["timestep"], sample.device, []
+        timestep, device, noise = context["timestep"], unet_sample(arguments).device, []
 
         def draw(key, grid):  # the timestep seeds the draws: read (a device sync) at the first only
             if not noise:
@@ -100,7 +98,7 @@ class DiffusersToMe(ToMePatch):
         def describe():  # timed in a context of its own (the core's), as the ComfyUI path times
             return level_text(level, grid), lambda: self.switch.work(
                 lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device))
-        return self.pays(self.session.run, x.device, kind, describe)
+        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe))
 
     def end_block(self, module, args, kwargs, output):
         self.current = None
