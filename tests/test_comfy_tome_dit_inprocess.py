@@ -39,7 +39,12 @@ VARIANTS = {
     # byT5 glyph tokens after the text; a 4x3 grid (32x VAE, patch 1)
     "hunyuan_image21": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 12),
     "ltxv": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 4 * 3),
+    # a VACE block after main block 0: its hint stream runs on the video's own tokens, unmerged
+    "wan21_vace": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    # [reference frame, video, pose frames at half size] (0.33 only)
+    "wan21_scail": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
 }
+TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12}
 
@@ -49,6 +54,8 @@ def dits(comfy):
     built = {}
 
     def get(variant):
+        if not random_dits.available(variant):
+            pytest.skip(f"this ComfyUI has no {variant} model")
         if variant not in built:
             built[variant] = random_dits.make_dit(variant, **VARIANTS[variant][0])
         return built[variant]
@@ -97,8 +104,8 @@ def _grid_starts(model, variant, key, given, n, refs):
     """Where the grid starts in a block's ``img`` and in its positions: double blocks are handed
     the image stream alone ([main image, references]), single blocks every token; the positions
     run over the whole sequence, text first, or image first (HunyuanVideo on 0.3.75)."""
-    if variant.startswith(("wan", "ltx")):  # positions and tokens of the video alone
-        return 0, 0
+    if variant.startswith(("wan", "ltx")):  # positions and tokens of the video (and its references, poses)
+        return TOKENS_BEFORE.get(variant, 0), TOKENS_BEFORE.get(variant, 0)
     blocks = getattr(model.model.diffusion_model, "double_blocks", None)
     image_first = bool(blocks is not None and getattr(blocks[0], "flipped_img_txt", False))
     text = given["txt"].shape[1] if "txt" in given else given["img"].shape[1] - n - refs
@@ -149,7 +156,8 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     assert set(level.tokens.values()) == {(n, n - r)}
 
 
-@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv"])
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
+                                     "wan21_scail"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -170,7 +178,8 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     assert not torch.equal(first, other_seed)
 
 
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21"])
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
+                                     "wan21_vace"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))

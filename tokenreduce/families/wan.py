@@ -121,6 +121,9 @@ MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.blocks))
                               modulation="vec"),
 })
 
+# VACE's blocks are handed a per-sample modulation [B, 6, C] (e0 unflattened on dimension 1): nothing to follow.
+VACE_MERGE = MERGE._replace(args={"double_block": MERGE.args["double_block"]._replace(modulation=None)})
+
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
                              "WAN22_Camera", "WAN22_Animate", "WAN21_FlowRVS",
@@ -128,10 +131,16 @@ FAMILIES = (
            ("WanModel", "CameraWanModel", "AnimateWanModel", "WanDancerModel"),
            True, True,
            lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry, merge=MERGE),
+    # ToMe: x = [reference frames, video, pose frames], its positions alike: the video's grid merges.
     Family("Wan SCAIL", ("WAN21_SCAIL", "WAN21_SCAIL2"), ("SCAILWanModel", "SCAIL2WanModel"), True, True,
-           lambda m: block_paths(m, "blocks"), plan, patch, scail_tokens, geometry),
+           lambda m: block_paths(m, "blocks"), plan, patch, scail_tokens, geometry, merge=MERGE),
+    # ToMe: the main blocks merge; the VACE blocks run outside the block-replace seam, on the
+    # hint stream and the model's unmerged input tokens, and add to the restored output.
     Family("Wan VACE", ("WAN21_Vace",), ("VaceWanModel",), True, True,
-           lambda m: block_paths(m, "blocks"), vace_plan, patch, vace_tokens, geometry, vace_check),
+           lambda m: block_paths(m, "blocks"), vace_plan, patch, vace_tokens, geometry, vace_check,
+           merge=VACE_MERGE),
     Family("Wan HuMo", ("WAN21_HuMo",), ("HumoWanModel",), True, True,
-           lambda m: block_paths(m, "blocks"), humo_plan, patch, humo_tokens, geometry, humo_check),
+           lambda m: block_paths(m, "blocks"), humo_plan, patch, humo_tokens, geometry, humo_check,
+           merge_refusal="its audio cross-attention inside each block groups the block's video tokens by latent frame "
+                         "(the same count per frame, in frame order), which merged tokens are not"),
 )
