@@ -41,6 +41,10 @@ VARIANTS = {
     "ltxv": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 4 * 3),
     # a VACE block after main block 0: its hint stream runs on the video's own tokens, unmerged
     "wan21_vace": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    # Wan 2.2 TI2V 5B image to video: timesteps per frame (frame 0 clean), e0 [B, frames, 6, C]
+    "wan22_ti2v_5b": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 12),
+    # Wan 2.1 Camera: the Wan family, its blocks handed a per-sample modulation [B, 6, C]
+    "wan21_camera": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
     # [reference frame, video, pose frames at half size] (0.33 only)
     "wan21_scail": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
 }
@@ -133,6 +137,17 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
         assert y.shape[1] == x.shape[1] - r  # the merged count the plan makes
         assert torch.equal(y[:, :start], x[:, :start])  # tokens in front: unchanged
         assert torch.equal(y[:, y.shape[1] - after:], x[:, x.shape[1] - after:])  # tokens after: unchanged
+        vec = given.get("vec")
+        if variant == "wan22_ti2v_5b":  # the per-frame modulation follows: each merged token its frame's
+            frames, per_frame = vec.shape[1], n // vec.shape[1]
+            assert merged["vec"].shape[1] == y.shape[1] and frames > 1
+            rows = merged["vec"].flatten(2)
+            grid_pe, merged_pe = given["pe"].flatten(2)[0], merged["pe"].flatten(2)  # positions are unique
+            for b in range(rows.shape[0]):
+                for row, position in zip(rows[b], merged_pe[b]):
+                    frame = int((grid_pe == position).all(-1).nonzero()[0, 0]) // per_frame
+                    assert torch.equal(row, vec[b, frame].flatten())
+            assert not torch.equal(rows[:, :per_frame], rows[:, -per_frame:])  # frames differ (frame 0 clean)
         if "pe" not in given:  # SD3: positions added to the tokens before the blocks
             continue
         pe_x, pe_y = given["pe"], merged["pe"]

@@ -61,6 +61,10 @@ class BlockArgs(NamedTuple):
     in_pe: Callable | None = None  # TokenLayout -> (length, grid start) of the positions' sequence
     mask: str | None = None  # an attention mask over the positions' sequence (its last two dimensions)
     modulation: str | None = None  # a modulation that may be per token ([B, L, ...] over the tokens' sequence)
+    modulation_ndim: int = 2  # a modulation with fewer dimensions is per sample (Wan: [B, 6, C] vs [B, L, 6, C])
+    # the modulation may hold one row per run of consecutive tokens, fewer rows than tokens (Wan's
+    # per-frame timesteps, spread over the sequence by the block's repeat_e)
+    modulation_runs: bool = False
 
 
 class DiTMerge(NamedTuple):

@@ -178,10 +178,17 @@ def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dic
     new = {**args, spec.tokens: merged_x}
     if spec.modulation is not None:
         modulation = args.get(spec.modulation)
-        if torch.is_tensor(modulation) and modulation.ndim >= 2 and modulation.shape[1] != 1:
-            if modulation.shape[1] != length:
-                return None  # per-frame or otherwise grouped modulation: not placed
-            new[spec.modulation] = take(modulation, 1, index)
+        if torch.is_tensor(modulation) and modulation.ndim >= spec.modulation_ndim and modulation.shape[1] != 1:
+            rows = modulation.shape[1]
+            if rows == length:
+                new[spec.modulation] = take(modulation, 1, index)
+            elif spec.modulation_runs and rows < length:
+                # one row per run of consecutive tokens (Wan's per-frame timesteps), spread as the
+                # block would spread them (runs of length // rows, or one more, the last cut short)
+                run = length // rows + (0 if length % rows == 0 else 1)
+                new[spec.modulation] = take(modulation, 1, torch.div(index, run, rounding_mode="floor"))
+            else:
+                return None  # grouped otherwise: not placed
     if spec.pe is not None and args.get(spec.pe) is not None:
         pe_where = spec.in_pe(layout)
         pe = args[spec.pe]

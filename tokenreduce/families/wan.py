@@ -115,14 +115,13 @@ def humo_check(model) -> str | None:
 
 
 # ToMe: each block's x is [reference frame (Fun), video]; its rotary positions (freqs) follow x,
-# and a per-token modulation (Wan 2.2 TI2V's per-token timesteps, e0 [B, L, 6, C]) too.
+# and so does a modulation per frame (Wan 2.2 TI2V's timesteps where frames are kept clean, e0
+# [B, frames, 6, C], which the block spreads over the frames' tokens) or per token; the camera
+# and VACE models hand e0 as [B, 6, C], per sample (the block tells them apart by ndim).
 MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.blocks))}, {
     "double_block": BlockArgs("img", lambda lay: lay.image, pe="pe", pe_dim=1, in_pe=lambda lay: lay.image,
-                              modulation="vec"),
+                              modulation="vec", modulation_ndim=4, modulation_runs=True),
 })
-
-# VACE's blocks are handed a per-sample modulation [B, 6, C] (e0 unflattened on dimension 1): nothing to follow.
-VACE_MERGE = MERGE._replace(args={"double_block": MERGE.args["double_block"]._replace(modulation=None)})
 
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
@@ -138,7 +137,7 @@ FAMILIES = (
     # hint stream and the model's unmerged input tokens, and add to the restored output.
     Family("Wan VACE", ("WAN21_Vace",), ("VaceWanModel",), True, True,
            lambda m: block_paths(m, "blocks"), vace_plan, patch, vace_tokens, geometry, vace_check,
-           merge=VACE_MERGE),
+           merge=MERGE),
     Family("Wan HuMo", ("WAN21_HuMo",), ("HumoWanModel",), True, True,
            lambda m: block_paths(m, "blocks"), humo_plan, patch, humo_tokens, geometry, humo_check,
            merge_refusal="its audio cross-attention inside each block groups the block's video tokens by latent frame "
