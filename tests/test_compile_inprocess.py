@@ -63,6 +63,7 @@ CASES = [
     ("SD15", [("tome", {})]),
     ("SD15", [("tome", dict(mode="queries only (ComfyUI built-in)", matching="3x3 cells", share_plans=True))]),
     ("SD15", [("tome", dict(merge_crossattn=True, merge_mlp=True, use_rand=False, max_downsample="2"))]),
+    ("SD15", [("tome", dict(matching="tile (fast)", merge_crossattn=True, merge_mlp=True))]),
     ("SD15", [("todo", dict(factor=3.0, factor_next=2.0, method="average")), ("tome", dict(mode="queries only (ComfyUI built-in)"))]),
     ("SDXL", [("todo", dict(factor_next=2.0))]),
     ("SDXL", [("tome", {})]),

@@ -104,3 +104,19 @@ def test_the_packs_own_modes_run_and_repeat(pipes):
         assert torch.equal(_run(pipe, 1, 5.0), shared)
         assert "one plan per level and model call" in patch.info
     assert not torch.equal(shared, per_block)
+
+
+@pytest.mark.parametrize("family", ["SD15", "SDXL"])
+def test_tile_matching_runs_and_repeats(pipes, family):
+    """matching "tile (fast)" (the DiT path's tile plan): the same on diffusers as in the nodes,
+    bit for bit again, the global RNG untouched, other merges than tomesd's."""
+    pipe = pipes[family]
+    with apply_patch(pipe, "ToMe", use_rand=False):
+        whole_grid = _run(pipe, 1, 5.0)
+    state = torch.get_rng_state()
+    with apply_patch(pipe, "ToMe", matching="tile (fast)", merge_mlp=True) as patch:
+        tiled = _run(pipe, 1, 5.0)
+        assert torch.equal(_run(pipe, 1, 5.0), tiled)
+        assert "matching within each cell (tile, fast)" in patch.info
+    assert torch.equal(torch.get_rng_state(), state)
+    assert not torch.equal(tiled, whole_grid)
