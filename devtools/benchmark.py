@@ -5,6 +5,7 @@
     python3 devtools/benchmark.py --compile              # also every config under torch.compile
     python3 devtools/benchmark.py --gpu-table OUT        # the GPU table of the issues, row by row, in 8 minutes
     python3 devtools/benchmark.py --gpu-table-video OUT  # its video preset: Wan 2.1 14B 720p, LTX-2, one step each
+    python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
     python3 devtools/benchmark.py --diffusers            # diffusers pipelines: the table of diffusers' ToMe docs
         [--full] [--device cuda] [--sizes 512 1024] [--batches 1 2] [--steps N] [--repeats N] [--clock cpu]
     /path/to/ComfyUI/venv/python devtools/benchmark.py --comfyui /path/to/ComfyUI [--checkpoint ckpt.safetensors]
@@ -53,6 +54,10 @@ def main() -> int:
         host.run_inside_host(__file__)
         from bench import diffusers_table
         return diffusers_table.main(sys.argv[1:])
+    if "--tome-dit" in sys.argv[1:]:  # ToMe on DiTs against ToDo: per model a Pareto table (bench/tome_dit_table.py)
+        pinned = host.run_inside_host(__file__)
+        from bench import tome_dit_table
+        return tome_dit_table.main(sys.argv[1:], pinned.comfyui)
     pinned = None
     if {"--gpu-table", "--gpu-table-video"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
         sys.argv[1:1] = ["--comfyui", os.environ["TOKENREDUCE_COMFYUI"]]  # a lent GPU: its tree, this Python

@@ -451,3 +451,22 @@ def test_the_gpu_table_plan_fits_the_deadline():
     assert all(row.pending.startswith("not yet supported") for row in table.ROWS if row.model not in table.MODELS)
     assert any(row.compile for row in measured) and any(row.attention == "sage" for row in measured)
     assert any(row.hypertile for row in measured)
+
+
+def test_tome_on_dits_pareto_table_side_by_side():
+    """``--tome-dit``: ToDo, ToMe and both on a tiny DiT in one run, with the bound of whole-block
+    merging (the merged blocks' share of the unpatched forward) and the Pareto front."""
+    done = subprocess.run([sys.executable, str(REPO / "devtools" / "benchmark.py"), "--tome-dit", "--families", "Flux",
+                           "--size", "128", "--repeats", "1", "--clock", "cpu", "--threads", "1"],
+                          check=True, timeout=900, capture_output=True, text=True)
+    out = done.stdout
+    assert "CPU seconds per denoising step" in out and "1 torch threads" in out
+    assert "Merged blocks' share of the unpatched forward:" in out
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| config")}
+    assert set(rows) == {"unpatched", "ToDo (defaults)", "ToDo factor 3", "ToMe (defaults)", "ToMe ratio 0.25",
+                         "ToMe ratio 0.75", "ToMe + ToDo (defaults)"}
+    assert rows["unpatched"][1:3] == ["1.00x", "0.0000"] and rows["unpatched"][5] == "yes"
+    for name in ("ToMe (defaults)", "ToMe ratio 0.25", "ToMe ratio 0.75"):
+        assert float(rows[name][2]) > 0 and rows[name][3].endswith("x") and rows[name][4].endswith("%")
+    assert float(rows["ToMe ratio 0.75"][2]) > float(rows["ToMe ratio 0.25"][2])  # more merged, further off

@@ -12,6 +12,7 @@
 - ``study``: full sampling with a real checkpoint, image MSE/PSNR and a grid;
 - ``report``: the result rows, the markdown table and the JSON; ``plots``: the figures;
 - ``run``: the benchmark loop; ``cli``: the command line.
+- ``tome_dit_table``: ToMe's whole-block merging on DiTs against ToDo, a Pareto table per model (``--tome-dit``).
 
 Runs inside the ComfyUI host's Python with ``devtools/`` on ``sys.path``.
 """
