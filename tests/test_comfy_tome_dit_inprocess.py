@@ -30,6 +30,9 @@ VARIANTS = {
     "chroma": ({"depth": 2, "depth_single_blocks": 2, "n_layers": 1}, [("double_block", 1), ("single_block", 0)], 48),
     "wan21_t2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
     "wan21_i2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    # Chroma's blocks on a 16x16 px patched RGB image
+    "chroma_radiance": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
+    "longcat_image": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
     "qwen_image": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
     "qwen_image_edit": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
     "sd3": (_MMDIT4, [("double_block", 1), ("double_block", 2)], 48),

@@ -74,8 +74,8 @@ FAMILIES = (
     Family("Chroma", ("Chroma",), ("Chroma",), True, False, blocks, plan, patch, text_image_tokens, geometry,
            merge=MERGE),
     Family("Chroma Radiance", ("ChromaRadiance",), ("ChromaRadiance",), True, False, blocks, plan, patch,
-           text_image_tokens, geometry),
+           text_image_tokens, geometry, merge=MERGE),
     # The Flux model class itself; the host config only shifts its rope positions (rope_options).
     Family("LongCat-Image", ("LongCatImage",), ("Flux",), True, False, blocks, plan, patch, text_first_tokens,
-           geometry),
+           geometry, merge=MERGE),
 )
