@@ -367,3 +367,34 @@ def test_a_block_that_changes_its_input_in_place_keeps_its_change(comfy, dits):
     assert changes and session_of(patched).last_report.levels
     for change in changes:
         torch.testing.assert_close(change, torch.full_like(change, 0.5))
+
+
+def test_auto_that_leaves_every_kind_alone_steps_aside_after_the_first_call(comfy, dits, measuring, monkeypatch):
+    """Where auto leaves every kind of block alone, later model calls of the run read no noise level
+    and lay out no tokens (a cached lookup per call), and their contexts are off from the first."""
+    import sys
+
+    run_module = sys.modules["tokenreduce_pack.tokenreduce.run"]
+    patch_class = sys.modules["tokenreduce_pack.tokenreduce.tome_dit"].ToMeDiTPatch
+    model = dits("wan21_t2v")
+    store = measuring((10.0, 11.0))
+    run(comfy, tome(comfy, model, ratio=0.5, use_rand=True).result[0], "wan21_t2v")  # decides: kept
+    measured = store.measurements
+    counts = {"sigma": 0, "tiles": 0}
+
+    def counting(name, original):
+        def spy(*args, **kwargs):
+            counts[name] += 1
+            return original(*args, **kwargs)
+        return spy
+
+    monkeypatch.setattr(run_module.RunState, "sigma", counting("sigma", run_module.RunState.sigma))
+    monkeypatch.setattr(patch_class, "_tiles", counting("tiles", patch_class._tiles))
+    close_call, active = run_module.RunState.close_call, []
+    monkeypatch.setattr(run_module.RunState, "close_call", lambda state, context, sigmas: (
+        active.append(context["active"]), close_call(state, context, sigmas)))
+    patched = tome(comfy, model, ratio=0.5, use_rand=True).result[0]
+    assert torch.equal(run(comfy, patched, "wan21_t2v", steps=3), run(comfy, model, "wan21_t2v", steps=3))
+    assert store.measurements == measured
+    assert len(active) >= 3 and not any(active)
+    assert counts["tiles"] == 1 and counts["sigma"] <= 1  # the first call only
