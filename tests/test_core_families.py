@@ -45,3 +45,17 @@ def test_docs_models_page_is_made_from_the_registry():
 
     assert make_model_table.PAGE.read_text(encoding="utf-8") == make_model_table.render(), \
         "docs/models.md is not current: run python3 devtools/make_model_table.py"
+
+
+# DiT families whose model (ComfyUI 0.3.75 and 0.33) calls its blocks with no block-replace
+# lookup (patches_replace["dit"]): ToMe cannot be handed a block's inputs, and says so.
+NO_BLOCK_REPLACE = ("Z-Image pixel space", "HiDream", "Cosmos 1.0", "Cosmos Predict2", "Cosmos Predict2 image",
+                    "Anima", "OmniGen2", "Boogu-Image", "Ideogram 4", "PixelDiT", "PiD", "CogVideoX", "Krea 2")
+
+
+def test_families_tome_cannot_reach_say_why():
+    families = {family.name: family for family in FAMILIES}
+    for name in NO_BLOCK_REPLACE:
+        assert families[name].merge is None and "no block-replace lookup" in (families[name].merge_refusal or ""), name
+    for family in FAMILIES:  # a family ToMe merges gives no refusal
+        assert family.merge is None or family.merge_refusal is None, family.name

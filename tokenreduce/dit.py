@@ -77,6 +77,11 @@ class DiTMerge(NamedTuple):
     check: Callable | None = None
 
 
+# Family.merge_refusal of a family whose model calls its blocks with no block-replace lookup
+NO_BLOCK_REPLACE = ("its model calls its blocks directly, with no block-replace lookup (patches_replace['dit']) to "
+                    "hand ToMe a block's inputs")
+
+
 def _no_check(model) -> None:
     return None
 

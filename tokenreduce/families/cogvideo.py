@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, video_grid, NO_BLOCK_REPLACE
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -31,5 +31,6 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
 FAMILIES = (
     # rope: the 5B and 1.5 models rotate the video tokens' q and k; the 2B adds positions to the tokens.
     Family("CogVideoX", ("CogVideoX_T2V", "CogVideoX_I2V", "CogVideoX_Inpaint"), ("CogVideoXTransformer3DModel",),
-           True, True, lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
+           True, True, lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry,
+           merge_refusal=NO_BLOCK_REPLACE),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, video_grid, NO_BLOCK_REPLACE
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -68,12 +68,13 @@ def _v1_check(model) -> str | None:
 
 FAMILIES = (
     Family("Cosmos 1.0", ("CosmosT2V", "CosmosI2V"), ("GeneralDIT",), True, True,
-           _v1_blocks, _v1_plan, patch, tokens, _v1_geometry, _v1_check),
+           _v1_blocks, _v1_plan, patch, tokens, _v1_geometry, _v1_check, merge_refusal=NO_BLOCK_REPLACE),
     Family("Cosmos Predict2", ("CosmosI2VPredict2",), ("MiniTrainDIT",), True, True,
-           _blocks, plan, patch, tokens, geometry),
+           _blocks, plan, patch, tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
     # ComfyUI also detects the Predict2 text-to-video models as CosmosT2IPredict2 (the same keys):
     # their video grid is still placed, only the temporal factor does not apply.
     Family("Cosmos Predict2 image", ("CosmosT2IPredict2",), ("MiniTrainDIT",), True, False,
-           _blocks, plan, patch, tokens, geometry),
-    Family("Anima", ("Anima",), ("Anima",), True, False, _blocks, plan, patch, tokens, geometry),
+           _blocks, plan, patch, tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
+    Family("Anima", ("Anima",), ("Anima",), True, False, _blocks, plan, patch, tokens, geometry,
+           merge_refusal=NO_BLOCK_REPLACE),
 )

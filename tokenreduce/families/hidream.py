@@ -5,7 +5,7 @@ grid is T5 + 2 Llama sequences long in every call."""
 
 from __future__ import annotations
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
+from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -30,5 +30,5 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
 FAMILIES = (
     Family("HiDream", ("HiDream",), ("HiDreamImageTransformer2DModel",), True, False,
            lambda m: block_paths(m, "double_stream_blocks", "single_stream_blocks"), plan,
-           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry),
+           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
 )

@@ -4,7 +4,7 @@ already in the 128 channels), so every latent pixel is one token: patch 1."""
 
 from __future__ import annotations
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
+from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -24,5 +24,6 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
 
 FAMILIES = (
     Family("Ideogram 4", ("Ideogram4",), ("Ideogram4Transformer2DModel",), True, False,
-           lambda m: block_paths(m, "layers"), plan, lambda m: (1, 1, 1), tokens, geometry),
+           lambda m: block_paths(m, "layers"), plan, lambda m: (1, 1, 1), tokens, geometry,
+           merge_refusal=NO_BLOCK_REPLACE),
 )

@@ -5,7 +5,8 @@ conditioning's or the model's default)."""
 
 from __future__ import annotations
 
-from ..dit import JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, ref_tokens
+from ..dit import (JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, ref_tokens,
+                   NO_BLOCK_REPLACE)
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -30,5 +31,5 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
 
 FAMILIES = (
     Family("Krea 2", ("Krea2",), ("SingleStreamDiT",), True, False, lambda m: block_paths(m, "blocks"), plan,
-           lambda m: (1, m.patch, m.patch), tokens, geometry),
+           lambda m: (1, m.patch, m.patch), tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
 )

@@ -5,7 +5,7 @@ does not place: such model calls are left alone (tokens() says so)."""
 
 from __future__ import annotations
 
-from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
+from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
 from .lumina import plan  # the same order: text refiners, noise refiners, joint layers
 
 
@@ -25,7 +25,7 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
 FAMILIES = (
     Family("OmniGen2", ("Omnigen2",), ("OmniGen2Transformer2DModel",), True, False,
            lambda m: block_paths(m, "noise_refiner", "layers"), plan, lambda m: (1, m.patch_size, m.patch_size),
-           tokens, geometry),
+           tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
 )
 
 
@@ -49,5 +49,5 @@ def boogu_geometry(model) -> Geometry:
 FAMILIES += (
     Family("Boogu-Image", ("Boogu",), ("BooguTransformer2DModel",), True, False,
            lambda m: block_paths(m, "noise_refiner", "double_stream_layers", "single_stream_layers"), boogu_plan,
-           lambda m: (1, m.patch_size, m.patch_size), tokens, boogu_geometry),
+           lambda m: (1, m.patch_size, m.patch_size), tokens, boogu_geometry, merge_refusal=NO_BLOCK_REPLACE),
 )

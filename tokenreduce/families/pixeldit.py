@@ -6,7 +6,7 @@ tokens (no tokens added): the same calls and layout."""
 
 from __future__ import annotations
 
-from ..dit import IMAGE, JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
+from ..dit import IMAGE, JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -38,6 +38,8 @@ def patch(model) -> tuple[int, int, int]:
 
 
 FAMILIES = (
-    Family("PixelDiT", ("PixelDiTT2I",), ("PixDiT_T2I",), True, False, blocks, plan, patch, tokens, geometry),
-    Family("PiD", ("PiD",), ("PidNet",), True, False, blocks, plan, patch, tokens, geometry),
+    Family("PixelDiT", ("PixelDiTT2I",), ("PixDiT_T2I",), True, False, blocks, plan, patch, tokens, geometry,
+           merge_refusal=NO_BLOCK_REPLACE),
+    Family("PiD", ("PiD",), ("PidNet",), True, False, blocks, plan, patch, tokens, geometry,
+           merge_refusal=NO_BLOCK_REPLACE),
 )

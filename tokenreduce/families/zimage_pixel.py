@@ -6,11 +6,11 @@ the decoder makes no attention call."""
 
 from __future__ import annotations
 
-from ..dit import Family, block_paths
+from ..dit import Family, block_paths, NO_BLOCK_REPLACE
 from .lumina import geometry, plan, tokens
 
 FAMILIES = (
     Family("Z-Image pixel space", ("ZImagePixelSpace",), ("NextDiTPixelSpace",), True, False,
            lambda m: block_paths(m, "noise_refiner", "layers"), plan, lambda m: (1, m.patch_size, m.patch_size),
-           tokens, geometry),
+           tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
 )
