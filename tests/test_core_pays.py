@@ -278,8 +278,6 @@ def test_the_file_is_written_under_a_filelock_lock_on_every_os(tmp_path):
     assert finished.is_set() and (tmp_path / "tokenreduce" / "auto_decisions.json").exists()
 
 
-
-
 class OverheadClock:
     """A device where a timing costs 50 µs of synchronisation beyond the runs it times."""
 
