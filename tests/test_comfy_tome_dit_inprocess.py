@@ -33,6 +33,8 @@ VARIANTS = {
     # Chroma's blocks on a 16x16 px patched RGB image
     "chroma_radiance": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
     "longcat_image": ({"depth": 2, "depth_single_blocks": 2}, [("double_block", 1), ("single_block", 0)], 48),
+    # MMDiT: double layers over [registers, text] and the image apart, single layers over all
+    "auraflow": ({"n_layers": 4, "n_double_layers": 2}, [("double_block", 1), ("single_block", 0)], 48),
     "qwen_image": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
     "qwen_image_edit": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
     "sd3": (_MMDIT4, [("double_block", 1), ("double_block", 2)], 48),

@@ -4,7 +4,9 @@ a learned table added to the image tokens before the blocks, so nothing is rotat
 
 from __future__ import annotations
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
+import math
+
+from ..dit import JOINT, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, image_grid
 
 REGISTER_TOKENS = 8  # learned tokens the model puts before the text
 
@@ -24,8 +26,23 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
     return TokenLayout(grid, joint=(text + grid[1] * grid[2], text), image=None)
 
 
+def merge_keys(model) -> dict:
+    """ToMe: the block-replace key of each layer (by its index in the plan)."""
+    double = len(model.double_layers)
+    return {**{i: ("double_block", i) for i in range(double)},
+            **{double + i: ("single_block", i) for i in range(len(model.single_layers))}}
+
+
+# ToMe: double layers are handed img (the image alone) and txt ([registers, text]) apart, single
+# layers img = [registers, text, image]; the modulation (vec) is per sample, positions are
+# already added to the image tokens.
+MERGE = DiTMerge(merge_keys, {
+    "double_block": BlockArgs("img", lambda lay: (math.prod(lay.grid), 0)),
+    "single_block": BlockArgs("img", lambda lay: lay.joint),
+})
+
 FAMILIES = (
     Family("AuraFlow", ("AuraFlow",), ("MMDiT",), False, False,
            lambda m: block_paths(m, "double_layers", "single_layers"), plan,
-           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry),
+           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry, merge=MERGE),
 )
