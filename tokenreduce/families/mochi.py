@@ -28,6 +28,10 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
 
 
 FAMILIES = (
+    # ToMe: reachable through its block-replace lookup, but its blocks are handed two rotary
+    # tables (rope_cos, rope_sin) without a batch dimension.
     Family("Mochi", ("GenmoMochi",), ("AsymmDiTJoint",), True, True,
-           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
+           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry,
+           merge_refusal="its blocks are handed two rotary tables (rope_cos, rope_sin) without a batch dimension, "
+                         "which ToMe's block description does not take yet"),
 )
