@@ -11,13 +11,14 @@ in count, position and value, and the rotary positions follow the tokens."""
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
 
 import random_dits
 from comfy_helpers import apply, session_of
-from test_comfy_dit_inprocess import run, todo
+from test_comfy_dit_inprocess import install_probe, run, todo
 
 # MMDiT: hidden 64 per block, so 4 blocks are 256 wide
 _MMDIT4 = {"depth": 4, "context_embedder_config": {"target": "torch.nn.Linear", "params": {
@@ -224,20 +225,71 @@ def test_info_says_how_auto_decides(comfy, dits):
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
 def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
-    """ToMe's merged blocks hand ToDo a sequence that is not the grid's: ToDo passes those calls
-    through, counted as skipped; it reduces the blocks ToMe leaves whole."""
+    """ToDo reduces the keys and values of the blocks ToMe merged too (their grid: the merged
+    tokens), the same whichever node is applied first: no call is left alone, the report shows
+    the merged blocks' keys reduced, and reruns are bit for bit."""
     model = dits(variant)
     todo_settings = dict(skip_first_blocks=0, skip_last_blocks=0)
     tome_then_todo = todo(comfy, tome(comfy, model).result[0], **todo_settings).result[0]
     todo_then_tome = tome(comfy, todo(comfy, model, **todo_settings).result[0]).result[0]
     a, b = run(comfy, tome_then_todo, variant), run(comfy, todo_then_tome, variant)
     assert torch.isfinite(a).all() and torch.equal(a, b)
+    assert torch.equal(run(comfy, tome_then_todo, variant), a)  # reruns bit for bit
     only_tome = run(comfy, tome(comfy, model).result[0], variant)
     assert not torch.equal(a, only_tome)  # ToDo acted too
     for patched in (tome_then_todo, todo_then_tome):
-        sessions = {s.label: s for s in __import__("sys").modules["tokenreduce_pack.nodes.session"].sessions_of(patched)}
-        assert sessions["TokenReduceToDo"].last_report.skipped_calls > 0
+        sessions = {s.label: s for s in sys.modules["tokenreduce_pack.nodes.session"].sessions_of(patched)}
+        report = sessions["TokenReduceToDo"].last_report
+        assert report.skipped_calls == 0 and not report.warnings
+        (level,) = report.levels
+        before, after = level.tokens["k/v in merged blocks"]
+        assert after < before < VARIANTS[variant][2]  # ToDo's kept keys of ToMe's merged grid
         assert sessions["TokenReduceToMe"].last_report.levels
+
+
+def _first_merged_keys(comfy, model, variant):
+    """(keys, the merge, the key dimension) of the first attention call of a merged block."""
+    found = []
+
+    def probe(func, *args, **kwargs):
+        options = kwargs["transformer_options"]
+        merged = options.get("tokenreduce:merged grid")
+        if merged is not None and not found and not options.get("tokenreduce:measuring"):
+            found.append((args[1].clone(), merged, 2 if kwargs.get("skip_reshape") else 1))
+        return func(*args, **kwargs)
+
+    probed = model.clone()
+    install_probe(probed, probe)
+    return probed, found
+
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+def test_todo_in_a_merged_block_keeps_merged_grid_keys_and_the_text(comfy, dits, variant):
+    """In the first merged block (ToDo reducing the merged blocks only, so both runs reach it with
+    the same inputs) the keys ToDo hands on are the block's own keys at ToDo's index: the tokens
+    around the grid all kept, in order; of the grid, the merged tokens ToDo's kept positions were
+    merged into."""
+    model = dits(variant)
+    full, full_found = _first_merged_keys(comfy, model, variant)
+    reduced, reduced_found = _first_merged_keys(comfy, model, variant)
+    run(comfy, tome(comfy, full).result[0], variant, steps=1)
+    run(comfy, todo(comfy, tome(comfy, reduced).result[0]).result[0], variant, steps=1)
+    (k_full, plan, dim), = full_found
+    (k_reduced, plan_reduced, _), = reduced_found
+    n, m, length = plan.tokens, plan.merged_tokens, k_full.shape[dim]
+    assert torch.equal(plan.restore_map, plan_reduced.restore_map)
+    start = {"flux_dev": length - m, "wan21_t2v": 0}[variant]  # Flux: text first; Wan: the video alone
+    kept = k_reduced.shape[dim] - (length - m)
+    assert 0 < kept < m
+    assert torch.equal(k_reduced.narrow(dim, 0, start), k_full.narrow(dim, 0, start))  # the text as it is
+    end = start + m
+    assert torch.equal(k_reduced.narrow(dim, start + kept, length - end), k_full.narrow(dim, end, length - end))
+    grid_keys, merged_keys = k_reduced.narrow(dim, start, kept), k_full.narrow(dim, start, m)
+    for batch in range(k_full.shape[0]):  # every kept grid key is one of the block's merged tokens
+        rows = grid_keys[batch].movedim(dim - 1, 0).flatten(1)
+        merged_rows = merged_keys[batch].movedim(dim - 1, 0).flatten(1)
+        assert (rows[:, None] == merged_rows[None]).all(-1).any(1).all()
+    assert n > m
 
 
 def _compiled(comfy, model, variant):
@@ -278,6 +330,12 @@ def test_compiles_without_graph_breaks_or_recompiles(comfy, dits, variant, monke
     assert ours["graphs"] <= unpatched["graphs"]
     eager = run(comfy, patched, variant, steps=3, seed=5)
     assert torch.allclose(ours["outputs"][1], eager, rtol=1e-4, atol=1e-5)
+    # stacked with ToDo, which reduces the merged blocks' keys too
+    stacked = todo(comfy, patched, skip_first_blocks=0, skip_last_blocks=0).result[0]
+    both = _compiled(comfy, stacked, variant)
+    assert both["breaks"] == 0 and both["graphs"] <= unpatched["graphs"], both["reasons"]
+    eager = run(comfy, stacked, variant, steps=3, seed=5)
+    assert torch.allclose(both["outputs"][1], eager, rtol=1e-4, atol=1e-5)
 
 
 # --- reduce_when auto: each kind of block timed merged and unmerged (scripted clock) -------------

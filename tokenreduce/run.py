@@ -42,6 +42,9 @@ MEASURING = "tokenreduce:measuring"  # in the options of a call the auto rule ti
 # The host's attention override slot in the per-call options (ComfyUI's name; Forge has none).
 OVERRIDE = "optimized_attention_override"
 LEFT_ALONE = "left alone"  # run.cache: (LEFT_ALONE, a patch's call key) -> (sites left alone, all of them)
+# In the options a block merged by ToMe on a DiT hands on (a copy of the model call's): that block's
+# merge (``tome_dit.BlockPlan``), so an attention patch inside it (ToDo) knows the merged grid.
+MERGED_GRID = "tokenreduce:merged grid"
 
 
 def call_context(active: bool, timer=None, **extra) -> dict:
@@ -162,8 +165,13 @@ class RunState:
             if grid == SKIPPED:
                 continue
             reduced = True
+            grid = noted[2] if len(noted) > 2 else grid
             if grid not in self.levels:
                 self.levels[grid] = LevelTokens(noted[0], grid, noted[1])
+            elif any(stage not in self.levels[grid].tokens for stage in noted[1]):  # another part's stages
+                level = self.levels[grid]
+                self.levels[grid] = LevelTokens(level.downsample, grid, {**level.tokens, **{
+                    stage: counts for stage, counts in noted[1].items() if stage not in level.tokens}})
         if reduced:
             self.reduced_sigmas.append(sigmas)
 
@@ -241,12 +249,14 @@ def _site_decisions(decisions: dict) -> tuple[SiteDecision, ...]:
     return tuple(listed)
 
 
-def note_reduced(context: dict, grid: tuple[int, int], level: int, stages) -> None:
+def note_reduced(context: dict, grid: tuple[int, int], level: int, stages, part: str | None = None) -> None:
     """Called by a patch that reduced a block of this grid; ``stages()`` gives the stage ->
-    (before, after) counts, asked once per grid and call."""
+    (before, after) counts, asked once per grid (and ``part``: blocks reduced otherwise, e.g.
+    ToDo in blocks ToMe merged, whose stages join the grid's) and call."""
     notes = context["notes"]
-    if grid not in notes:
-        notes[grid] = (level, stages())
+    key = grid if part is None else (grid, part)
+    if key not in notes:
+        notes[key] = (level, stages()) if part is None else (level, stages(), grid)
 
 
 def note_skipped(context: dict) -> None:

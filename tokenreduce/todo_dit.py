@@ -31,7 +31,8 @@ from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
 from .measure import backend_of, compute_dtype, dit_attention_work
 from .pays import AutoRule
-from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .tome_dit import take
 
 
 FRONTS = 8  # overrides found installed after ours that keep their front object (see _front_of)
@@ -86,6 +87,21 @@ def kept_keys(x: torch.Tensor, dim: int, keep: KeepPlan, method: str) -> torch.T
     pooled = pool_grid_tokens(grid_part, dim, keep.grid, keep.target)
     end = keep.start + keep.tokens
     return torch.cat([x.narrow(dim, 0, keep.start), pooled, x.narrow(dim, end, x.shape[dim] - end)], dim=dim)
+
+
+def merged_keep_index(keep: KeepPlan, merged, length: int) -> torch.Tensor:
+    """[B, L'] the key positions a grid call of ``length`` keys keeps in a block ToMe merged
+    (``merged``: its ``tome_dit.BlockPlan``): the tokens before and after the grid, and for each
+    grid position nearest downsampling keeps, the merged token it was merged into (its row in
+    ToMe's restore map): ToDo's nearest selection applied to the grid as ToMe restores it. The
+    count is ToDo's (no host sync); two kept positions merged into one token give its key twice,
+    as the restored grid would."""
+    start, m = keep.start, merged.merged_tokens
+    positions = keep.index.narrow(0, start, keep.kept) - start  # the grid positions ToDo keeps
+    rows = merged.restore_map.index_select(1, positions) + start
+    b, device = rows.shape[0], rows.device
+    return torch.cat([torch.arange(start, device=device).expand(b, start), rows,
+                      torch.arange(start + m, length, device=device).expand(b, length - start - m)], 1)
 
 
 class ToDoDiTPatch(CallPatch):
@@ -236,14 +252,14 @@ class ToDoDiTPatch(CallPatch):
         call = self.call_context(options) if isinstance(options, dict) else None
         if call is None or not call["active"] or call.get("inside"):
             return _hand_on(after, func, args, kwargs)
-        args, kwargs = self._reduce(call, args, kwargs)
+        args, kwargs = self._reduce(call, args, kwargs, options.get(MERGED_GRID))
         call["inside"] = True
         try:
             return _hand_on(after, func, args, kwargs)
         finally:
             call["inside"] = False
 
-    def _reduce(self, call: dict, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def _reduce(self, call: dict, args: tuple, kwargs: dict, merged=None) -> tuple[tuple, dict]:
         index = call["calls"]
         call["calls"] = index + 1
         plan = call["plan"]
@@ -254,6 +270,8 @@ class ToDoDiTPatch(CallPatch):
         q, k, v = args[:3]
         length = k.shape[dim]
         keep = call["keep"].get((slot.kind, length))
+        if keep is None and merged is not None:  # a block ToMe merged: its grid is the merged tokens
+            return self._reduce_merged(call, args, kwargs, slot, dim, merged)
         if keep is None or v.shape[dim] != length or (q.shape[dim] > length if slot.part else q.shape[dim] != length):
             note_skipped(call)  # a grid call whose tokens are not the predicted layout: left alone
             return args, kwargs
@@ -271,3 +289,42 @@ class ToDoDiTPatch(CallPatch):
         note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
                      lambda: {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, keep.kept)})
         return args, kwargs
+
+    def _reduce_merged(self, call: dict, args: tuple, kwargs: dict, slot, dim: int, merged) -> tuple[tuple, dict]:
+        """A grid call of a block ToMe merged (``merged``: its ``tome_dit.BlockPlan``): the keys and
+        values kept are the merged tokens that ToDo's kept grid positions were merged into (what
+        nearest downsampling keeps of the grid as ToMe restores it), each with its own rotary
+        position; the tokens around the grid as they are."""
+        q, k, v = args[:3]
+        length = k.shape[dim]
+        keep = next((plan for (kind, full), plan in call["keep"].items()
+                     if kind == slot.kind and full - merged.r == length), None)
+        mask = args[4] if len(args) > 4 else kwargs.get("mask")
+        if keep is None or keep.grid != merged.tiles.grid or v.shape[dim] != length or \
+                (q.shape[dim] > length if slot.part else q.shape[dim] != length) or \
+                (mask is not None and (mask.ndim < 3 or mask.shape[-1] not in (1, length))):
+            note_skipped(call)
+            return args, kwargs
+        index = self._merged_index(call, keep, merged, length)
+        args = (q, take(k, dim, index), take(v, dim, index), *args[3:])
+        if mask is not None and mask.shape[-1] == length:
+            mask = take(mask, -1, index)
+            if len(args) > 4:
+                args = (*args[:4], mask, *args[5:])
+            else:
+                kwargs = {**kwargs, "mask": mask}
+        m = merged.merged_tokens
+        kept = index.shape[1] - (length - m)
+        note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
+                     lambda: {"k/v in merged blocks": (m, kept)}, part="merged")
+        return args, kwargs
+
+    def _merged_index(self, call: dict, keep: KeepPlan, merged, length: int) -> torch.Tensor:
+        """[B, L'] the key positions kept in a merged block's grid call: made once per merge and
+        kind of call (the blocks sharing ToMe's plan share it), tensor work only."""
+        cached = call.get("merged keep")
+        if cached is not None and cached[0] is merged and cached[1] is keep:
+            return cached[2]
+        index = merged_keep_index(keep, merged, length)
+        call["merged keep"] = (merged, keep, index)
+        return index

@@ -36,7 +36,7 @@ from .describe import grid_text
 from .dit import BlockArgs, TokenLayout
 from .measure import backend_of, compute_dtype, measuring_options
 from .pays import AutoRule, Work
-from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 from .seeding import derive_seed
 
 
@@ -425,6 +425,8 @@ class ToMeDiTPatch(CallPatch):
                 note_skipped(call)
                 return inner(args)
             new_args, merged_x = made
+            if isinstance(options, dict):  # the merge, for an attention patch inside the block (ToDo)
+                new_args["transformer_options"] = {**options, MERGED_GRID: plan}
             merged_x = merged_x.clone()  # what the block was given: blocks may add to their input in place (Flux)
             out = dict(inner(new_args))
             out[spec.tokens] = restored(spec, layout, plan, x, merged_x, out[spec.tokens])
