@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..catalog import TODO_NODE, TOME_NODE
-from ..describe import header, todo_info, tome_info
+from ..describe import header, todo_info, tome_dit_info, tome_info
 from ..layout import DIT, UNET
 from ..methods import dit_method_problem, todo_level_factors, todo_select, tome_select
 from ..pays import auto_rule, decisions_at
@@ -31,6 +31,7 @@ from .models import denoisers, is_pipeline, model_layout, unwrapped
 from .session import Session
 from .todo import DiTToDo, UNetToDo
 from .tome import DiffusersToMe
+from .tome_dit import MERGES, DiffusersToMeDiT, merges
 
 LOG = logging.getLogger("tokenreduce")
 NODES = {"tome": TOME_NODE, "todo": TODO_NODE}
@@ -58,7 +59,7 @@ class ModelPatch:
 
     def remove(self) -> None:
         self.hooks.remove()
-        if isinstance(self.patch, DiTToDo):
+        if isinstance(self.patch, (DiTToDo, DiffusersToMeDiT)):
             self.patch.uninstall()
         self.model.__dict__.pop(ATTRIBUTE, None)
 
@@ -129,6 +130,10 @@ def _refusal(method: str, name: str, layout) -> str:
     """Why no setting of ``method`` can patch this model here (the node's refusal, in terms of
     diffusers' classes and of the families this adapter knows)."""
     if layout is not None and layout.kind == DIT:
+        if method == "ToMe":
+            return (f"ToMe cannot patch this {name} model: ToMe merges whole blocks of these diffusers DiT "
+                    f"transformers: {', '.join(sorted(MERGES))}; not yet of {name}. For this model use ToDo "
+                    f"(apply_patch(model, \"ToDo\")), which supports {name}.")
         return (f"{method} cannot patch this {name} model: it has no UNet transformer blocks. {method} works on UNet "
                 f"models (SD1.x, SD2.x, SDXL). For this model use ToDo (apply_patch(model, \"ToDo\")), which "
                 f"supports {name}.")
@@ -147,7 +152,7 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     """Patch one model (``given``: it, or its torch.compile wrapper)."""
     model = unwrapped(given)
     name, layout = model_layout(model)
-    kinds = (UNET,) if method == "ToMe" else (UNET, DIT)
+    kinds = (UNET, DIT) if method != "ToMe" or merges(layout and layout.family) else (UNET,)
     setting, choice = ("max_downsample", settings.max_downsample) if method == "ToMe" else ("level", settings.level)
     select = tome_select if method == "ToMe" else todo_select(settings)
     target = resolve_target(layout, name, method, setting, choice, select, kinds)
@@ -156,7 +161,9 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     if target.sites is None:
         raise ValueError(f"{label}: {target.message}")
     _refuse_foreign_tome(model, label)
-    if method == "ToMe":
+    if method == "ToMe" and target.layout.kind == DIT:
+        info, warnings = None, []  # said once the patch knows its blocks
+    elif method == "ToMe":
         info, warnings = tome_info(settings, target), []
     else:
         info, warnings = todo_info(settings, target)
@@ -164,7 +171,9 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     dit = target.layout.kind == DIT
     family = target.layout.family
     session = Session(label, settings, family.timestep_scale if dit else 999.0, header(method, target), scheduler)
-    if method == "ToMe":
+    if method == "ToMe" and dit:
+        patch = DiffusersToMeDiT(settings, family, target.sites, label, session, rule)
+    elif method == "ToMe":
         patch = DiffusersToMe(settings, target, label, session, rule)
         session.preflight = tome_strides(label, target.levels, settings.stride_x, settings.stride_y)
     elif not dit:
@@ -179,6 +188,8 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
         patch = DiTToDo(family, settings.factor, settings.temporal_factor, settings.method, target.sites, label,
                         session, rule)
     patch.install(hooks, model)
+    if info is None:
+        info = tome_dit_info(settings, target, patch)
     patch.wrapped = given is not model  # a torch.compile wrapper: the model runs compiled
     session.patch = patch
     # On a compiled model's wrapper the call hooks run outside the compiled region: it compiles whole.
