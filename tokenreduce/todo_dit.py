@@ -8,7 +8,10 @@ are joint or image-only attention over the grid and which block each belongs to.
 model call the layout of that call's tokens is computed from its inputs and turned into the key
 positions to keep; in the call, a grid call of a selected block whose key length is the predicted
 one reads its keys and values through that index (nearest: strided, each kept key keeps its
-own rotary position) or pooled (average, only where keys carry no rotated positions). Everything
+own rotary position) or pooled (average, only where keys carry no rotated positions). In a
+block ToMe merged (its merge handed on in the block's options, ``run.MERGED_GRID``) the grid is
+the merged tokens: the keys kept are the merged tokens ToDo's kept grid positions were merged
+into (``merged_keep_index``; nearest in any case), so the two stack in either order. Everything
 else passes through. An override that was installed before ours is called with our keys
 instead of the backend, so the two stack. One installed after ours (a backend choice such as
 KJNodes' SageAttention patch or ComfyUI's own ``set_model_optimized_attention``: they replace the

@@ -20,6 +20,9 @@ GPU-friendly, with no scatter and no host sync:
   ``m = merge(x)``, so every token keeps its own residual stream; a block that changes nothing
   gives ``x`` back bit for bit.
 
+A merged block is handed a copy of the call's options with its plan under ``run.MERGED_GRID``,
+so ToDo's attention override inside it reduces the merged grid's keys (``todo_dit``).
+
 A family tells how its blocks are reached with a ``DiTMerge`` (``Family.merge``): which
 block-replace key each block has and, per kind of block, where its grid tokens, rotary
 positions, modulation and mask sit in the arguments the host hands the replacement.
