@@ -582,3 +582,29 @@ def test_a_fixed_plan_family_keeps_its_plan():
     patch = make_patch("Flux.1", flux_model())
     call = Call(patch, image_latent(8, 8), torch.zeros(B, 3, 8))
     assert call.context["plan"] is patch.plan
+
+
+@pytest.mark.parametrize("grid, strides, r", [((1, 6, 8), (1, 2, 2), 24), ((3, 4, 6), (1, 2, 2), 30),
+                                              ((1, 5, 7), (1, 2, 2), 10)])
+def test_keys_kept_in_a_merged_block_are_todos_on_the_restored_grid(grid, strides, r):
+    """In a block ToMe merged, ToDo's kept keys are its nearest selection of the grid as ToMe
+    restores it: the tokens around the grid all kept, the grid's kept keys merged tokens."""
+    from tokenreduce.todo_dit import keep_plans, merged_keep_index
+    from tokenreduce.tome_dit import make_tiles, plan_block, restore, take
+
+    n, before, after = math.prod(grid), 5, 3
+    length = before + n + after
+    tokens = SimpleNamespace(grid=grid, joint=(length, before), image=None)
+    ((_, keep),) = keep_plans(tokens, 2.0, 1.0, "cpu").items()
+    tiles = make_tiles(grid, strides, torch.Generator().manual_seed(1), "cpu")
+    plan = plan_block(torch.randn(2, n, 8, generator=torch.Generator().manual_seed(2)), tiles, r)
+    m = plan.merged_tokens
+    keys = torch.randn(2, length - r, 4, generator=torch.Generator().manual_seed(3))  # a merged block's keys
+    index = merged_keep_index(keep, plan, length - r)
+    assert index.shape == (2, keep.index.shape[0])  # ToDo's count of keys
+    assert (index[:, :before] == torch.arange(before)).all()
+    assert (index[:, -after:] == torch.arange(before + m, length - r)).all()
+    grid_rows = index[:, before:-after]
+    assert ((grid_rows >= before) & (grid_rows < before + m)).all()
+    restored = torch.cat([keys[:, :before], restore(plan, keys[:, before:before + m]), keys[:, before + m:]], 1)
+    assert torch.equal(take(keys, 1, index), restored.index_select(1, keep.index))

@@ -14,10 +14,11 @@ attributes, and folds what the calls noted under a lock.
 
 Call context keys (every patch may add its own):
 - ``active``: reduce in this call (the step is inside the window);
-- ``notes``: written by the patches during the call: ``notes[grid] = (level, stages)`` the first
-  time a grid is reduced (``notes[(grid, part)] = (level, stages, grid)`` for a part of its blocks
-  reduced otherwise, whose stages join the grid's), ``notes["skipped"]`` the number of block calls left alone because their
-  tokens were not the block's grid; read back by ``close_call``;
+- ``notes``: written by the patches during the call: ``notes[grid] = (level, stages)`` the
+  first time a grid is reduced (``notes[(grid, part)] = (level, stages, grid)`` for a part of its
+  blocks reduced otherwise, whose stages join the grid's), ``notes["skipped"]`` the number of
+  block calls left alone because their tokens were not the block's grid; read back by
+  ``close_call``;
 - ``calls``: set to 0 by a patch the model's attention must call (the DiT override, which counts
   its calls there): still 0 at the end, the model ran without reaching it.
 """
