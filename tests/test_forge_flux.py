@@ -234,7 +234,7 @@ def test_a_clone_of_a_patched_unet_is_patched_once(forge, unet):
 # --- checks, refusals and reports ---------------------------------------------------------------
 
 @pytest.mark.parametrize("methods,latent,expected", [
-    ({"ToMe": {}}, LATENT, "TokenReduce ToMe cannot patch Forge's Flux: ToMe works on UNet models"),
+    ({"ToMe": {}, "ToDo": {}}, LATENT, "TokenReduce ToMe and TokenReduce ToDo together cannot patch Forge's Flux yet"),
     ({"ToDo": {"method": "average"}}, LATENT, "TokenReduce ToDo: method 'average' does not work on Flux.1: its keys "
                                               "carry rotary positions"),
     ({"ToDo": {"factor": 4.0}}, (1, 4, 6, 6), "TokenReduce ToDo: factor 4 does not fit the 3x3 token grid"),

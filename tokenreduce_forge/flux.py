@@ -18,6 +18,14 @@ plan, the token layout and the keep index of ``tokenreduce/downsample.py``), whi
 selected keys and values of the image grid (text tokens intact) and calls Forge's attention
 function. Outside a sampling pass of this clone (a stale patched module, a timing of the auto
 rule) everything passes through to what Forge computes.
+
+ToMe (whole blocks merged) goes through the same seam: each selected block's ``forward`` is an
+object patch that hands the block's arguments to the core's block wrapper
+(``tokenreduce/tome_dit.py``, ``ToMeDiTPatch.replacement``: the ComfyUI node's plan, merge and
+restore, positions following the tokens, the text never merged) with the block's own forward as
+the original block. Forge cannot run a model call again, so ``reduce_when auto`` is not timed
+here: every selected block is merged, and the info text and the pass's warnings say so. ToMe and
+ToDo together on Forge's Flux are refused (their forwards are not chained yet).
 """
 
 from __future__ import annotations
@@ -26,16 +34,17 @@ import functools
 import types
 from typing import NamedTuple
 
-from tokenreduce.describe import header, todo_info
+from tokenreduce.describe import header, todo_info, tome_dit_info
 from tokenreduce.families import flux
 from tokenreduce.layout import DIT, Layout, dit_layout
-from tokenreduce.methods import dit_method_problem, todo_select
+from tokenreduce.methods import REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select
 from tokenreduce.pays import auto_rule
 from tokenreduce.preflight import dit_factor
 from tokenreduce.rebind import rebuilt
 from tokenreduce.run import CONTEXT_PREFIX, OVERRIDE
 from tokenreduce.target import resolve_target
 from tokenreduce.todo_dit import ToDoDiTPatch
+from tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks
 from tokenreduce.window import SigmaWindow
 
 from .settings import label
@@ -161,8 +170,14 @@ class Chosen(NamedTuple):
 
 
 def tome_refusal(stage: str) -> str:
-    return (f"{label(stage, 'ToMe')} cannot patch Forge's Flux: ToMe works on UNet models (SD1.x, SD2.x, SDXL). "
-            f"On Flux use ToDo (Token Downsampling); turn ToMe off for this model.")
+    """ToMe and ToDo together on Forge's Flux: not wired yet (each alone is)."""
+    return (f"{label(stage, 'ToMe')} and {label(stage, 'ToDo')} together cannot patch Forge's Flux yet: each reaches "
+            f"the blocks through their forward, and the two are not chained there. Turn one of them off for this "
+            f"model.")
+
+
+AUTO_UNTIMED = ("reduce_when auto is not timed for ToMe on Forge's Flux (Forge cannot run a model call again to "
+                "time a block): every selected block is merged, as with reduce_when always")
 
 
 def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, latent_shape: tuple, decisions,
@@ -171,7 +186,9 @@ def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, l
     checks as the ComfyUI node: (refusal or None, chosen). Warnings of settings that do nothing
     go to ``run.warnings``."""
     if "ToMe" in methods:
-        return tome_refusal(stage), []
+        if "ToDo" in methods:
+            return tome_refusal(stage), []
+        return choose_tome(clone, run, layout, family, stage, methods["ToMe"], percent_to_sigma)
     settings = methods.get("ToDo")
     if settings is None:
         return None, []
@@ -239,3 +256,73 @@ def register(clone, run) -> tuple[list, list]:
             clone.add_object_patch(key, value)
             keys.append(key)
     return [], keys
+
+
+# --- ToMe: whole blocks merged through the core's block wrapper (tokenreduce/tome_dit.py) ---------
+
+def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, percent_to_sigma):
+    """ToMe on Forge's Flux: the core's ``ToMeDiTPatch`` (the ComfyUI node's), its block-replace
+    functions called from each selected block's ``forward`` (an object patch on the clone)."""
+    who = label(stage, "ToMe")
+    target = resolve_target(layout, family, "ToMe", "max_downsample", settings.max_downsample, tome_select,
+                            kinds=(DIT,))
+    if target.sites is None:
+        run.warnings.append(f"{who}: {target.message}")
+        return None, []
+    diffusion_model = clone.get_model_object("diffusion_model")
+    patch = ToMeDiTPatch(settings, layout, tome_dit_blocks(target.sites), diffusion_model,
+                         f"{CONTEXT_PREFIX}forge.{stage}.ToMe", who, None)  # auto: untimed (AUTO_UNTIMED)
+    problem = _reach_tome(clone, target, patch)
+    if problem is not None:
+        return f"{who} cannot reach the blocks of Forge's Flux: {problem}. Turn one of them off.", []
+    warnings = [] if settings.reduce_when == REDUCE_ALWAYS else [f"{who}: {AUTO_UNTIMED}."]
+    window = SigmaWindow(percent_to_sigma(settings.start_percent), percent_to_sigma(settings.end_percent))
+    return None, [Chosen("ToMe", settings, target, patch, window, warnings)]
+
+
+def tome_info(settings, target, patch) -> str:
+    """The info text of ToMe on Forge's Flux: the node's, and what reduce_when auto does here."""
+    info = tome_dit_info(settings, target, patch)
+    if settings.reduce_when == REDUCE_ALWAYS:
+        return info
+    return info[:info.index("reduce_when auto")] + AUTO_UNTIMED + "."
+
+
+def tome_forward(patch: ToMeDiTPatch, options: PassAttention, kind: str, index: int, current):
+    """A Forge Flux block's ``forward`` (``current``: the one it had) through the core's block
+    wrapper: the arguments as the block-replace seam hands them (the call's options noted by the
+    diffusion model's patched forward), the block's own forward as the original block."""
+    run_block = patch.replacement(kind, index, None)
+    if kind == "double_block":
+        def forward(img, txt, vec, pe, **kwargs):
+            def original(a):
+                img_, txt_ = current(img=a["img"], txt=a["txt"], vec=a["vec"], pe=a["pe"], **kwargs)
+                return {"img": img_, "txt": txt_}
+            args = {"img": img, "txt": txt, "vec": vec, "pe": pe, "transformer_options": options.options}
+            out = run_block(args, {"original_block": original})
+            return out["img"], out["txt"]
+        return forward
+
+    def forward(x, vec, pe, **kwargs):  # single block: x = [text, image]
+        def original(a):
+            return {"img": current(a["img"], vec=a["vec"], pe=a["pe"], **kwargs)}
+        args = {"img": x, "vec": vec, "pe": pe, "transformer_options": options.options}
+        return run_block(args, {"original_block": original})["img"]
+    return forward
+
+
+def _reach_tome(clone, target, patch: ToMeDiTPatch) -> str | None:
+    """The object patches of ToMe on Forge's Flux (``register`` adds them), or why there can be none."""
+    options = PassAttention(None, None, None)  # only the call's options, noted by the model's forward
+    keys = patch.replace_keys()
+    patch.object_patches = {}
+    for site in target.sites:
+        key = f"{site.path}.forward"
+        current = _forward_of(clone, key, clone.get_model_object(site.path))
+        if key in clone.object_patches:
+            return f"block {site.path.split('.', 1)[1]} has another extension's forward"
+        kind, _ = keys[site.key[1]]
+        patch.object_patches[key] = tome_forward(patch, options, kind, site.key[1], current)
+    patch.object_patches[FORWARD] = options.forward(_forward_of(clone, FORWARD,
+                                                                clone.get_model_object("diffusion_model")))
+    return None

@@ -70,7 +70,10 @@ class MethodRun:
         self.target = target
         self.patch = patch
         self.header = header(method, target)
-        self.info = tome_info(settings, target) if method == "ToMe" else todo_info(settings, target)[0]
+        if method == "ToMe" and target.layout.kind == DIT:  # Forge's Flux: whole blocks (flux.py)
+            self.info = forge_flux.tome_info(settings, target, patch)
+        else:
+            self.info = tome_info(settings, target) if method == "ToMe" else todo_info(settings, target)[0]
         always = settings.start_percent <= 0.0 and settings.end_percent >= 1.0
         self.run = RunState(window, always_active=always, warnings=list(warnings))
 
@@ -161,8 +164,8 @@ def _percent_to_sigma(unet):
 
 def not_a_unet(family: str) -> str:
     return (f"{PREFIX} cannot patch this {family} model: it has no UNet transformer blocks. In Forge, {PREFIX} "
-            f"works on UNet models (SD1.x, SD2.x, SDXL) and ToDo on Forge's Flux.1; ToDo on other DiT models (Chroma, "
-            f"SD3, ...) is in the ComfyUI nodes only. Turn {PREFIX} off for this model.")
+            f"works on UNet models (SD1.x, SD2.x, SDXL) and ToMe or ToDo on Forge's Flux.1; both on other DiT models "
+            f"(Chroma, SD3, ...) are in the ComfyUI nodes only. Turn {PREFIX} off for this model.")
 
 
 def has_ours(unet) -> bool:
