@@ -95,3 +95,26 @@ def test_families_without_a_description_point_to_todo():
     model = tiny.transformer("Wan")
     with pytest.raises(ValueError, match="use ToDo"):
         apply_patch(model, "ToMe")
+
+
+def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
+    """Kontext's reference image: its tokens follow the grid's (ids with first index 1); never merged."""
+    module = importlib.import_module("diffusers.models.transformers.transformer_flux")
+    original, lengths = module.dispatch_attention_fn, []
+
+    def spy(query, key, value, attn_mask=None, *args, **kwargs):
+        lengths.append(key.shape[1])
+        return original(query, key, value, attn_mask, *args, **kwargs)
+    monkeypatch.setattr(module, "dispatch_attention_fn", spy)
+    inputs = tiny.transformer_inputs("Flux", flux, h=H, w=W)
+    reference = torch.randn(1, 16, inputs["hidden_states"].shape[2], generator=torch.Generator().manual_seed(9))
+    ids = torch.zeros(4, 4, 3)
+    ids[..., 0], ids[..., 1], ids[..., 2] = 1, torch.arange(4)[:, None], torch.arange(4)[None, :]
+    inputs = {**inputs, "hidden_states": torch.cat([inputs["hidden_states"], reference], 1),
+              "img_ids": torch.cat([inputs["img_ids"], ids.reshape(-1, 3)])}
+    apply_patch(flux, "ToMe", ratio=0.5, reduce_when="always")
+    with torch.no_grad():
+        out = flux(**inputs, return_dict=False)[0]
+    n = H * W
+    assert lengths == [TEXT + n + 16, TEXT + n // 2 + 16, TEXT + n // 2 + 16, TEXT + n + 16]
+    assert out.shape[1] == n + 16
