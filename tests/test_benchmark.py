@@ -6,6 +6,7 @@ one-step harness, the attention working set) on their own."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -470,3 +471,52 @@ def test_tome_on_dits_pareto_table_side_by_side():
     for name in ("ToMe (defaults)", "ToMe ratio 0.25", "ToMe ratio 0.75"):
         assert float(rows[name][2]) > 0 and rows[name][3].endswith("x") and rows[name][4].endswith("%")
     assert float(rows["ToMe ratio 0.75"][2]) > float(rows["ToMe ratio 0.25"][2])  # more merged, further off
+
+
+def _has_ltxav() -> bool:
+    import comfy.supported_models
+
+    return hasattr(comfy.supported_models, "LTXAV")
+
+
+def test_families_with_latent_sized_inputs_or_an_audio_latent_are_timed_tiny(comfy, tmp_path):
+    """Wan 2.2 S2V (its audio embedding, reference, motion and control frames made for each latent
+    timed) and LTX-2 with its audio latent beside the video (a nested latent) and without: the
+    benchmark times them tiny beside unpatched, each with its Amdahl bound, on the CPU clock.
+    LTX-2 only where the running ComfyUI has LTXAV (0.33, by flag)."""
+    families = ["wan22_s2v"] + (["ltxav", "ltxav_video"] if _has_ltxav() else [])
+    tree = os.environ.get("TOKENREDUCE_COMFYUI")
+    results = run_benchmark(tmp_path / "bench", *(["--comfyui", tree] if tree else []), "--families", *families,
+                            "--repeats", "1", "--warmup", "0", "--attention", "sdpa", "--configs", "ToDo 2",
+                            "--clock", "cpu", "--threads", "1")
+    assert "CPU seconds (--clock cpu), 1 torch thread(s)" in results["settings"] and results["skipped"] == []
+    rows = {(r["family"], r["config"]): r for r in results["rows"]}
+    assert set(rows) == {(family, config) for family in families for config in ("unpatched", "ToDo 2")}
+    for family in families:
+        row = rows[(family, "ToDo 2")]
+        assert row["seconds"] > 0 and row["rel_error"] > 0 and 0 < row["share"] < 1 and row["bound"] > 1
+    if not _has_ltxav():
+        pytest.skip("LTX-2 (LTXAV) is a ComfyUI 0.33 model: run with --comfyui of a tree that has it")
+
+
+def test_the_amdahl_breakdown_follows_each_calls_plan(comfy):
+    """LTX-2 plans each call from its inputs: without the audio latent a block makes two
+    attention calls, not six. The breakdown times the video self-attention of every block in
+    both (the fixed plan, with audio, would have counted two of the four blocks' without)."""
+    if not _has_ltxav():
+        pytest.skip("LTX-2 (LTXAV) is a ComfyUI 0.33 model: run with --comfyui of a tree that has it")
+    from bench import amdahl
+    from bench.families import FAMILIES
+    from bench.step import OneStep
+
+    from tokenreduce.layout import model_layout
+
+    for name, audio in (("ltxav", True), ("ltxav_video", False)):
+        family = FAMILIES[name]
+        model = family.build(True, 0, torch.float32)
+        layout = model_layout(model.get_model_object("diffusion_model"), "LTXAV")
+        conditioning = tuple(family.conditioning(True, seed) for seed in (1, 2))
+        step = OneStep(model, 128, conditioning, downscale=family.downscale, frames=2, audio=family.audio)
+        assert step.latent.is_nested is audio
+        parts = amdahl.part_times(model, step, 0, layout, "unet")
+        assert set(parts.times) == {("core", block) for block in range(4)}, name

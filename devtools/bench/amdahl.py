@@ -7,10 +7,12 @@ the pack has no layout for get no breakdown and no bounds."""
 
 from __future__ import annotations
 
-import time
+import importlib
 from dataclasses import dataclass
 
+from . import PACK
 from .configs import TODO_NODE, Config
+from .timing import now
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,9 @@ def _timed_pass(model, step, warmup: int, spent: dict) -> float:
     for _ in range(warmup):
         step(model)
     spent.clear()
-    start = time.perf_counter()
+    start = now()
     step(model)
-    return (time.perf_counter() - start) / step.evals
+    return (now() - start) / step.evals
 
 
 def part_times(model, step, warmup: int, layout, unet_kind: str) -> Parts | None:
@@ -61,11 +63,11 @@ def part_times(model, step, warmup: int, layout, unet_kind: str) -> Parts | None
     def timed(module, key):
         def pre(_m, _a):
             sync()
-            spent.setdefault(key, []).append(-time.perf_counter())
+            spent.setdefault(key, []).append(-now())
 
         def post(_m, _a, _o):
             sync()
-            spent[key][-1] += time.perf_counter()
+            spent[key][-1] += now()
 
         handles.extend([module.register_forward_pre_hook(pre), module.register_forward_hook(post)])
 
@@ -92,30 +94,41 @@ def _dit_part_times(model, step, warmup: int, layout) -> Parts:
     plan says which calls those are, in the order the model makes them), timed around the
     attention function through ComfyUI's ``optimized_attention_override`` on a clone, chained
     to the override already there (the benchmark's backend choice); a model-function wrapper
-    restarts the call count at every model call."""
+    restarts the call count at every model call and, for a family that plans each call from its
+    inputs (LTX-2: audio present or not), takes that call's plan."""
     sync = _sync()
     spent: dict = {}
     calls = [0]
+    plan = [layout.plan]
     timed = model.clone()
+    # Wan S2V on ComfyUI 0.3.75: its blocks get the call's options (so the override) only where the
+    # clone hands them on, as the node's does
+    importlib.import_module(f"{PACK}.nodes.host").hand_options_to_blocks(timed, timed.get_model_object("diffusion_model"))
     options = timed.model_options.setdefault("transformer_options", {})
     previous = options.get("optimized_attention_override")
 
     def override(func, *args, **kwargs):
         index = calls[0]
         calls[0] = index + 1
-        slot = layout.plan[index] if index < len(layout.plan) else None
+        slot = plan[0][index] if index < len(plan[0]) else None
         sync()
-        start = time.perf_counter()
+        start = now()
         out = previous(func, *args, **kwargs) if previous is not None else func(*args, **kwargs)
         sync()
         if slot is not None and slot.block >= 0 and slot.kind in ("joint", "image"):
             key = ("core", slot.block)
-            spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
+            spent[key] = spent.get(key, 0.0) + now() - start
         return out
 
     def restart(apply_model, args):
         calls[0] = 0
-        return apply_model(args["input"], args["timestep"], **args["c"])
+        c = args["c"]
+        if layout.family.call_plan is not None:  # the model call's inputs, as the node's wrapper gives them
+            inputs = {k: v for k, v in c.items() if k not in ("c_concat", "c_crossattn", "control", "transformer_options")}
+            plan[0] = layout.family.call_plan(model.get_model_object("diffusion_model"), args["input"],
+                                              c.get("c_crossattn"), inputs, c.get("transformer_options") or {})
+            plan[0] = () if isinstance(plan[0], str) else plan[0]
+        return apply_model(args["input"], args["timestep"], **c)
 
     options["optimized_attention_override"] = override
     timed.set_model_unet_function_wrapper(restart)

@@ -28,6 +28,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--configs", nargs="*", help="only these configs (exact names; unpatched always runs)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1, help="untimed runs before each measurement")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: the process's CPU seconds (all its threads) instead of wall-clock seconds, for the "
+                        "timed passes and the Amdahl breakdown: steadier on a CPU shared with other jobs")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (with --clock cpu on a shared machine: 1, so "
+                                               "CPU seconds are the work's own, not threads spinning)")
     p.add_argument("--dtype", choices=["float16", "bfloat16", "float32"],
                    help="random-weight model precision (default float16 on a GPU, float32 on a CPU)")
     p.add_argument("--evals", type=int, help="model forwards per timed pass, at one sigma in one sampling run "
@@ -88,6 +93,12 @@ def complete(p: argparse.ArgumentParser, args) -> None:
         args.evals = 4 if torch.cuda.is_available() else 1
     if args.evals < 1:
         p.error("--evals must be at least 1")
+    if args.clock == "cpu" and torch.cuda.is_available():
+        p.error("--clock cpu is for a CPU run: a GPU's work is not the process's CPU time")
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
     if args.stacks and (args.checkpoint or args.stack_steps < 2):
         p.error("--stacks: random-weight families (no --checkpoint), --stack-steps of at least 2")
     if args.measure_cpu and torch.cuda.is_available():
@@ -97,6 +108,10 @@ def complete(p: argparse.ArgumentParser, args) -> None:
 def settings_line(args) -> str:
     line = (f"Median of {args.repeats} timed passes after {args.warmup} warm-up pass(es), "
             f"{args.evals} model forward(s) per pass; random-weight models in {args.dtype}.")
+    if args.clock == "cpu":
+        import torch
+
+        line += f" Seconds are the process's CPU seconds (--clock cpu), {torch.get_num_threads()} torch thread(s)."
     if args.measure_cpu:
         line += " reduce_when auto times and decides on the CPU (--measure-cpu)."
     if args.compile:

@@ -19,6 +19,10 @@ class Family:
     downscale: int = 8  # image pixels per latent pixel, each side
     frames: int = 1  # latent frames of a video family (latent_dimensions 3); --frames overrides
     gpu_only_full_size: bool = False  # full size does not fit a CPU run (weights of tens of GB)
+    # its conditioning carries inputs sized for the latent: made for each latent the benchmark
+    # times, conditioning(tiny, seed, shape=latent shape)
+    sized: bool = False
+    audio: bool = False  # an audio latent beside the video (LTX-2: a nested latent, bench.step.with_audio)
 
 
 def _unet(family: str, tiny: bool, seed: int, dtype):
@@ -71,11 +75,18 @@ def _dit(family: str, tiny: bool, seed: int, dtype):
     return random_dits.make_dit(family, seed=seed, dtype=dtype, **layout)
 
 
-def _dit_conditioning(family: str, tiny: bool, seed: int) -> list:
+def _dit_conditioning(family: str, tiny: bool, seed: int, shape: list | None = None) -> list:
+    """Its text conditioning; with the latent's ``shape``, the inputs the family sizes for the
+    latent (reference, motion and control frames, audio embeddings) sized for that latent."""
     import random_dits
 
     widths = {} if tiny else FULL_SIZE_TEXT[family]
-    positive, _ = random_dits.conditioning(family, seed=seed, frames=4 * WAN_LATENT_FRAMES - 3, **widths)
+    size = dict(frames=4 * WAN_LATENT_FRAMES - 3)
+    if shape is not None:
+        spec = random_dits.FIXTURES[family].spec if family in random_dits.FIXTURES else random_dits.FAMILY_SPECS[family]
+        size = dict(height_px=shape[-2] * spec.space_down, width_px=shape[-1] * spec.space_down,
+                    frames=(shape[2] - 1) * spec.time_down + 1 if len(shape) == 5 else 1)
+    positive, _ = random_dits.conditioning(family, seed=seed, **size, **widths)
     return positive
 
 
@@ -95,7 +106,8 @@ FAMILIES.update({
 # name; those whose conditioning carries image inputs sized for the test latent (i2v images, VACE
 # frames, references) are left out: the benchmark's sizes would not fit them; so are those whose
 # latent is not the plain one the benchmark makes (a 5-D image latent: the HunyuanImage 2.1
-# refiner; a latent of their own: MiniMax-H3's video + audio, FlowRVS's image).
+# refiner; a latent of their own: MiniMax-H3's video + audio, FlowRVS's image). Except those
+# the benchmark makes such inputs for, for each latent it times (SIZED_FIXTURES).
 _DEPTH_KEYS = ("num_layers", "depth", "n_layers", "num_blocks", "layers", "num_visual_blocks", "patch_depth")
 
 
@@ -106,17 +118,25 @@ def _fixture_depth(fixture) -> dict:
     return {} if key is None else {key: 4}
 
 
+# {fixture: its latent}: Wan S2V's conditioning (audio embedding, reference frame, motion frames,
+# control video), made for each latent timed, beside the plain latent; LTX-2 with its audio latent
+# beside the video (the nested latent LTXVConcatAVLatent makes, audio of the video's length).
+SIZED_FIXTURES = {"wan22_s2v": "plain", "ltxav": "audio"}
+
+
 def _fixture_families() -> dict:
     import random_dits
 
     found = {}
     for name, fixture in random_dits.FIXTURES.items():
-        if fixture.shared is not None or fixture.spec.five_d or fixture.latent is not None:
+        sized = SIZED_FIXTURES.get(name)
+        if (fixture.shared is not None or fixture.spec.five_d or fixture.latent is not None) and sized is None:
             continue
         DIT_DEPTH[name] = _fixture_depth(fixture)
         found[name] = Family(name, partial(_dit, name), partial(_dit_conditioning, name), tiny_only=True,
                              downscale=fixture.spec.space_down,
-                             frames=WAN_LATENT_FRAMES if fixture.spec.video else 1)
+                             frames=WAN_LATENT_FRAMES if fixture.spec.video else 1,
+                             sized=fixture.shared is not None, audio=sized == "audio")
     return found
 
 

@@ -51,8 +51,6 @@ TINY_STEPS = 2  # --tiny: a check of the table on a CPU in seconds, not a timing
 MIN_START = 5.0  # seconds: a row is not started with less left before the deadline
 DEFAULT_DEADLINE = 480.0  # 8 minutes: leaves the device machine's start and a rerun inside its 15
 TABLE, VIDEO = "table", "video"  # the presets: --gpu-table, --gpu-table-video
-AUDIO_LATENTS_PER_SECOND = 25  # LTX-2's audio VAE: 16 kHz, mel hop 160, 4x down (LTXVEmptyLatentAudio)
-FRAME_RATE = 25  # LTX-2's default frame rate (its extra_conds' default)
 
 
 class OverBudget(Exception):
@@ -446,18 +444,9 @@ class RowRun:
         self.outs: dict[str, object] = {}
 
     def _with_audio(self, model, video_frames: int) -> None:
-        """The latent and noise with LTX-2's audio beside the video (a nested latent, as
-        LTXVConcatAVLatent makes it): LTXVEmptyLatentAudio's length for the video's frames at
-        FRAME_RATE, the model's audio channels and frequency bins."""
-        import comfy.nested_tensor
-        import torch
+        from .step import with_audio
 
-        diffusion_model = model.get_model_object("diffusion_model")
-        audio = (1, diffusion_model.num_audio_channels, round(video_frames / FRAME_RATE * AUDIO_LATENTS_PER_SECOND),
-                 diffusion_model.audio_frequency_bins)
-        noise = torch.randn(audio, generator=torch.Generator().manual_seed(13))
-        self.run.latent = comfy.nested_tensor.NestedTensor((self.run.latent, torch.zeros(audio)))
-        self.run.noise = comfy.nested_tensor.NestedTensor((self.run.noise, noise))
+        self.run.latent, self.run.noise = with_audio(model, self.run.latent, self.run.noise, video_frames)
 
     def _downscale(self) -> int:
         if self.spec.unet:

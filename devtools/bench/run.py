@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ class Loaded:
     vae: object = None  # a checkpoint's VAE: the image study
     downscale: int = 8
     frames: int = 1
+    audio: bool = False  # an audio latent beside the video (LTX-2)
 
 
 def _load(args, family: str, dtype) -> Loaded:
@@ -33,9 +35,12 @@ def _load(args, family: str, dtype) -> Loaded:
         model, clip, vae = comfy.sd.load_checkpoint_guess_config(str(args.checkpoint))[:3]
         return Loaded(type(model.model.model_config).__name__, model, study.conditioning(clip), vae)
     spec = FAMILIES[family]
-    return Loaded(family, spec.build(args.tiny, 0, dtype),
-                  (spec.conditioning(args.tiny, 1), spec.conditioning(args.tiny, 2)),
-                  downscale=spec.downscale, frames=spec.frames)
+    if spec.sized:  # made for each latent timed (OneStep calls it with the latent's shape)
+        conditioning = lambda shape: tuple(spec.conditioning(args.tiny, seed, shape=shape) for seed in (1, 2))  # noqa: E731
+    else:
+        conditioning = (spec.conditioning(args.tiny, 1), spec.conditioning(args.tiny, 2))
+    return Loaded(family, spec.build(args.tiny, 0, dtype), conditioning, downscale=spec.downscale,
+                  frames=spec.frames, audio=spec.audio)
 
 
 def _frame_counts(args, loaded: Loaded) -> list[Loaded]:
@@ -43,8 +48,7 @@ def _frame_counts(args, loaded: Loaded) -> list[Loaded]:
     latent frames), else as loaded."""
     if loaded.frames == 1 or not args.frames:
         return [loaded]
-    return [Loaded(f"{loaded.label} {frames}f", loaded.model, loaded.conditioning, loaded.vae, loaded.downscale, frames)
-            for frames in args.frames]
+    return [dataclasses.replace(loaded, label=f"{loaded.label} {frames}f", frames=frames) for frames in args.frames]
 
 
 def _patched(configs: list[Config], model, appliers) -> tuple[dict, dict]:
@@ -152,6 +156,7 @@ def run(args) -> tuple[list[Row], list[dict]]:
     from tqdm import tqdm
 
     host = environment.load(Path(args.comfyui), measure_cpu=args.measure_cpu)
+    timing.use_clock(args.clock)
     configs = select(args.configs)
     backends = environment.attention_backends(args.attention)
     dtype = getattr(torch, args.dtype)
@@ -178,7 +183,7 @@ def _one_model(args, host, configs, backends, loaded: Loaded, skipped: dict, bar
     rows: list[Row] = []
     for size in args.sizes:
         step = OneStep(loaded.model, size, loaded.conditioning, evals=args.evals, downscale=loaded.downscale,
-                       frames=loaded.frames)
+                       frames=loaded.frames, audio=loaded.audio)
         scores = {}
         if loaded.vae is not None:
             bar.set_postfix_str(f"{loaded.label} {size_label(size)} px: image study "

@@ -10,6 +10,18 @@ from typing import Callable
 
 from .memory import AttentionWorkingSet, PeakMemory
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # --clock: cpu, the process's CPU seconds
+_clock = [time.perf_counter]
+
+
+def use_clock(name: str) -> None:
+    """The clock every timed pass and the Amdahl breakdown read (``CLOCKS``)."""
+    _clock[0] = CLOCKS[name]
+
+
+def now() -> float:
+    return _clock[0]()
+
 
 @dataclass
 class Measured:
@@ -39,10 +51,10 @@ def measure(step, models: dict, *, repeats: int, warmup: dict[str, int], progres
     measured = {name: Measured() for name in names}
     for name in names:
         for i in range(warmup[name]):
-            start = time.perf_counter()
+            start = now()
             step(models[name])
             if i == 0:
-                measured[name].first_seconds = time.perf_counter() - start
+                measured[name].first_seconds = now() - start
             progress(name)
     for name in compiled:
         measured[name].compiles_in_timed_passes = 0
@@ -52,9 +64,9 @@ def measure(step, models: dict, *, repeats: int, warmup: dict[str, int], progres
             entry = measured[name]
             graphs = _compiled_graphs() if name in compiled else 0
             memory.reset()
-            start = time.perf_counter()
+            start = now()
             out = step(models[name])
-            entry.times.append((time.perf_counter() - start) / step.evals)
+            entry.times.append((now() - start) / step.evals)
             entry.out = out
             peak = memory.peak_mib()
             if peak is not None:
