@@ -179,6 +179,33 @@ def test_image_keys_reduced_in_every_selected_block_text_and_queries_untouched(f
     assert report.levels[0].tokens == {"q": (30, 30), "k/v": (30, 9)} and not report.warnings
 
 
+def tome(stage=S.FIRST, **values):
+    return {"ToMe": S.method_settings("ToMe", stage, values)}
+
+
+def test_tome_merges_the_image_tokens_of_forges_own_flux_blocks(forge, unet, monkeypatch):
+    """ToMe through Forge's own Flux block signatures: in the merged blocks attention sees fewer
+    image tokens (queries and keys), the text whole; reruns bit for bit; ratio 0 is unpatched."""
+    with spying(monkeypatch, forge) as full_calls:
+        plain = sample(unet, sigmas=(1.0,))
+    with spying(monkeypatch, forge) as calls:
+        patched, run = install(unet, tome())
+        assert run.refusal is None, run.refusal
+        merged = sample(patched, sigmas=(1.0,))
+    tokens = TEXT + math.prod(GRID)
+    assert len(calls) == len(full_calls) == BLOCKS
+    shorter = [block for block, (q, k, _) in enumerate(calls) if q.shape[2] < tokens]
+    assert shorter and 0 not in shorter and BLOCKS - 1 not in shorter  # the first and last blocks stay whole
+    for block in shorter:
+        q, k, _ = calls[block]
+        assert k.shape[2] == q.shape[2] > TEXT
+    assert not torch.equal(merged, plain) and torch.isfinite(merged).all()
+    again, _ = install(unet, tome())
+    assert torch.equal(sample(again, sigmas=(1.0,)), merged)
+    zero, _ = install(unet, tome(ratio=0.0))
+    assert torch.equal(sample(zero, sigmas=(1.0,)), plain)
+
+
 def test_output_differs_within_a_bounded_error_and_reruns_bit_for_bit(forge, unet):
     baseline = sample(unet)
     first = sample(install(unet, todo())[0])
@@ -264,8 +291,8 @@ def test_other_forge_dits_and_subclasses_are_refused_with_the_reason(forge):
 
     _, run = install(make_unet(forge, cls=FluxWithAnotherStream), todo())
     assert run.refusal.startswith("TokenReduce cannot patch this Flux model: it has no UNet transformer blocks. In "
-                                  "Forge, TokenReduce works on UNet models (SD1.x, SD2.x, SDXL) and ToDo on Forge's "
-                                  "Flux.1"), run.refusal
+                                  "Forge, TokenReduce works on UNet models (SD1.x, SD2.x, SDXL) and ToMe or ToDo on "
+                                  "Forge's Flux.1"), run.refusal
 
 
 def test_another_extensions_attention_is_refused_not_bypassed(forge, unet, monkeypatch):
@@ -313,7 +340,7 @@ def test_the_auto_rule_times_through_forges_attention(forge, unet, monkeypatch):
     x, context, y = inputs()
     call = ModelCall(x, context, {}, {}, torch.ones(1), torch.float32, run.attention)
     tokens = TEXT + math.prod(GRID)
-    reducing = call_context(True, keep={("joint", tokens): patch._keep_plans(run.methods[0].run, patch.family.tokens(
+    reducing = call_context(True, plan=patch.plan, keep={("joint", tokens): patch._keep_plans(run.methods[0].run, patch.family.tokens(
         patch.model, patch.patch, x, context, {}), x.device)[("joint", tokens)]}, left=frozenset())
     work = dit_attention_work(run.attention, patch.family.geometry(patch.model), tokens, call, patch.override,
                               patch.context_key, reducing, 1)()
