@@ -495,6 +495,10 @@ def test_families_with_latent_sized_inputs_or_an_audio_latent_are_timed_tiny(com
     for family in families:
         row = rows[(family, "ToDo 2")]
         assert row["seconds"] > 0 and row["rel_error"] > 0 and 0 < row["share"] < 1 and row["bound"] > 1
+    # S2V's reference and motion tokens after the grid stay whole: its bound at ToDo 2 is below the
+    # one of a quarter of every key kept
+    s2v = rows[("wan22_s2v", "ToDo 2")]
+    assert 1 < s2v["bound_at"] < 1 / (1 - s2v["share"] * 3 / 4) * (1 - 1e-6)
     if not _has_ltxav():
         pytest.skip("LTX-2 (LTXAV) is a ComfyUI 0.33 model: run with --comfyui of a tree that has it")
 
@@ -520,3 +524,25 @@ def test_the_amdahl_breakdown_follows_each_calls_plan(comfy):
         assert step.latent.is_nested is audio
         parts = amdahl.part_times(model, step, 0, layout, "unet")
         assert set(parts.times) == {("core", block) for block in range(4)}, name
+
+
+def test_the_attention_backend_reaches_wan_s2vs_blocks(comfy):
+    """The benchmark's backend goes through ComfyUI's attention override, which Wan S2V's blocks on
+    0.3.75 never see (they get no transformer_options): handed on to them, as the ToDo node does,
+    unpatched runs the backend the patched models run (else it timed the start-up backend)."""
+    import comfy.ldm.modules.attention as attention
+    from bench.environment import with_attention
+    from bench.families import FAMILIES
+    from bench.step import OneStep
+
+    seen = []
+
+    def sdpa(*args, **kwargs):
+        seen.append(args[0].shape)
+        return attention.attention_pytorch(*args, **kwargs)
+
+    family = FAMILIES["wan22_s2v"]
+    model = with_attention(family.build(True, 0, torch.float32), sdpa)
+    conditioning = lambda shape: tuple(family.conditioning(True, seed, shape=shape) for seed in (1, 2))  # noqa: E731
+    OneStep(model, 64, conditioning, downscale=family.downscale, frames=2)(model)
+    assert len(seen) >= 2 * 4  # each of its 4 blocks: self-attention, text cross-attention

@@ -7,10 +7,9 @@ the pack has no layout for get no breakdown and no bounds."""
 
 from __future__ import annotations
 
-import importlib
+import math
 from dataclasses import dataclass
 
-from . import PACK
 from .configs import TODO_NODE, Config
 from .timing import now
 
@@ -21,6 +20,9 @@ class Parts:
     levels: tuple[int, ...]  # the UNet's transformer levels, finest first; a DiT's blocks, in order
     total: float  # seconds of the whole hooked forward
     video: bool | None = None  # None: a UNet; a DiT: whether its grid has a time axis
+    # a DiT: the grid's share of the keys of its image-only calls (the rest, reference and motion
+    # tokens after the grid as Wan S2V's, ToDo keeps whole)
+    grid_keys: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,8 @@ def _dit_part_times(model, step, warmup: int, layout) -> Parts:
     spent: dict = {}
     calls = [0]
     plan = [layout.plan]
+    grid_keys = [1.0]
     timed = model.clone()
-    # Wan S2V on ComfyUI 0.3.75: its blocks get the call's options (so the override) only where the
-    # clone hands them on, as the node's does
-    importlib.import_module(f"{PACK}.nodes.host").hand_options_to_blocks(timed, timed.get_model_object("diffusion_model"))
     options = timed.model_options.setdefault("transformer_options", {})
     previous = options.get("optimized_attention_override")
 
@@ -123,25 +123,31 @@ def _dit_part_times(model, step, warmup: int, layout) -> Parts:
     def restart(apply_model, args):
         calls[0] = 0
         c = args["c"]
+        diffusion_model = model.get_model_object("diffusion_model")
+        inputs = {k: v for k, v in c.items() if k not in ("c_concat", "c_crossattn", "control", "transformer_options")}
         if layout.family.call_plan is not None:  # the model call's inputs, as the node's wrapper gives them
-            inputs = {k: v for k, v in c.items() if k not in ("c_concat", "c_crossattn", "control", "transformer_options")}
-            plan[0] = layout.family.call_plan(model.get_model_object("diffusion_model"), args["input"],
+            plan[0] = layout.family.call_plan(diffusion_model, args["input"],
                                               c.get("c_crossattn"), inputs, c.get("transformer_options") or {})
             plan[0] = () if isinstance(plan[0], str) else plan[0]
+        tokens = layout.family.tokens(diffusion_model, layout.family.patch(diffusion_model), args["input"],
+                                      c.get("c_crossattn"), inputs)
+        if tokens is not None and not isinstance(tokens, str) and tokens.image is not None:
+            grid_keys[0] = math.prod(tokens.grid) / tokens.image[0]
         return apply_model(args["input"], args["timestep"], **c)
 
     options["optimized_attention_override"] = override
     timed.set_model_unet_function_wrapper(restart)
     total = _timed_pass(timed, step, warmup, spent)
     blocks = tuple(site.key[1] for site in layout.sites)
-    return Parts({key: seconds / step.evals for key, seconds in spent.items()}, blocks, total, layout.family.video)
+    return Parts({key: seconds / step.evals for key, seconds in spent.items()}, blocks, total, layout.family.video,
+                 grid_keys[0])
 
 
 def _dit_scales(config: Config, parts: Parts) -> dict[int, dict[str, float]]:
     """{block: {"core": fraction left}}: ToDo keeps 1/factor^2 of the grid's keys (and
     1/temporal_factor of the frames on video) in the blocks its skips leave; the attention
-    costs in proportion to its keys (the text keys, a few percent at most, counted as reduced
-    too). Nothing else of ours acts on a DiT (ToMe refuses it, the built-in finds nothing)."""
+    costs in proportion to its keys (the text keys of joint calls, a few percent at most, counted
+    as reduced too; the tokens image-only calls have after the grid, kept whole). Nothing else of ours acts on a DiT (ToMe refuses it, the built-in finds nothing)."""
     out: dict[int, dict[str, float]] = {}
     for node in config.nodes:
         if node.kind != TODO_NODE:
@@ -149,7 +155,8 @@ def _dit_scales(config: Config, parts: Parts) -> dict[int, dict[str, float]]:
         s = node.settings
         blocks = parts.levels
         chosen = blocks[s["skip_first_blocks"]: max(s["skip_first_blocks"], len(blocks) - s["skip_last_blocks"])]
-        scale = 1 / (s["factor"] ** 2 * (s["temporal_factor"] if parts.video else 1.0))
+        kept = 1 / (s["factor"] ** 2 * (s["temporal_factor"] if parts.video else 1.0))
+        scale = 1 - parts.grid_keys * (1 - kept)
         for block in chosen:
             out.setdefault(block, {})["core"] = out.get(block, {}).get("core", 1.0) * scale
     return out

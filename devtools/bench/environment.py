@@ -90,10 +90,13 @@ def attention_backends(names: list[str]) -> dict[str, Callable]:
 
 def with_attention(model, backend: Callable):
     """A clone whose every attention call goes to ``backend``, through ComfyUI's own
-    ``optimized_attention_override`` hook."""
+    ``optimized_attention_override`` hook; where a model's blocks get no transformer_options (Wan
+    S2V on ComfyUI 0.3.75), handed on to them as the ToDo node does, so unpatched and patched
+    models run the same backend."""
     clone = model.clone()
     clone.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = (
         lambda func, *args, **kwargs: backend(*args, **kwargs))
+    importlib.import_module(f"{PACK}.nodes.host").hand_options_to_blocks(clone, clone.get_model_object("diffusion_model"))
     return clone
 
 
