@@ -137,7 +137,7 @@ FIXTURES = {
         Spec("WAN22_WanDancer", 16, 8, True, 4),
         {**_WAN, "model_type": "wandancer", "in_dim": 36, "out_dim": 16, "patch_size": (1, 1, 1),
          "audio_inject_layers": [0, 1], "music_dim": 32, "music_heads": 2, "music_latent_dim": 32},
-        _FAMILY, 2, "g--g--", (3, 12, 12), text=_text, shared=_dancer),
+        _FAMILY, 2, "g--g--", (3, 16, 12), text=_text, shared=_dancer),
     "wan21_fun_control": Fixture(
         Spec("WAN21_FunControl2V", 16, 8, True, 4), {**_WAN, "model_type": "i2v", "in_dim": 48, "out_dim": 16},
         _FAMILY, 2, "g--g--", _GRID, text=_text, shared=_fun_control),
