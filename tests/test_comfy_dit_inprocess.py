@@ -701,9 +701,11 @@ def test_a_forward_that_drops_the_transformer_options_is_said(comfy, dits):
 # --- LTX-2: a plan per model call ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("options,calls", [
-    ({"stg_self_attn_blocks": frozenset({0})}, "-----g-----"),  # STG: block 0's self-attention is its values
+    # STG: block 0's self-attentions (video and audio) are their values: no attention call there
+    ({"stg_self_attn_blocks": frozenset({0})}, "----g-----"),
     ({"a2v_cross_attn": False, "v2a_cross_attn": False}, "g---g---"),  # LTXVModalityGuidance's extra pass
-    ({"run_ax": False}, "g-g-"),  # the audio stream not run
+    # the audio stream not run: the video still cross-attends to the audio tokens (audio to video)
+    ({"run_ax": False}, "g--g--"),
 ])
 def test_ltx2_plans_each_model_call_from_its_options(comfy, dits, options, calls):
     """LTX-2's attention calls follow the call's options (STG, the audio<->video coupling cut,

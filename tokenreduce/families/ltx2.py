@@ -7,12 +7,16 @@ video self-attention is a grid call; the audio tokens and every cross-attention 
 Which of these calls a model call makes depends on the call, so the family plans each call
 (``call_plan``) from its inputs and options:
 
-- the audio calls run only where the call has audio tokens (a video + audio latent, whose shapes
-  the sampler passes as ``latent_shapes``, or a reference audio) and ``run_ax`` is not off; the
+- the audio stream's calls (its self-attention, its cross-attention to the text, the
+  video-to-audio cross-attention) run only where the call has audio tokens (a video + audio
+  latent, whose shapes the sampler passes as ``latent_shapes``, or a reference audio) and
+  ``run_ax`` is not off; the
   audio<->video cross-attention only where ``a2v_cross_attn`` / ``v2a_cross_attn`` are not off
   (LTXVModalityGuidance severs both in its extra pass);
-- STG (``stg_self_attn_blocks``: LTXVApplySTG's perturbed pass) replaces the self-attention of
-  those blocks by its values: no attention call there;
+- the audio-to-video cross-attention runs wherever the video stream runs and the call has audio
+  tokens, ``run_ax`` off included;
+- STG (``stg_self_attn_blocks``: LTXVApplySTG's perturbed pass) replaces the self-attentions of
+  those blocks (the video's and the audio's) by their values: no attention call there;
 - guides (LTXVAddGuide: ``keyframe_idxs``) append their frames' tokens after the video, in the
   keys of the video self-attention (kept, never mixed with the grid); with a guide strength other
   than 1 or a guide attention mask the host splits each video self-attention into two masked
@@ -36,6 +40,8 @@ def plan(model) -> tuple[Slot, ...]:
 
 
 def _plan(blocks: int, video: bool, audio: bool, a2v_v2a: tuple | bool, stg, parts: int) -> tuple[Slot, ...]:
+    """``audio``: the audio stream runs; ``a2v_v2a``: whether the audio-to-video and the
+    video-to-audio cross-attention run (a bool for both)."""
     a2v, v2a = (a2v_v2a, a2v_v2a) if isinstance(a2v_v2a, bool) else a2v_v2a
     slots = []
     for i in range(blocks):
@@ -44,10 +50,12 @@ def _plan(blocks: int, video: bool, audio: bool, a2v_v2a: tuple | bool, stg, par
                 slots += [Slot(IMAGE, i, parts > 1)] * parts
             slots.append(Slot(OTHER, i))  # cross-attention to the text
         if audio:
-            slots += [Slot(OTHER, i), Slot(OTHER, i)]  # audio self-attention, its cross-attention to the text
-        if video and audio and a2v:
+            if i not in stg:  # STG passes the values through in every self-attention of the block
+                slots.append(Slot(OTHER, i))
+            slots.append(Slot(OTHER, i))  # the audio's cross-attention to the text
+        if a2v:
             slots.append(Slot(OTHER, i))
-        if audio and v2a:
+        if v2a:
             slots.append(Slot(OTHER, i))
     return tuple(slots)
 
@@ -72,8 +80,9 @@ def _guide_tokens(kwargs) -> int:
 def call_plan(model, x, context, kwargs, options) -> tuple[Slot, ...]:
     video = options.get("run_vx", True)
     audio = options.get("run_ax", True) and _has_audio(kwargs)
-    a2v = video and options.get("a2v_cross_attn", True)
-    v2a = options.get("v2a_cross_attn", True)
+    # The video cross-attends to the audio tokens where there are any, the audio stream run or not.
+    a2v = video and _has_audio(kwargs) and options.get("a2v_cross_attn", True)
+    v2a = audio and options.get("v2a_cross_attn", True)
     split = _guide_tokens(kwargs) > 0 and any(
         entry.get("strength", 1.0) != 1.0 or entry.get("pixel_mask") is not None
         for entry in kwargs.get("guide_attention_entries") or ())
