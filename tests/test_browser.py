@@ -309,7 +309,9 @@ def test_a_ratio_above_the_stride_cap_is_shown_on_the_node(ui):
     ui.page.keyboard.press("Escape")  # the host's own error dialog
     ui.look_at(PATCH)
     drawn = ui.shown_texts(PATCH)
-    assert any(text.startswith("⚠ ") and "ratio 0.9 cannot be" in text for text in drawn), drawn
+    # The message wraps with the node's width: read the drawn lines as one text.
+    assert any(text.startswith("⚠ ") for text in drawn), drawn
+    assert "ratio 0.9 cannot be" in " ".join(" ".join(drawn).split()), drawn
     ui.screenshot_of_nodes([LOADER, PATCH, SAMPLER], below=80, path=ui.artifacts / "validation_error.png")
 
 

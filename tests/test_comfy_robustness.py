@@ -155,11 +155,11 @@ def test_a_null_value_fails_at_our_node(server, object_info, patch, name):
 
 
 @pytest.mark.parametrize("patch,model,needles", [
-    ("tome", "dit", ["cannot patch this SD3 model: it has no UNet transformer blocks",
-                     "use Token Downsampling (ToDo, TokenReduce), which supports SD3 / SD3.5"]),
+    ("tome", "unsupported_dit", ["ToMe cannot patch this Hunyuan3Dv2 model: ",
+                                 "a 3-D shape model: its tokens are a set of shape latents"]),
     ("todo", "unsupported_dit", ["ToDo cannot patch this Hunyuan3Dv2 model: ",
                                  "a 3-D shape model: its tokens are a set of shape latents"]),
-], ids=["tome on SD3", "todo on an unsupported DiT"])
+], ids=["tome on an unsupported DiT", "todo on an unsupported DiT"])
 def test_a_model_our_node_cannot_patch_is_refused_by_our_node(server, object_info, files, patch, model, needles):
     prompt = prompt_for(object_info, patch)
     prompt["20"] = {"class_type": "UNETLoader", "inputs": {"unet_name": files[1][model], "weight_dtype": "default"}}
