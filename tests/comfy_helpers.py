@@ -144,3 +144,23 @@ class ScriptedClock:
             return {"full": full, "reduced": reduced_ms}.get(name, 0.0) / 1000.0
 
         return stopwatch
+
+
+def spy_stepping_aside(monkeypatch, run_module, spied: dict) -> tuple[dict, list]:
+    """Spies for a run that should step aside. Each of ``spied`` ({name: (owner, attribute)})
+    notes in ``counts[name]`` the model call it ran in (``counts["calls"]``, which the caller
+    advances); every call context the run folds has its "active" flag noted in ``active``."""
+    counts = {"calls": 0, **{name: [] for name in spied}}
+
+    def noting(name, original):
+        def spy(*args, **kwargs):
+            counts[name].append(counts["calls"])
+            return original(*args, **kwargs)
+        return spy
+
+    for name, (owner, attribute) in spied.items():
+        monkeypatch.setattr(owner, attribute, noting(name, getattr(owner, attribute)))
+    close_call, active = run_module.RunState.close_call, []
+    monkeypatch.setattr(run_module.RunState, "close_call", lambda run, context, sigmas: (
+        active.append(context["active"]), close_call(run, context, sigmas)))
+    return counts, active

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from comfy_helpers import apply, patched, reduced, sample, session_of, spy_attn1
+from comfy_helpers import apply, patched, reduced, sample, session_of, spy_attn1, spy_stepping_aside
 
 DEFAULT_LEVELS = {"todo": {"factor_next": 2.0}, "tome": {"max_downsample": "2"}}
 
@@ -233,19 +233,8 @@ def test_a_run_auto_leaves_alone_reads_no_noise_level_and_builds_no_kind_after_i
     model = patched(comfy, "tome", patched(comfy, "todo", models["SD15"], factor_next=2.0, **window),
                     max_downsample="2", **window)
     unpatched = sample(comfy, models["SD15"], steps=4)
-    counts = {"calls": 0, "sigma": [], "kind": []}
-
-    def counting(name, original):
-        def spy(*args, **kwargs):
-            counts[name].append(counts["calls"])
-            return original(*args, **kwargs)
-        return spy
-
-    monkeypatch.setattr(run_module.RunState, "sigma", counting("sigma", run_module.RunState.sigma))
-    monkeypatch.setattr(levels, "kind", counting("kind", levels.kind))
-    close_call, active = run_module.RunState.close_call, []
-    monkeypatch.setattr(run_module.RunState, "close_call", lambda run, context, sigmas: (
-        active.append(context["active"]), close_call(run, context, sigmas)))
+    counts, active = spy_stepping_aside(monkeypatch, run_module, {"sigma": (run_module.RunState, "sigma"),
+                                                                  "kind": (levels, "kind")})
     model = model.clone()
 
     def call(apply_model, args):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import random_dits
-from comfy_helpers import apply, session_of
+from comfy_helpers import apply, session_of, spy_stepping_aside
 from test_comfy_dit_inprocess import install_probe, run, todo
 
 # MMDiT: hidden 64 per block, so 4 blocks are 256 wide
@@ -440,21 +440,10 @@ def test_auto_that_leaves_every_kind_alone_steps_aside_after_the_first_call(comf
     store = measuring((10.0, 11.0))
     run(comfy, tome(comfy, model, ratio=0.5, use_rand=True).result[0], "wan21_t2v")  # decides: kept
     measured = store.measurements
-    counts = {"sigma": 0, "tiles": 0}
-
-    def counting(name, original):
-        def spy(*args, **kwargs):
-            counts[name] += 1
-            return original(*args, **kwargs)
-        return spy
-
-    monkeypatch.setattr(run_module.RunState, "sigma", counting("sigma", run_module.RunState.sigma))
-    monkeypatch.setattr(patch_class, "_tiles", counting("tiles", patch_class._tiles))
-    close_call, active = run_module.RunState.close_call, []
-    monkeypatch.setattr(run_module.RunState, "close_call", lambda state, context, sigmas: (
-        active.append(context["active"]), close_call(state, context, sigmas)))
+    counts, active = spy_stepping_aside(monkeypatch, run_module, {"sigma": (run_module.RunState, "sigma"),
+                                                                  "tiles": (patch_class, "_tiles")})
     patched = tome(comfy, model, ratio=0.5, use_rand=True).result[0]
     assert torch.equal(run(comfy, patched, "wan21_t2v", steps=3), run(comfy, model, "wan21_t2v", steps=3))
     assert store.measurements == measured
     assert len(active) >= 3 and not any(active)
-    assert counts["tiles"] == 1 and counts["sigma"] <= 1  # the first call only
+    assert len(counts["tiles"]) == 1 and len(counts["sigma"]) <= 1  # the first call only
