@@ -1,11 +1,14 @@
-"""ToMe on diffusers DiT transformers (whole blocks, the core's plan, merge and restore), on a tiny
-random-weight FluxTransformer2DModel built from config: only the image tokens merge (the text's
-keys stay whole), reruns are bit for bit, the input model and the global RNG are untouched,
-remove_patch leaves nothing on the model, ratio 0 is the unpatched model."""
+"""ToMe on diffusers DiT transformers (whole blocks, the core's plan, merge and restore), on tiny
+random-weight transformers built from config: Flux (below, in detail), and SD3, Qwen-Image and
+Wan (parametrized): only the image tokens merge (the text stays whole; rotary positions and
+per-token modulation follow the merged tokens), reruns are bit for bit, the input model and the
+global RNG are untouched, remove_patch leaves nothing on the model, ratio 0 is the unpatched model,
+a small ratio stays close to it; transformers without a seam are refused, naming their class."""
 
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ pytest.importorskip("diffusers")
 from tokenreduce.diffusers import apply_patch, remove_patch, tiny  # noqa: E402
 
 TEXT = tiny.TEXT_TOKENS
+TEXT_DIM = tiny.TEXT_DIM
 H = W = 8
 
 
@@ -26,6 +30,10 @@ def _call(model, batch: int = 1) -> torch.Tensor:
 @pytest.fixture()
 def flux():
     return tiny.transformer("Flux")
+
+
+def _random(model):
+    return tiny._random_weights(model, 0)
 
 
 def _state(model) -> dict:
@@ -91,10 +99,19 @@ def test_auto_on_cpu_merges(flux):
     assert not torch.equal(_call(flux), unpatched)
 
 
-def test_families_without_a_description_point_to_todo():
-    model = tiny.transformer("Wan")
-    with pytest.raises(ValueError, match="use ToDo"):
+def test_families_without_a_seam_are_refused_naming_the_class():
+    model = tiny.transformer("HunyuanVideo")
+    with pytest.raises(ValueError, match=r"ToMe cannot patch this HunyuanVideo model \(HunyuanVideoTransformer3DModel\)"
+                                         r".*not yet of HunyuanVideoTransformer3DModel.*use ToDo"):
         apply_patch(model, "ToMe")
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    from diffusers import Lumina2Transformer2DModel  # a class no family of the adapter knows
+    lumina = Lumina2Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2,
+                                       num_refiner_layers=1, num_attention_heads=2, num_kv_heads=2,
+                                       cap_feat_dim=TEXT_DIM, axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32))
+    with pytest.raises(ValueError, match="ToMe cannot patch this Lumina2Transformer2DModel model.*these DiT "
+                                         "transformers: Flux, Qwen-Image, SD3, Wan; Lumina2Transformer2DModel is not"):
+        apply_patch(lumina, "ToMe")
 
 
 def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
@@ -118,3 +135,113 @@ def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
     n = H * W
     assert lengths == [TEXT + n + 16, TEXT + n // 2 + 16, TEXT + n // 2 + 16, TEXT + n + 16]
     assert out.shape[1] == n + 16
+
+
+# --- SD3, Qwen-Image, Wan: each through its family's seam ------------------------------------------
+
+COVERED = {"SD3": ("attn", {}), "Qwen-Image": ("attn", {}), "Wan": ("attn1", {"frames": 2})}
+
+
+@pytest.fixture(scope="module", params=sorted(COVERED))
+def covered(request):
+    """A covered family's tiny transformer (3 blocks: the middle one merged) and its inputs."""
+    family = request.param
+    model = tiny.transformer(family)
+    return family, model, tiny.transformer_inputs(family, model, batch=2, h=H, w=W, **COVERED[family][1])
+
+
+def _run(model, inputs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs, return_dict=False)[0]
+
+
+def _attention_inputs(model, family, inputs) -> list[dict]:
+    """What each block's attention over the grid is handed, in one call of the model."""
+    seen, handles = [], []
+    for block in model.transformer_blocks if hasattr(model, "transformer_blocks") else model.blocks:
+        handles.append(getattr(block, COVERED[family][0]).register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append({**dict(zip(("hidden_states", "encoder_hidden_states",
+                                                                  "attention_mask", "rotary_emb"), args)), **kwargs}),
+            with_kwargs=True))
+    try:
+        _run(model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def test_covered_merge_only_the_image_tokens_with_their_positions(covered):
+    family, model, inputs = covered
+    full = _attention_inputs(model, family, inputs)
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always") as patch:
+        assert "whole blocks merged" in patch.info
+        merged = _attention_inputs(model, family, inputs)
+    n = (2 if family == "Wan" else 1) * H * W
+    runs = 2 if family == "Qwen-Image" else 1  # its rotary has no batch dimension: the block runs per sample
+    assert [m["hidden_states"].shape[1] for m in merged] == [n] + [n - n // 2] * runs + [n]  # the middle one merged
+    if family != "Wan":  # the text, joined inside the attention, whole and as unpatched
+        text = full[1]["encoder_hidden_states"]
+        torch.testing.assert_close(torch.cat([m["encoder_hidden_states"] for m in merged[1:1 + runs]]), text,
+                                   rtol=1e-6, atol=1e-6)  # (per sample: the modulation's matmul on one row)
+    rope = {"Wan": "rotary_emb", "Qwen-Image": "image_rotary_emb"}.get(family)
+    if rope is not None:  # each merged token's rotary row is one grid position's, all different
+        given, whole = merged[1][rope][0], full[1][rope][0]
+        if family == "Qwen-Image":  # [L, D/2] complex, per sample: the first sample's
+            given, whole = given[None, :, None], whole[None, :, None]
+        rows = (given[:, :, None] == whole[:, None, :]).flatten(3).all(-1)  # [B, L', L]
+        assert rows.shape[1] == n - n // 2 and bool((rows.sum(-1) == 1).all())
+        assert bool((rows.any(1).sum(-1) == n - n // 2).all())
+        if family == "Qwen-Image":  # the text's freqs as they were
+            assert torch.equal(merged[1][rope][1], full[1][rope][1])
+
+
+def test_covered_reruns_ratio_zero_and_remove(covered):
+    family, model, inputs = covered
+    before, rng = _state(model), torch.get_rng_state()
+    unpatched = _run(model, inputs)
+    apply_patch(model, "ToMe", ratio=0.0, reduce_when="always")
+    assert torch.equal(_run(model, inputs), unpatched)
+    apply_patch(model, "ToMe", ratio=0.5, reduce_when="always", use_rand=True, seed=7)
+    first, second = _run(model, inputs), _run(model, inputs)
+    assert torch.equal(first, second) and not torch.equal(first, unpatched)
+    apply_patch(model, "ToMe", ratio=0.1, reduce_when="always")
+    small = _run(model, inputs)
+    assert not torch.equal(small, unpatched)
+    assert (small - unpatched).norm() < 0.05 * unpatched.norm()  # a few tokens merged in one block: close
+    assert torch.equal(torch.get_rng_state(), rng)
+    remove_patch(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert torch.equal(_run(model, inputs), unpatched)
+
+
+@pytest.mark.parametrize("family", ["Qwen-Image", "Wan"])
+def test_per_token_modulation_follows_and_samples_merge_as_alone(family):
+    """Qwen-Image-Edit-2511 (zero_cond_t: ``modulate_index`` per token, a doubled ``temb``, a reference
+    image after the grid, run per sample) and Wan 2.2 TI2V (``temb`` per token, the batch at once):
+    each sample of a batch merges as it would alone, and the reference tokens stay whole."""
+    if family == "Wan":
+        model = tiny.transformer("Wan")
+        inputs = tiny.transformer_inputs("Wan", model, batch=2, frames=2, h=H, w=W)
+        timestep = torch.full((2, 2 * H * W), 700.0)
+        timestep[:, :H * W] = 0.0  # the first frame clean (TI2V's image frame)
+        inputs["timestep"] = timestep
+    else:
+        from diffusers import QwenImageTransformer2DModel
+        model = _random(QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=3,
+                                                    attention_head_dim=16, num_attention_heads=2,
+                                                    joint_attention_dim=TEXT_DIM, axes_dims_rope=(4, 6, 6),
+                                                    zero_cond_t=True))
+        inputs = tiny.transformer_inputs("Qwen-Image", model, batch=2, h=H, w=W)
+        reference = torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(5))  # a 4x4 reference image
+        inputs.update(hidden_states=torch.cat([inputs["hidden_states"], reference], 1),
+                      img_shapes=[[(1, H, W), (1, 4, 4)]] * 2)
+    unpatched = _run(model, inputs)
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always", use_rand=False) as patch:
+        both = _run(model, inputs)
+        one = _run(model, {k: (v[1:] if torch.is_tensor(v) and v.shape[0] == 2 else v[1:] if k == "img_shapes" else v)
+                           for k, v in inputs.items()})
+        assert "blocks 64→32" in " ".join(patch.report_lines()) or "blocks 128→64" in " ".join(patch.report_lines())
+    assert both.shape == unpatched.shape and not torch.equal(both, unpatched)
+    torch.testing.assert_close(both[1:], one, rtol=1e-5, atol=1e-5)

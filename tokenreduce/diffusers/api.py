@@ -126,20 +126,20 @@ def _settings(node, inputs: dict):
         raise ValueError(f"{node.node_id}: {problem}") from None
 
 
-def _refusal(method: str, name: str, layout) -> str:
-    """Why no setting of ``method`` can patch this model here (the node's refusal, in terms of
-    diffusers' classes and of the families this adapter knows)."""
+def _refusal(method: str, name: str, layout, cls: str) -> str:
+    """Why no setting of ``method`` can patch this model (of class ``cls``) here (the node's
+    refusal, in terms of diffusers' classes and of the families this adapter knows)."""
     if layout is not None and layout.kind == DIT:
         if method == "ToMe":
-            return (f"ToMe cannot patch this {name} model: ToMe merges whole blocks of these diffusers DiT "
-                    f"transformers: {', '.join(sorted(MERGES))}; not yet of {name}. For this model use ToDo "
+            return (f"ToMe cannot patch this {name} model ({cls}): ToMe merges whole blocks of these diffusers DiT "
+                    f"transformers: {', '.join(sorted(MERGES))}; not yet of {cls}. For this model use ToDo "
                     f"(apply_patch(model, \"ToDo\")), which supports {name}.")
         return (f"{method} cannot patch this {name} model: it has no UNet transformer blocks. {method} works on UNet "
                 f"models (SD1.x, SD2.x, SDXL). For this model use ToDo (apply_patch(model, \"ToDo\")), which "
                 f"supports {name}.")
     return (f"{method} cannot patch this {name} model. It works on diffusers' UNet2DConditionModel (SD1.x, SD2.x, "
-            f"SDXL)" + ("" if method == "ToMe" else f" and on these DiT transformers: {supported()}")
-            + f"; {name} is not one of them.")
+            f"SDXL) and on these DiT transformers: {', '.join(sorted(MERGES)) if method == 'ToMe' else supported()}"
+            f"; {name} is not one of them.")
 
 
 def _refuse_foreign_tome(model: torch.nn.Module, label: str) -> None:
@@ -157,7 +157,7 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     select = tome_select if method == "ToMe" else todo_select(settings)
     target = resolve_target(layout, name, method, setting, choice, select, kinds)
     if target.refused:
-        raise ValueError(f"{label}: {_refusal(method, name, layout)}")
+        raise ValueError(f"{label}: {_refusal(method, name, layout, type(model).__name__)}")
     if target.sites is None:
         raise ValueError(f"{label}: {target.message}")
     _refuse_foreign_tome(model, label)

@@ -4,13 +4,16 @@ The core merges a block's grid tokens before the block and restores the block's 
 (``plan_block``, ``merged_args``, ``restored``: the same plan, merge and restore the ComfyUI node
 runs through the host's block-replace seam). diffusers has no such seam, so ``install`` wraps the
 ``forward`` of each selected block (an attribute on the block instance, over the class's) and
-``uninstall`` deletes it again: nothing is left on the model. Families describe their blocks in
-``MERGES`` (by diffusers family name): which argument holds the grid tokens and where the grid
-sits in it; text and reference tokens are never merged.
+``uninstall`` deletes it again: nothing is left on the model. Each family describes its blocks
+once, in a ``Seam`` (``MERGES``, by diffusers family name: Flux, SD3, Qwen-Image, Wan): which
+argument holds the grid tokens and where the grid sits in it, its rotary and per-token modulation
+arguments, and where the output holds the tokens; text and reference tokens are never merged.
 
-Rotary positions follow the tokens: diffusers hands a block ``image_rotary_emb`` as ``(cos, sin)``
-of shape [L, D] with no batch dimension, so a merged call takes each sample's own rows; a batch of
-several samples (each with its own plan) runs the block once per sample.
+Rotary positions and per-token modulation follow the tokens (each merged token takes its
+destination's). Where a family's rotary has no batch dimension (Flux's ``(cos, sin)`` [L, D],
+Qwen-Image's complex freqs) a merged call takes each sample's own rows, and a batch of several
+samples (each with its own plan) runs the block once per sample; Wan's [1, L, 1, D] broadcasts
+over the batch, so its batch runs at once.
 
 Tiles are drawn per model call from a private generator seeded from the seed and the timestep (as
 the ComfyUI node draws them), so reruns are bit for bit and the global RNG is untouched.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -31,22 +35,72 @@ from ..seeding import derive_seed
 from ..tome_dit import make_tiles, merged_args, merged_count, plan_block, restored
 from .session import Session
 
-ROPE = "image_rotary_emb"
-PE = "tokenreduce positions"  # the key under which (cos, sin) go through merged_args, stacked [1, L, 2, D]
+PE = "tokenreduce positions"  # the key under which a block's rotary positions go through merged_args
+
+
+class Seam(NamedTuple):
+    """How ToMe reaches one diffusers family's blocks: the core's ``BlockArgs`` (where the grid
+    tokens, rotary positions and per-token modulation sit in a block's arguments, by name) and what
+    diffusers' blocks add to it. One per family (``MERGES``); nothing else in this module knows a
+    family."""
+
+    args: BlockArgs  # its pe is PE: the positions as ``rope_in`` gives them
+    kinds: dict  # block class name -> kind, as the report says
+    rope: str | None = None  # the block's rotary argument (None: no rotary, SD3)
+    rope_in: Callable | None = None  # that argument -> positions [1, L, ...] (token dimension 1)
+    rope_out: Callable | None = None  # (merged positions [B or 1, L', ...], the argument) -> the block's argument
+    per_sample: bool = False  # the rotary has no batch dimension: a batch runs the block once per sample
+    tokens_out: int | None = 1  # where the block's output holds the tokens (its tuple's index; None: the output)
+
 
 # Flux (diffusers >= 0.35): both block kinds take the image tokens as ``hidden_states`` and the
-# text as ``encoder_hidden_states``, positions over [text, image(, references)]; they return
-# (encoder_hidden_states, hidden_states). Kontext's reference tokens follow the main image.
-_FLUX = BlockArgs("hidden_states", lambda lay: (lay.joint[0] - lay.joint[1], 0), pe=PE, pe_dim=1,
-                  in_pe=lambda lay: lay.joint)
+# text as ``encoder_hidden_states``, rotary (cos, sin) [L, D] over [text, image(, references)];
+# they return (encoder_hidden_states, hidden_states). Kontext's reference tokens follow the image.
+_FLUX = Seam(BlockArgs("hidden_states", lambda lay: (lay.joint[0] - lay.joint[1], 0), pe=PE, pe_dim=1,
+                       in_pe=lambda lay: lay.joint),
+             {"FluxTransformerBlock": "double_block", "FluxSingleTransformerBlock": "single_block"},
+             "image_rotary_emb", lambda rope: torch.stack(tuple(rope[:2]), -2).unsqueeze(0),
+             lambda positions, rope: (positions[0, :, 0], positions[0, :, 1]), per_sample=True)
+# SD3 / SD3.5 (JointTransformerBlock): the image tokens alone in ``hidden_states`` (the text in
+# ``encoder_hidden_states``, joined inside the attention), no rotary; returns
+# (encoder_hidden_states or None in the last block, hidden_states).
+_SD3 = Seam(BlockArgs("hidden_states", lambda lay: lay.image), {"JointTransformerBlock": "joint_block"})
+# Qwen-Image (QwenImageTransformerBlock): the image tokens (then the edit model's references) in
+# ``hidden_states``; rotary (image freqs [L, D/2] complex, text freqs), no batch dimension;
+# ``modulate_index`` [B, L] (Qwen-Image-Edit-2511's zero_cond_t) picks each token's modulation.
+# Returns (encoder_hidden_states, hidden_states).
+_QWEN = Seam(BlockArgs("hidden_states", lambda lay: (lay.joint[0] - lay.joint[1], 0), pe=PE, pe_dim=1,
+                       in_pe=lambda lay: (lay.joint[0] - lay.joint[1], 0), modulation="modulate_index"),
+             {"QwenImageTransformerBlock": "double_block"},
+             "image_rotary_emb", lambda rope: rope[0].unsqueeze(0), lambda positions, rope: (positions[0], rope[1]),
+             per_sample=True)
+# Wan 2.1 / 2.2 (WanTransformerBlock): the video tokens in ``hidden_states`` (text by
+# cross-attention); rotary (cos, sin) [1, L, 1, D], broadcast over the batch; ``temb`` [B, 6, C],
+# or [B, L, 6, C] per token (Wan 2.2 TI2V). Returns hidden_states.
+_WAN = Seam(BlockArgs("hidden_states", lambda lay: lay.image, pe=PE, pe_dim=1, in_pe=lambda lay: lay.image,
+                      modulation="temb", modulation_ndim=4),
+            {"WanTransformerBlock": "block"},
+            "rotary_emb", lambda rope: torch.stack(tuple(rope), -1),
+            lambda positions, rope: (positions[..., 0], positions[..., 1]), tokens_out=None)
 
-MERGES = {"Flux": _FLUX}  # diffusers family name -> BlockArgs of its blocks
-KINDS = {"FluxTransformerBlock": "double_block", "FluxSingleTransformerBlock": "single_block"}  # as the report says
+MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN}  # diffusers family name -> Seam
 
 
 def merges(family) -> bool:
     """Whether ToMe merges whole blocks of this diffusers family."""
     return family is not None and family.name in MERGES
+
+
+def _sample(value, i: int, batch: int):
+    """Sample ``i``'s part of a block argument: a tensor batched on its first dimension (or on a
+    multiple of it, Qwen's doubled ``temb``: rows i, i + batch, ...), anything else as it is."""
+    if torch.is_tensor(value) and value.ndim >= 1 and value.shape[0] % batch == 0:
+        return value[i::batch]
+    return value
+
+
+def _cat(parts):
+    return None if parts[0] is None else torch.cat(parts, 0)
 
 
 class DiffusersToMeDiT(CallPatch):
@@ -56,7 +110,7 @@ class DiffusersToMeDiT(CallPatch):
         super().__init__("tokenreduce.diffusers", label, rule)
         self.settings = settings
         self.family = family
-        self.spec = MERGES[family.name]
+        self.seam = MERGES[family.name]
         self.sites = sites
         self.session = session
         self.strides = (1, settings.stride_y, settings.stride_x)
@@ -91,7 +145,7 @@ class DiffusersToMeDiT(CallPatch):
     # --- in the block ----------------------------------------------------------------------
     def _forward(self, block, original):
         signature = inspect.signature(original)
-        kind = KINDS.get(type(block).__name__, type(block).__name__)
+        kind = self.seam.kinds.get(type(block).__name__, type(block).__name__)
 
         def forward(*args, **kwargs):
             current, context = self.current, self.session.context
@@ -113,41 +167,49 @@ class DiffusersToMeDiT(CallPatch):
         return forward
 
     def _merged(self, original, call: dict, layout, tiles, r):
-        """The block's (encoder_hidden_states, hidden_states) with the grid merged through it and
-        its change restored, or None where its inputs are not the predicted layout."""
-        spec = self.spec
-        x, rope = call.get(spec.tokens), call.get(ROPE)
+        """The block's output with the grid merged through it and its change restored, or None
+        where its inputs are not the predicted layout."""
+        seam = self.seam
+        spec = seam.args
+        x = call.get(spec.tokens)
         where = spec.in_tokens(layout)
-        if x is None or x.ndim != 3 or x.shape[1] != where[0] or not isinstance(rope, (tuple, list)) or \
-                rope[0].ndim != 2 or rope[0].shape[0] != layout.joint[0]:
+        rope = call.get(seam.rope) if seam.rope else None
+        if x is None or x.ndim != 3 or where is None or x.shape[1] != where[0] or (seam.rope and rope is None):
             return None
         plan = self.plan if self.settings.share_plans else None
         if plan is None or plan.restore_map.shape[0] != x.shape[0]:
             plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, r)
             if self.settings.share_plans:
                 self.plan = plan
-        args = {**call, spec.pe: torch.stack(tuple(rope[:2]), -2).unsqueeze(0)}
+        args = {**call, PE: seam.rope_in(rope)} if seam.rope else call
         made = merged_args(spec, layout, plan, args)
         if made is None:
             return None
         new, merged_x = made
-        positions = new.pop(spec.pe)  # [B, L', 2, D]: each sample's own
-        new.pop(ROPE)
-        if x.shape[0] == 1:
-            text, out = original(**new, **{ROPE: (positions[0, :, 0], positions[0, :, 1])})
-        else:  # each sample has its own positions, and diffusers' rotary has no batch dimension
-            batched = [k for k, v in new.items() if torch.is_tensor(v) and v.ndim >= 1 and v.shape[0] == x.shape[0]]
-            outs = [original(**{**new, **{k: new[k][i:i + 1] for k in batched}},
-                             **{ROPE: (positions[i, :, 0], positions[i, :, 1])}) for i in range(x.shape[0])]
-            text, out = (torch.cat(parts, 0) for parts in zip(*outs))
-        return text, restored(spec, layout, plan, x, merged_x, out)
+        if seam.rope:
+            positions = new.pop(PE)  # [B, L', ...]: each sample's own
+            new.pop(seam.rope)
+        if not seam.rope:
+            out = original(**new)
+        elif not seam.per_sample or x.shape[0] == 1:
+            out = original(**new, **{seam.rope: seam.rope_out(positions, rope)})
+        else:  # each sample has its own positions, and this rotary has no batch dimension
+            b = x.shape[0]
+            outs = [original(**{k: _sample(v, i, b) for k, v in new.items()},
+                             **{seam.rope: seam.rope_out(positions[i:i + 1], rope)}) for i in range(b)]
+            out = _cat(outs) if seam.tokens_out is None else tuple(_cat(parts) for parts in zip(*outs))
+        if seam.tokens_out is None:
+            return restored(spec, layout, plan, x, merged_x, out)
+        out = list(out)
+        out[seam.tokens_out] = restored(spec, layout, plan, x, merged_x, out[seam.tokens_out])
+        return tuple(out)
 
     def _pays(self, context: dict, kind: str, layout, r: int, original, call: dict) -> bool:
         """reduce_when auto: the first block of each kind timed unmerged and merged (plan, merge,
         block, restore) as the model hands it its inputs; on a CPU merged, untimed."""
         if self.rule is None:
             return True
-        x = call.get(self.spec.tokens)
+        x = call.get(self.seam.args.tokens)
         signature = ("diffusers ToMe DiT", self.family.name, kind, tuple(x.shape[1:]) if torch.is_tensor(x) else (),
                      *layout.grid, r, self.settings.ratio, *self.strides, str(getattr(x, "dtype", "")))
 
@@ -164,7 +226,7 @@ class DiffusersToMeDiT(CallPatch):
         """{block index: (kind, index)} of the blocks it merges (the info text counts them by kind)."""
         def kind(site):
             name = type(self.model.get_submodule(site.path)).__name__
-            return KINDS.get(name, name)
+            return self.seam.kinds.get(name, name)
         return {site.key[1]: (kind(site), site.key[1]) for site in self.sites}
 
     # --- installing ------------------------------------------------------------------------------
