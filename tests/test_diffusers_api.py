@@ -42,8 +42,6 @@ def test_unknown_inputs_and_methods_are_named(pipe):
         apply_patch(pipe, "ToMe", raito=0.5)
     with pytest.raises(ValueError, match="method 'ToMo' is not one of 'ToMe', 'ToDo'"):
         apply_patch(pipe, "ToMo")
-    with pytest.raises(ValueError, match="ToMe cannot patch this LTX-Video model.*use ToDo"):
-        apply_patch(tiny.transformer("LTX-Video"), "ToMe")
     with pytest.raises(ValueError, match="does nothing on this SD UNet2DConditionModel model with level 4"):
         apply_patch(pipe, "ToDo", level="4")
 

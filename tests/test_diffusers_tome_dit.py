@@ -16,6 +16,7 @@ import torch
 pytest.importorskip("diffusers")
 
 from tokenreduce.diffusers import apply_patch, remove_patch, tiny  # noqa: E402
+from tokenreduce.diffusers.families import family_of  # noqa: E402
 
 TEXT = tiny.TEXT_TOKENS
 TEXT_DIM = tiny.TEXT_DIM
@@ -99,18 +100,24 @@ def test_auto_on_cpu_merges(flux):
     assert not torch.equal(_call(flux), unpatched)
 
 
-def test_families_without_a_seam_are_refused_naming_the_class():
-    model = tiny.transformer("HunyuanVideo")
+def test_blocks_and_transformers_without_a_seam_are_refused_naming_the_class():
+    from diffusers import HunyuanVideoTransformer3DModel  # the I2V model's token-replace blocks: no seam
+    model = HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                           num_layers=2, num_single_layers=2, num_refiner_layers=1, patch_size=2,
+                                           patch_size_t=1, text_embed_dim=TEXT_DIM, pooled_projection_dim=TEXT_DIM,
+                                           rope_axes_dim=(4, 6, 6), image_condition_type="token_replace")
     with pytest.raises(ValueError, match=r"ToMe cannot patch this HunyuanVideo model \(HunyuanVideoTransformer3DModel\)"
-                                         r".*not yet of HunyuanVideoTransformer3DModel.*use ToDo"):
+                                         r": its block transformer_blocks.1 is a HunyuanVideoTokenReplaceTransformerBlock"
+                                         r".*use ToDo"):
         apply_patch(model, "ToMe")
-    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert not any("forward" in m.__dict__ for m in model.modules())  # none wrapped
     from diffusers import Lumina2Transformer2DModel  # a class no family of the adapter knows
     lumina = Lumina2Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2,
                                        num_refiner_layers=1, num_attention_heads=2, num_kv_heads=2,
                                        cap_feat_dim=TEXT_DIM, axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32))
     with pytest.raises(ValueError, match="ToMe cannot patch this Lumina2Transformer2DModel model.*these DiT "
-                                         "transformers: Flux, Qwen-Image, SD3, Wan; Lumina2Transformer2DModel is not"):
+                                         "transformers: Flux, HunyuanVideo, LTX-Video, Qwen-Image, SD3, Wan; "
+                                         "Lumina2Transformer2DModel is not one of them"):
         apply_patch(lumina, "ToMe")
 
 
@@ -139,7 +146,11 @@ def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
 
 # --- SD3, Qwen-Image, Wan: each through its family's seam ------------------------------------------
 
-COVERED = {"SD3": ("attn", {}), "Qwen-Image": ("attn", {}), "Wan": ("attn1", {"frames": 2})}
+# family -> its blocks' attention over the grid, the model's inputs, whether text joins that attention,
+# whether a batch runs the block once per sample (a rotary without a batch dimension)
+COVERED = {"SD3": ("attn", {}, True, False), "Qwen-Image": ("attn", {}, True, True),
+           "Wan": ("attn1", {"frames": 2}, False, False), "HunyuanVideo": ("attn", {"frames": 2}, True, True),
+           "LTX-Video": ("attn1", {"frames": 2}, False, False)}
 
 
 @pytest.fixture(scope="module", params=sorted(COVERED))
@@ -158,10 +169,11 @@ def _run(model, inputs) -> torch.Tensor:
 def _attention_inputs(model, family, inputs) -> list[dict]:
     """What each block's attention over the grid is handed, in one call of the model."""
     seen, handles = [], []
-    for block in model.transformer_blocks if hasattr(model, "transformer_blocks") else model.blocks:
+    for block in (block for name in family_of(model).blocks for block in getattr(model, name)):
         handles.append(getattr(block, COVERED[family][0]).register_forward_pre_hook(
             lambda module, args, kwargs: seen.append({**dict(zip(("hidden_states", "encoder_hidden_states",
-                                                                  "attention_mask", "rotary_emb"), args)), **kwargs}),
+                                                                  "attention_mask", "image_rotary_emb"), args)),
+                                                      **kwargs}),
             with_kwargs=True))
     try:
         _run(model, inputs)
@@ -177,23 +189,31 @@ def test_covered_merge_only_the_image_tokens_with_their_positions(covered):
     with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always") as patch:
         assert "whole blocks merged" in patch.info
         merged = _attention_inputs(model, family, inputs)
-    n = (2 if family == "Wan" else 1) * H * W
-    runs = 2 if family == "Qwen-Image" else 1  # its rotary has no batch dimension: the block runs per sample
-    assert [m["hidden_states"].shape[1] for m in merged] == [n] + [n - n // 2] * runs + [n]  # the middle one merged
-    if family != "Wan":  # the text, joined inside the attention, whole and as unpatched
+    n = (2 if "frames" in COVERED[family][1] else 1) * H * W
+    _, _, joint, per_sample = COVERED[family]
+    runs = 2 if per_sample else 1
+    blocks = len(full)  # the first and the last whole, those between merged (each run per sample: per_sample)
+    assert [m["hidden_states"].shape[1] for m in merged] == [n] + [n - n // 2] * runs * (blocks - 2) + [n]
+    if joint:  # the text, joined inside the attention, whole and as unpatched
         text = full[1]["encoder_hidden_states"]
         torch.testing.assert_close(torch.cat([m["encoder_hidden_states"] for m in merged[1:1 + runs]]), text,
                                    rtol=1e-6, atol=1e-6)  # (per sample: the modulation's matmul on one row)
-    rope = {"Wan": "rotary_emb", "Qwen-Image": "image_rotary_emb"}.get(family)
-    if rope is not None:  # each merged token's rotary row is one grid position's, all different
-        given, whole = merged[1][rope][0], full[1][rope][0]
-        if family == "Qwen-Image":  # [L, D/2] complex, per sample: the first sample's
-            given, whole = given[None, :, None], whole[None, :, None]
-        rows = (given[:, :, None] == whole[:, None, :]).flatten(3).all(-1)  # [B, L', L]
-        assert rows.shape[1] == n - n // 2 and bool((rows.sum(-1) == 1).all())
-        assert bool((rows.any(1).sum(-1) == n - n // 2).all())
+    if family != "SD3":  # each merged token's rotary row is a grid position's (a different one, where rows differ)
+        given, whole = (_rows(m["image_rotary_emb"][0]) for m in (merged[1], full[1]))
+        rows = (given[:, :, None] == whole[:, None]).all(-1)  # [B, L', L]
+        assert rows.shape[1] == n - n // 2 and bool(rows.any(-1).all())
+        if bool(((whole[:, :, None] == whole[:, None]).all(-1).sum(-1) == 1).all()):  # (LTX's tiny rotary repeats)
+            assert bool((rows.sum(-1) == 1).all()) and bool((rows.any(1).sum(-1) == n - n // 2).all())
         if family == "Qwen-Image":  # the text's freqs as they were
-            assert torch.equal(merged[1][rope][1], full[1][rope][1])
+            assert torch.equal(merged[1]["image_rotary_emb"][1], full[1]["image_rotary_emb"][1])
+    if family == "HunyuanVideo":  # the mask's columns follow: the padded text still masked, after the merged video
+        mask = merged[1]["attention_mask"]
+        assert mask.shape[-1] == n - n // 2 + TEXT and mask[..., :-2].all() and not mask[..., -2:].any()
+
+
+def _rows(rope: torch.Tensor) -> torch.Tensor:
+    """A rotary table as [B or 1, L, features] (Wan's [1, L, 1, D], Flux-like [L, D], LTX's [B, L, D])."""
+    return (rope if rope.ndim > 2 else rope[None]).flatten(2)
 
 
 def test_covered_reruns_ratio_zero_and_remove(covered):
@@ -216,17 +236,21 @@ def test_covered_reruns_ratio_zero_and_remove(covered):
     assert torch.equal(_run(model, inputs), unpatched)
 
 
-@pytest.mark.parametrize("family", ["Qwen-Image", "Wan"])
-def test_per_token_modulation_follows_and_samples_merge_as_alone(family):
+@pytest.mark.parametrize("family", ["Qwen-Image", "Wan", "LTX-Video", "HunyuanVideo"])
+def test_per_token_inputs_follow_and_samples_merge_as_alone(family):
     """Qwen-Image-Edit-2511 (zero_cond_t: ``modulate_index`` per token, a doubled ``temb``, a reference
-    image after the grid, run per sample) and Wan 2.2 TI2V (``temb`` per token, the batch at once):
-    each sample of a batch merges as it would alone, and the reference tokens stay whole."""
-    if family == "Wan":
-        model = tiny.transformer("Wan")
-        inputs = tiny.transformer_inputs("Wan", model, batch=2, frames=2, h=H, w=W)
-        timestep = torch.full((2, 2 * H * W), 700.0)
-        timestep[:, :H * W] = 0.0  # the first frame clean (TI2V's image frame)
-        inputs["timestep"] = timestep
+    image after the grid, run per sample), Wan 2.2 TI2V and LTX-Video's conditioned first frame
+    (``temb`` per token, the batch at once), HunyuanVideo (each sample's own text mask, run per
+    sample): each sample of a batch merges as it would alone, and the reference tokens stay whole."""
+    if family in ("Wan", "LTX-Video", "HunyuanVideo"):
+        model = tiny.transformer(family)
+        inputs = tiny.transformer_inputs(family, model, batch=2, frames=2, h=H, w=W)
+        if family == "HunyuanVideo":
+            inputs["encoder_attention_mask"][0, 1:] = 0  # the first sample's text: one token
+        else:
+            timestep = torch.full((2, 2 * H * W), 700.0)
+            timestep[:, :H * W] = 0.0  # the first frame clean (TI2V's image frame, LTX's conditioning frame)
+            inputs["timestep"] = timestep
     else:
         from diffusers import QwenImageTransformer2DModel
         model = _random(QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=3,
@@ -242,6 +266,6 @@ def test_per_token_modulation_follows_and_samples_merge_as_alone(family):
         both = _run(model, inputs)
         one = _run(model, {k: (v[1:] if torch.is_tensor(v) and v.shape[0] == 2 else v[1:] if k == "img_shapes" else v)
                            for k, v in inputs.items()})
-        assert "blocks 64→32" in " ".join(patch.report_lines()) or "blocks 128→64" in " ".join(patch.report_lines())
+        assert f"blocks {128 if family != 'Qwen-Image' else 64}→" in " ".join(patch.report_lines())
     assert both.shape == unpatched.shape and not torch.equal(both, unpatched)
     torch.testing.assert_close(both[1:], one, rtol=1e-5, atol=1e-5)

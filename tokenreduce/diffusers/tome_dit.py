@@ -5,15 +5,17 @@ The core merges a block's grid tokens before the block and restores the block's 
 runs through the host's block-replace seam). diffusers has no such seam, so ``install`` wraps the
 ``forward`` of each selected block (an attribute on the block instance, over the class's) and
 ``uninstall`` deletes it again: nothing is left on the model. Each family describes its blocks
-once, in a ``Seam`` (``MERGES``, by diffusers family name: Flux, SD3, Qwen-Image, Wan): which
-argument holds the grid tokens and where the grid sits in it, its rotary and per-token modulation
-arguments, and where the output holds the tokens; text and reference tokens are never merged.
+once, in a ``Seam`` (``MERGES``, by diffusers family name: Flux, SD3, Qwen-Image, Wan,
+HunyuanVideo, LTX-Video): which argument holds the grid tokens and where the grid sits in it,
+its rotary, per-token modulation and attention-mask arguments, and where the output holds the
+tokens; text and reference tokens are never merged. A block of a class its family's seam does
+not name is refused at ``apply_patch``, naming the class.
 
-Rotary positions and per-token modulation follow the tokens (each merged token takes its
-destination's). Where a family's rotary has no batch dimension (Flux's ``(cos, sin)`` [L, D],
-Qwen-Image's complex freqs) a merged call takes each sample's own rows, and a batch of several
-samples (each with its own plan) runs the block once per sample; Wan's [1, L, 1, D] broadcasts
-over the batch, so its batch runs at once.
+Rotary positions, per-token modulation and mask columns follow the tokens (each merged token
+takes its destination's). Where a family's rotary has no batch dimension (Flux's and
+HunyuanVideo's ``(cos, sin)`` [L, D], Qwen-Image's complex freqs) a merged call takes each
+sample's own rows, and a batch of several samples (each with its own plan) runs the block once
+per sample; Wan's [1, L, 1, D] and LTX-Video's [B, L, D] take a batch at once.
 
 Tiles are drawn per model call from a private generator seeded from the seed and the timestep (as
 the ComfyUI node draws them), so reruns are bit for bit and the global RNG is untouched.
@@ -32,7 +34,7 @@ from ..dit import BlockArgs
 from ..pays import pair
 from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
-from ..tome_dit import make_tiles, merged_args, merged_count, plan_block, restored
+from ..tome_dit import make_tiles, merged_args, merged_count, plan_block, restored, sequence_index, take
 from .session import Session
 
 PE = "tokenreduce positions"  # the key under which a block's rotary positions go through merged_args
@@ -46,11 +48,13 @@ class Seam(NamedTuple):
 
     args: BlockArgs  # its pe is PE: the positions as ``rope_in`` gives them
     kinds: dict  # block class name -> kind, as the report says
-    rope: str | None = None  # the block's rotary argument (None: no rotary, SD3)
+    rope: tuple[str, ...] = ()  # the rotary argument's name, per block kind (the one its forward has); (): none
     rope_in: Callable | None = None  # that argument -> positions [1, L, ...] (token dimension 1)
     rope_out: Callable | None = None  # (merged positions [B or 1, L', ...], the argument) -> the block's argument
     per_sample: bool = False  # the rotary has no batch dimension: a batch runs the block once per sample
     tokens_out: int | None = 1  # where the block's output holds the tokens (its tuple's index; None: the output)
+    mask: str | None = None  # an attention mask [B, 1, 1, L] over a joint sequence holding the grid
+    in_mask: Callable | None = None  # TokenLayout -> (L, where the grid starts in it)
 
 
 # Flux (diffusers >= 0.35): both block kinds take the image tokens as ``hidden_states`` and the
@@ -59,7 +63,7 @@ class Seam(NamedTuple):
 _FLUX = Seam(BlockArgs("hidden_states", lambda lay: (lay.joint[0] - lay.joint[1], 0), pe=PE, pe_dim=1,
                        in_pe=lambda lay: lay.joint),
              {"FluxTransformerBlock": "double_block", "FluxSingleTransformerBlock": "single_block"},
-             "image_rotary_emb", lambda rope: torch.stack(tuple(rope[:2]), -2).unsqueeze(0),
+             ("image_rotary_emb",), lambda rope: torch.stack(tuple(rope[:2]), -2).unsqueeze(0),
              lambda positions, rope: (positions[0, :, 0], positions[0, :, 1]), per_sample=True)
 # SD3 / SD3.5 (JointTransformerBlock): the image tokens alone in ``hidden_states`` (the text in
 # ``encoder_hidden_states``, joined inside the attention), no rotary; returns
@@ -72,7 +76,7 @@ _SD3 = Seam(BlockArgs("hidden_states", lambda lay: lay.image), {"JointTransforme
 _QWEN = Seam(BlockArgs("hidden_states", lambda lay: (lay.joint[0] - lay.joint[1], 0), pe=PE, pe_dim=1,
                        in_pe=lambda lay: (lay.joint[0] - lay.joint[1], 0), modulation="modulate_index"),
              {"QwenImageTransformerBlock": "double_block"},
-             "image_rotary_emb", lambda rope: rope[0].unsqueeze(0), lambda positions, rope: (positions[0], rope[1]),
+             ("image_rotary_emb",), lambda rope: rope[0].unsqueeze(0), lambda positions, rope: (positions[0], rope[1]),
              per_sample=True)
 # Wan 2.1 / 2.2 (WanTransformerBlock): the video tokens in ``hidden_states`` (text by
 # cross-attention); rotary (cos, sin) [1, L, 1, D], broadcast over the batch; ``temb`` [B, 6, C],
@@ -80,10 +84,32 @@ _QWEN = Seam(BlockArgs("hidden_states", lambda lay: (lay.joint[0] - lay.joint[1]
 _WAN = Seam(BlockArgs("hidden_states", lambda lay: lay.image, pe=PE, pe_dim=1, in_pe=lambda lay: lay.image,
                       modulation="temb", modulation_ndim=4),
             {"WanTransformerBlock": "block"},
-            "rotary_emb", lambda rope: torch.stack(tuple(rope), -1),
-            lambda positions, rope: (positions[..., 0], positions[..., 1]), tokens_out=None)
+            ("rotary_emb",), lambda rope: torch.stack(tuple(rope), -1), lambda positions, rope: positions.unbind(-1),
+            tokens_out=None)
+# HunyuanVideo (HunyuanVideoTransformerBlock, HunyuanVideoSingleTransformerBlock): the video tokens
+# alone in ``hidden_states`` (the single blocks append the text themselves); rotary (cos, sin)
+# [L, D] over the video, no batch dimension (``freqs_cis`` in the double blocks,
+# ``image_rotary_emb`` in the single ones); ``attention_mask`` [B, 1, 1, L + text] over
+# [video, text]. Both return (hidden_states, encoder_hidden_states). The model also hands them
+# ``token_replace_emb`` and ``first_frame_num_tokens`` positionally, which these classes ignore
+# (the I2V model's token-replace blocks, which use them, are other classes: not merged).
+_HUNYUAN = Seam(BlockArgs("hidden_states", lambda lay: (math.prod(lay.grid), 0), pe=PE, pe_dim=1,
+                          in_pe=lambda lay: (math.prod(lay.grid), 0)),
+                {"HunyuanVideoTransformerBlock": "double_block", "HunyuanVideoSingleTransformerBlock": "single_block"},
+                ("freqs_cis", "image_rotary_emb"), lambda rope: torch.stack(tuple(rope), -1).unsqueeze(0),
+                lambda positions, rope: positions[0].unbind(-1), per_sample=True, tokens_out=0,
+                mask="attention_mask", in_mask=lambda lay: lay.joint)
+# LTX-Video (LTXVideoTransformerBlock): the video tokens in ``hidden_states`` (text by
+# cross-attention); rotary (cos, sin) [B, L, D]; ``temb`` [B, 1, 6C], or [B, L, 6C] per token
+# (the first frame's conditioning). Returns hidden_states.
+_LTX = Seam(BlockArgs("hidden_states", lambda lay: lay.image, pe=PE, pe_dim=1, in_pe=lambda lay: lay.image,
+                      modulation="temb", modulation_ndim=3),
+            {"LTXVideoTransformerBlock": "block"},
+            ("image_rotary_emb",), lambda rope: torch.stack(tuple(rope), -1), lambda positions, rope: positions.unbind(-1),
+            tokens_out=None)
 
-MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN}  # diffusers family name -> Seam
+# diffusers family name -> Seam
+MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN, "HunyuanVideo": _HUNYUAN, "LTX-Video": _LTX}
 
 
 def merges(family) -> bool:
@@ -145,7 +171,10 @@ class DiffusersToMeDiT(CallPatch):
     # --- in the block ----------------------------------------------------------------------
     def _forward(self, block, original):
         signature = inspect.signature(original)
-        kind = self.seam.kinds.get(type(block).__name__, type(block).__name__)
+        kind = self.seam.kinds[type(block).__name__]
+        rope = next((name for name in self.seam.rope if name in signature.parameters), None)
+        varargs = [name for name, p in signature.parameters.items() if p.kind == p.VAR_POSITIONAL]
+        varkw = [name for name, p in signature.parameters.items() if p.kind == p.VAR_KEYWORD]
 
         def forward(*args, **kwargs):
             current, context = self.current, self.session.context
@@ -153,10 +182,14 @@ class DiffusersToMeDiT(CallPatch):
                 return original(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             call = dict(bound.arguments)
+            for name in varargs:  # extra positional arguments the block ignores (HunyuanVideo's): dropped
+                call.pop(name, None)
+            for name in varkw:
+                call.update(call.pop(name, {}))
             layout, tiles, r = current
             if not self._pays(context, kind, layout, r, original, call):
                 return original(*args, **kwargs)
-            out = self._merged(original, call, layout, tiles, r)
+            out = self._merged(original, call, layout, tiles, r, rope)
             if out is None:
                 note_skipped(context)  # not the predicted layout: left alone
                 return original(*args, **kwargs)
@@ -166,37 +199,43 @@ class DiffusersToMeDiT(CallPatch):
             return out
         return forward
 
-    def _merged(self, original, call: dict, layout, tiles, r):
+    def _merged(self, original, call: dict, layout, tiles, r, rope_name: str | None):
         """The block's output with the grid merged through it and its change restored, or None
         where its inputs are not the predicted layout."""
         seam = self.seam
         spec = seam.args
         x = call.get(spec.tokens)
         where = spec.in_tokens(layout)
-        rope = call.get(seam.rope) if seam.rope else None
-        if x is None or x.ndim != 3 or where is None or x.shape[1] != where[0] or (seam.rope and rope is None):
+        rope = call.get(rope_name) if rope_name else None
+        if x is None or x.ndim != 3 or where is None or x.shape[1] != where[0] or (rope_name and rope is None):
             return None
         plan = self.plan if self.settings.share_plans else None
         if plan is None or plan.restore_map.shape[0] != x.shape[0]:
             plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, r)
             if self.settings.share_plans:
                 self.plan = plan
-        args = {**call, PE: seam.rope_in(rope)} if seam.rope else call
+        args = {**call, PE: seam.rope_in(rope)} if rope_name else call
         made = merged_args(spec, layout, plan, args)
         if made is None:
             return None
         new, merged_x = made
-        if seam.rope:
+        mask = new.get(seam.mask) if seam.mask else None
+        if torch.is_tensor(mask):  # over [.., grid, ..] of a joint sequence: its columns follow the tokens
+            length, start = seam.in_mask(layout)
+            if mask.ndim != 4 or mask.shape[-1] != length or mask.shape[-2] != 1:
+                return None
+            new[seam.mask] = take(mask, -1, sequence_index(plan, length, start))
+        if rope_name:
             positions = new.pop(PE)  # [B, L', ...]: each sample's own
-            new.pop(seam.rope)
-        if not seam.rope:
+            new.pop(rope_name)
+        if not rope_name:
             out = original(**new)
         elif not seam.per_sample or x.shape[0] == 1:
-            out = original(**new, **{seam.rope: seam.rope_out(positions, rope)})
+            out = original(**new, **{rope_name: seam.rope_out(positions, rope)})
         else:  # each sample has its own positions, and this rotary has no batch dimension
             b = x.shape[0]
             outs = [original(**{k: _sample(v, i, b) for k, v in new.items()},
-                             **{seam.rope: seam.rope_out(positions[i:i + 1], rope)}) for i in range(b)]
+                             **{rope_name: seam.rope_out(positions[i:i + 1], rope)}) for i in range(b)]
             out = _cat(outs) if seam.tokens_out is None else tuple(_cat(parts) for parts in zip(*outs))
         if seam.tokens_out is None:
             return restored(spec, layout, plan, x, merged_x, out)
@@ -232,11 +271,18 @@ class DiffusersToMeDiT(CallPatch):
     # --- installing ------------------------------------------------------------------------------
     def install(self, hooks, model: torch.nn.Module) -> None:
         self.model = model
-        for site in self.sites:
-            block = model.get_submodule(site.path)
+        blocks = [model.get_submodule(site.path) for site in self.sites]
+        for site, block in zip(self.sites, blocks):  # checked before any is wrapped
+            if type(block).__name__ not in self.seam.kinds:
+                raise ValueError(f"{self.label}: ToMe cannot patch this {self.family.name} model "
+                                 f"({type(model).__name__}): its block {site.path} is a {type(block).__name__}, "
+                                 f"whose inputs ToMe does not know how to merge (it merges "
+                                 f"{', '.join(self.seam.kinds)}). For this model use ToDo (apply_patch(model, "
+                                 f"\"ToDo\")).")
             if "forward" in block.__dict__:
                 raise ValueError(f"{self.label}: block {site.path} of this {self.family.name} model has its forward "
                                  f"replaced already (another patch); ToMe cannot wrap it.")
+        for block in blocks:
             block.forward = self._forward(block, block.forward)
             self._wrapped.append(block)
 
