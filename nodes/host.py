@@ -13,7 +13,7 @@
 - Wan 2.2 S2V's blocks: 0.3.75 calls them (and a block replacement's original block) without
   transformer_options, so their attention calls carry no call context; there the clone gets an
   object patch of the model's ``forward_orig`` that hands each call's options to its blocks
-  (``hand_options_to_blocks``). 0.33 passes them.
+  (``hand_options_to_blocks``: for ToDo's override and ToMe's block replacements). 0.33 passes them.
 - The dtype a model computes in: 0.33 names it (``BaseModel.get_dtype_inference``); 0.3.75
   computes it inline in ``_apply_model`` (the manual-cast dtype, else the weights' dtype).
 """
@@ -104,10 +104,12 @@ def _forward_handing_options(original, blocks, *args, transformer_options=None, 
 
 def _block_with_options(block, options, inner, args, extra):
     """A block replacement that runs the block with the call's options (inside ``inner``, a
-    replacement found there, as its original block)."""
+    replacement found there, as its original block: with the options ``inner`` hands it, ToMe's
+    merged grid among them)."""
     def original_block(block_args):
         return {"img": block(block_args["img"], context=block_args["txt"], e=block_args["vec"],
-                             freqs=block_args["pe"], transformer_options=options)}
+                             freqs=block_args["pe"],
+                             transformer_options=block_args.get("transformer_options", options))}
 
     if inner is None:
         return original_block(args)

@@ -408,7 +408,7 @@ def test_a_level_other_than_auto_or_1_does_nothing_and_says_so(comfy, dits, leve
 
 # --- refusals -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant,config,family", [("lumina2", "Lumina2", "Lumina 2 / Z-Image")])
+@pytest.mark.parametrize("variant,config,family", [("hidream", "HiDream", "HiDream")])
 def test_tome_on_a_dit_it_does_not_merge_is_refused_and_points_to_todo(comfy, dits, variant, config, family):
     # Flux, Wan and the other families with a DiTMerge are merged (tests/test_comfy_tome_dit_inprocess.py).
     with pytest.raises(ValueError, match=f"TokenReduceToMe: ToMe cannot patch this {config} model: it has no UNet "

@@ -128,6 +128,42 @@ def test_work_units_on_two_devices_are_reduced_as_on_one(comfy, multigpu, two_de
                     assert forward.feed_forward is copy.get_model_object(key[:-len(".forward")])
 
 
+@pytest.mark.parametrize("ours_first", [True, False], ids=["ours-then-split", "split-then-ours"])
+def test_tome_on_nextdit_binds_its_layer_patches_to_each_copy(comfy, multigpu, two_devices, ours_first):
+    """ToMe reaches Lumina 2's layers through object patches on their forwards (NextDiT has no
+    block-replace lookup): each device copy's patches run that copy's own layers, and the split
+    run merges as one device does. The copies are loaded afresh through the factory a core loader
+    would register (here: the tiny model's own builder, the same seed)."""
+    import functools
+
+    import random_dits
+    from test_comfy_dit_inprocess import run as run_dit
+
+    build = functools.partial(random_dits.make_dit, "lumina2", n_layers=2, n_refiner_layers=2)
+    base = build()
+    base.cached_patcher_init = (build, ())
+    single = apply(comfy, "tome", base).result[0]
+    if ours_first:
+        model = split(multigpu, apply(comfy, "tome", base).result[0])
+    else:
+        model = apply(comfy, "tome", split(multigpu, base)).result[0]
+    copies = model.get_additional_models_with_key("multigpu")
+    assert [copy.load_device for copy in copies] == [DEVICES[1]]
+    reference = run_dit(comfy, single, "lumina2")
+    plain_split = run_dit(comfy, split(multigpu, base), "lumina2")
+    tolerance = batching_tolerance(plain_split, run_dit(comfy, base, "lumina2"))
+    first, second = run_dit(comfy, model, "lumina2"), run_dit(comfy, model, "lumina2")
+    assert torch.equal(first, second)
+    assert rel_error(first, reference) < tolerance
+    report = session_of(model).last_report
+    assert report.levels and not report.warnings
+    for copy in [model, *copies]:
+        layers = {key: f for key, f in copy.object_patches.items() if hasattr(f, "tokenreduce_key")}
+        assert len(layers) == 2  # noise_refiner.1 and layers.0
+        for key, forward in layers.items():
+            assert forward.layer is copy.get_model_object(key[:-len(".forward")])
+
+
 def test_an_interrupted_multi_gpu_run_leaves_nothing_behind(comfy, multigpu, two_devices, loaders):
     import comfy.model_management as mm
 

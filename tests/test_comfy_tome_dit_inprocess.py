@@ -53,10 +53,18 @@ VARIANTS = {
     "wan21_camera": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
     # [reference frame, video, pose frames at half size] (0.33 only)
     "wan21_scail": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    # 0.33 only: Mage-Flow (Qwen-Image's blocks at patch 1, a reference after the image), Lens
+    # ([image, text], a joint mask), JoyImage (img = [image, reference], positions of img alone)
+    "mage_flow": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
+    "lens": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
+    "joyimage": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 48),
+    # x = [video, reference frame, packed motion tokens], e0 a row per timestep entry (spread in runs)
+    "wan22_s2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
 }
 TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
-REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12}
+REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12, "mage_flow": 12, "joyimage": 12}
+POSITIONS_IMAGE_FIRST = {"lens", "joyimage"}  # positions over [image, text] (Lens) or the image stream alone
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +124,8 @@ def _grid_starts(model, variant, key, given, n, refs):
     run over the whole sequence, text first, or image first (HunyuanVideo on 0.3.75)."""
     if variant.startswith(("wan", "ltx")):  # positions and tokens of the video (and its references, poses)
         return TOKENS_BEFORE.get(variant, 0), TOKENS_BEFORE.get(variant, 0)
+    if variant in POSITIONS_IMAGE_FIRST:
+        return 0, 0
     blocks = getattr(model.model.diffusion_model, "double_blocks", None)
     image_first = bool(blocks is not None and getattr(blocks[0], "flipped_img_txt", False))
     text = given["txt"].shape[1] if "txt" in given else given["img"].shape[1] - n - refs
@@ -144,6 +154,15 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
         assert torch.equal(y[:, :start], x[:, :start])  # tokens in front: unchanged
         assert torch.equal(y[:, y.shape[1] - after:], x[:, x.shape[1] - after:])  # tokens after: unchanged
         vec = given.get("vec")
+        if variant == "wan22_s2v":  # e0: a row per timestep entry, spread over x in runs; each merged token its run's
+            length, entries = x.shape[1], vec.shape[1]
+            run_length = -(-length // entries)  # as the block's repeat_e spreads them
+            assert 1 < entries <= length // 2 and merged["vec"].shape[1] == y.shape[1]
+            full_pe, merged_pe = given["pe"].flatten(2)[0], merged["pe"].flatten(2)
+            for b in range(y.shape[0]):
+                for row, position in zip(merged["vec"][b], merged_pe[b]):
+                    index = int((full_pe == position).all(-1).nonzero()[0, 0])
+                    assert torch.equal(row, vec[b, index // run_length])
         if variant == "wan22_ti2v_5b":  # the per-frame modulation follows: each merged token its frame's
             frames, per_frame = vec.shape[1], n // vec.shape[1]
             assert merged["vec"].shape[1] == y.shape[1] and frames > 1
@@ -158,7 +177,8 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
             continue
         pe_x, pe_y = given["pe"], merged["pe"]
         # [B, L, ...] (Wan; LTX-Video on 0.33) or [B, 1, L, ...]
-        pe_dim = 1 if variant.startswith("wan") or (variant.startswith("ltx") and pe_x.shape[1] != 1) else 2
+        pe_dim = 1 if variant.startswith("wan") or variant == "joyimage" or (
+            variant.startswith("ltx") and pe_x.shape[1] != 1) else 2
         assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
         pe_after = pe_x.shape[pe_dim] - pe_start - n
         for first, count in ((0, pe_start), (pe_start + n, pe_after)):  # positions around the grid: unchanged
@@ -178,7 +198,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 
 
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
-                                     "wan21_scail"])
+                                     "wan21_scail", "mage_flow", "lens", "joyimage", "wan22_s2v"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -200,7 +220,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
-                                     "wan21_vace"])
+                                     "wan21_vace", "mage_flow", "lens", "joyimage"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
@@ -213,6 +233,20 @@ def test_families_without_a_description_are_refused(comfy):
         tome(comfy, model)
 
 
+@pytest.mark.parametrize("variant", ["minimax_h3", "ltxav"])
+def test_families_reached_but_not_described_are_refused_with_their_reason(comfy, variant):
+    # 0.33 only: MiniMax-H3 (a packed sequence without a batch, modulation by token ranges) and
+    # LTX-2 (video and audio streams handed to each block as one pair)
+    if not random_dits.available(variant):
+        pytest.skip(f"this ComfyUI has no {variant} model")
+    name = random_dits.FIXTURES[variant].family
+    family = next(f for f in sys.modules["tokenreduce_pack.tokenreduce.families"].FAMILIES if f.name == name)
+    with pytest.raises(ValueError) as refused:
+        tome(comfy, random_dits.make_dit(variant))
+    assert f"ToMe does not merge whole blocks of {name}: {family.merge_refusal} (it does on " in str(refused.value)
+    assert f"use Token Downsampling (ToDo, TokenReduce), which supports {name}" in str(refused.value)
+
+
 def test_info_says_how_auto_decides(comfy, dits):
     output = tome(comfy, dits("flux_dev"))
     info = output.result[1]
@@ -223,7 +257,8 @@ def test_info_says_how_auto_decides(comfy, dits):
     assert "reduce_when always: reduced wherever set." in tome(comfy, dits("flux_dev"), reduce_when="always").result[1]
 
 
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+# wan22_s2v: on 0.3.75 its blocks get the call's options only through the pack's hand-over
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "wan22_s2v"])
 def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
     """ToDo reduces the keys and values of the blocks ToMe merged too (their grid: the merged
     tokens), the same whichever node is applied first: no call is left alone, the report shows

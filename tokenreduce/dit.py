@@ -75,6 +75,11 @@ class DiTMerge(NamedTuple):
     args: dict  # kind -> BlockArgs
     # (diffusion model, call kwargs) -> why this call's blocks cannot be merged, or None
     check: Callable | None = None
+    # None: the host looks the keys up itself. Else the model calls its blocks directly (NextDiT):
+    # the host reaches each merged block through an object patch on its forward (on the clone)
+    # that hands its positional arguments on under these names (the first: the tokens, which the
+    # block returns) with the call's transformer_options, and looks the key up there itself
+    layer_args: tuple[str, ...] | None = None
 
 
 # Family.merge_refusal of a family whose model calls its blocks with no block-replace lookup
