@@ -1,5 +1,5 @@
-"""ToDo on Forge's own Flux.1 (tokenreduce_forge/flux.py), in-process against the Forge tree named
-by ``--forge PATH`` (skipped without it): Forge's ``backend.nn.flux`` imported from that tree on
+"""ToDo, ToMe and both together on Forge's own Flux.1 (tokenreduce_forge/flux.py), in-process against
+the Forge tree named by ``--forge PATH`` (skipped without it): Forge's ``backend.nn.flux`` imported from that tree on
 the CPU, a tiny ``IntegratedFluxTransformer2DModel`` with random weights in Forge's ``KModel`` and
 ``UnetPatcher``, patched by the extension's entry point (``patching.install`` / the hooks) and
 called as Forge's sampling function calls it (``model_function_wrapper``, object patches applied
@@ -206,6 +206,61 @@ def test_tome_merges_the_image_tokens_of_forges_own_flux_blocks(forge, unet, mon
     assert torch.equal(sample(zero, sigmas=(1.0,)), plain)
 
 
+def _block_calls(monkeypatch, forge, unet, methods):
+    """(the output of one step, Forge's attention calls, the pass's run) of ``methods`` installed
+    under the spy (the patch takes Forge's attention function at install)."""
+    with spying(monkeypatch, forge) as calls:
+        patched, run = install(unet, methods)
+        assert run.refusal is None, run.refusal
+        return sample(patched, sigmas=(1.0,)), calls, run
+
+
+def test_tome_and_todo_stack_on_forges_flux(forge, monkeypatch):
+    """Both on: ToMe merges the grid of whole blocks and, inside the merged blocks, ToDo keeps
+    keys and values of the merged grid (the merged tokens its kept grid positions were merged
+    into, the text whole); the same whichever method the settings name first; reruns bit for bit;
+    the model and Forge's module unchanged after; each alone as before."""
+    unet = make_unet(forge)
+    model = unet.model.diffusion_model
+    baseline, module = sample(unet, sigmas=(1.0,)), dict(vars(forge.flux))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    only_todo, _, _ = _block_calls(monkeypatch, forge, unet, todo())
+    only_tome, merged_calls, _ = _block_calls(monkeypatch, forge, unet, tome())
+    stacked, calls, run = _block_calls(monkeypatch, forge, unet, {**todo(), **tome()})
+    tokens = TEXT + math.prod(GRID)
+    assert len(calls) == len(merged_calls) == BLOCKS
+    for block, ((q, k, v), (mq, mk, _)) in enumerate(zip(calls, merged_calls)):
+        assert q.shape == mq.shape, block  # the queries: ToMe's merged tokens (whole in the first and last)
+        assert k.shape[2] == v.shape[2] == (TEXT + 9 if block in (1, 2, 3) else tokens), block  # ToDo's 3x3 kept
+    assert TEXT < merged_calls[1][0].shape[2] < tokens
+    # the first merged block has the same input and merge with ToDo or without it: its keys are the
+    # text as it is and, of the grid, rows of the merged grid's keys
+    (_, k, v), (_, mk, mv) = calls[1], merged_calls[1]
+    assert torch.equal(k[:, :, :TEXT], mk[:, :, :TEXT]) and torch.equal(v[:, :, :TEXT], mv[:, :, :TEXT])
+    for grid, merged in ((k, mk), (v, mv)):
+        rows, merged_rows = grid[:, :, TEXT:].transpose(1, 2).flatten(2), merged[:, :, TEXT:].transpose(1, 2).flatten(2)
+        assert (rows[0][:, None] == merged_rows[0][None]).all(-1).any(1).all()
+    assert torch.isfinite(stacked).all()
+    assert not torch.equal(stacked, only_todo) and not torch.equal(stacked, only_tome)
+    reports = {method.method: report for method, report in run.finish(True)}
+    (level,) = reports["ToDo"].levels
+    m = merged_calls[1][0].shape[2] - TEXT
+    assert level.tokens == {"k/v in merged blocks": (m, 9)} and not reports["ToDo"].warnings
+    assert reports["ToDo"].skipped_calls == 0 and reports["ToMe"].levels
+    patched, _ = install(unet, {**tome(), **todo()})  # ToMe named first: the same patches, the same result
+    assert set(patched.object_patches) == {"diffusion_model.forward"} | {
+        f"diffusion_model.{path}.forward" for path in ("double_blocks.1", "single_blocks.0", "single_blocks.1")}
+    assert torch.equal(sample(patched, sigmas=(1.0,)), stacked)
+    assert torch.equal(_block_calls(monkeypatch, forge, unet, {**todo(), **tome()})[0], stacked)  # reruns
+    assert all(getattr(m.forward, "__func__", None) is type(m).forward for m in [model, *model.double_blocks,
+                                                                                 *model.single_blocks])
+    assert vars(forge.flux) == module
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.equal(sample(unet, sigmas=(1.0,)), baseline)
+    assert torch.equal(sample(install(unet, todo())[0], sigmas=(1.0,)), only_todo)  # each alone as before
+    assert torch.equal(sample(install(unet, tome())[0], sigmas=(1.0,)), only_tome)
+
+
 def test_output_differs_within_a_bounded_error_and_reruns_bit_for_bit(forge, unet):
     baseline = sample(unet)
     first = sample(install(unet, todo())[0])
@@ -261,7 +316,6 @@ def test_a_clone_of_a_patched_unet_is_patched_once(forge, unet):
 # --- checks, refusals and reports ---------------------------------------------------------------
 
 @pytest.mark.parametrize("methods,latent,expected", [
-    ({"ToMe": {}, "ToDo": {}}, LATENT, "TokenReduce ToMe and TokenReduce ToDo together cannot patch Forge's Flux yet"),
     ({"ToDo": {"method": "average"}}, LATENT, "TokenReduce ToDo: method 'average' does not work on Flux.1: its keys "
                                               "carry rotary positions"),
     ({"ToDo": {"factor": 4.0}}, (1, 4, 6, 6), "TokenReduce ToDo: factor 4 does not fit the 3x3 token grid"),
@@ -311,9 +365,11 @@ class Flux:  # named as Forge's Flux engine (backend/diffusion_engine/flux.py)
     pass
 
 
-def test_the_hooks_patch_and_report_in_the_infotext(forge, unet):
+def hooks_run(unet, **values):
+    """A generation through the script's hooks, the accordion on with ``values`` (by argument name)."""
     args = [arg.default for arg in S.ARGS]
-    args[S.ARG_INDEX["enabled"]] = True
+    for name, value in {"enabled": True, **values}.items():
+        args[S.ARG_INDEX[name]] = value
     sd_model = Flux()
     sd_model.forge_objects = types.SimpleNamespace(unet=unet)
     p = types.SimpleNamespace(extra_generation_params={"Steps": 2}, override_settings={}, comments={},
@@ -324,10 +380,26 @@ def test_the_hooks_patch_and_report_in_the_infotext(forge, unet):
     assert sd_model.forge_objects.unet is not unet
     sample(sd_model.forge_objects.unet)
     hooks.after_batch(p, args)
+    return p
+
+
+def test_the_hooks_patch_and_report_in_the_infotext(forge, unet):
+    p = hooks_run(unet)
     assert p.extra_generation_params["TokenReduce ToDo report"] == (
         "ToDo · Flux · 3 of 5 blocks | ds 1 · 5×6 · q 30→30 · k/v 30→9 | steps 1-2 of 2")
     assert any(text.startswith("TokenReduce, first pass: ToDo on Flux (Flux.1, DiT): keys/values of the image tokens")
                for text in p.comments)
+
+
+def test_the_hooks_report_tome_and_todo_together(forge, unet):
+    """Both ticked in the accordion: each method's report in the infotext, ToDo's keys counted in
+    the merged blocks."""
+    p = hooks_run(unet, **{"ToMe": True, "ToMe reduce_when": "always"})
+    assert p.extra_generation_params["TokenReduce ToDo report"] == (
+        "ToDo · Flux · 3 of 5 blocks | ds 1 · 5×6 · k/v in merged blocks 15→9 | steps 1-2 of 2")
+    assert p.extra_generation_params["TokenReduce ToMe report"] == (
+        "ToMe · Flux · 3 of 5 blocks | ds 1 · 5×6 · double blocks 30→15 · single blocks 30→15 | steps 1-2 of 2")
+    assert "TokenReduce warnings" not in p.extra_generation_params
 
 
 def test_the_auto_rule_times_through_forges_attention(forge, unet, monkeypatch):

@@ -1,7 +1,8 @@
 """The Forge-free parts of ToDo and ToMe on Forge's Flux.1 (tokenreduce_forge/flux.py), in CI without Forge:
 the block forward rebuilt over its own globals with another ``attention`` (nothing global
 changed), what is refused before anything is patched, Forge's attention entry as the auto rule
-times it, and the call's options noted only for the length of a model call. The whole path on
+times it, the call's options noted only for the length of a model call, and ToMe's block forwards
+around ToDo's where both run (on a toy whose blocks call their module's attention). The whole path on
 Forge's own model is tests/test_forge_flux.py (``--forge``)."""
 
 from __future__ import annotations
@@ -118,7 +119,6 @@ def test_forges_flux_is_known_by_its_class_and_its_layout_is_the_flux_plan():
 
 
 @pytest.mark.parametrize("methods,expected", [
-    ({"ToMe": {}, "ToDo": {}}, "TokenReduce ToMe and TokenReduce ToDo together cannot patch Forge's Flux yet"),
     ({"ToDo": {"method": "bicubic"}}, "TokenReduce ToDo: method 'bicubic' does not work on Flux.1"),
 ])
 def test_what_cannot_run_on_forges_flux_is_refused_before_anything_is_patched(methods, expected):
@@ -193,32 +193,42 @@ class ToyClone:
         return self.model if name == "diffusion_model" else self.model.get_submodule(name.split(".", 1)[1])
 
 
-def _forge_tome_run(model, values: dict, x, context, seeds=(0.7,)):
-    """ToMe chosen for Forge's Flux and called as Forge's sampling calls it: the object patches
-    put on the model for the call (as Forge loads the clone) and taken off after."""
+def _forge_run(model, methods: dict, x, context, seeds=(0.7,)):
+    """``methods`` ({method: values}) chosen for Forge's Flux and called as Forge's sampling calls
+    them: the object patches put on the model for the call (as Forge loads the clone) and taken off
+    after. (outputs, the MethodRuns, the pass's run)."""
     clone = ToyClone(model)
-    settings = S.method_settings("ToMe", S.FIRST, values)
+    settings = {name: S.method_settings(name, S.FIRST, values) for name, values in methods.items()}
     layout = forge_flux.layout_of(model)
     run = types.SimpleNamespace(warnings=[])
-    refusal, chosen = forge_flux.choose(clone, run, layout, "Flux", S.FIRST, {"ToMe": settings}, x.shape, None,
+    refusal, chosen = forge_flux.choose(clone, run, layout, "Flux", S.FIRST, settings, x.shape, None,
                                         lambda p: 1.0 - p)
-    assert refusal is None and len(chosen) == 1
-    method = patching.MethodRun(chosen[0].method, S.FIRST, *chosen[0][1:])
+    assert refusal is None and len(chosen) == len(methods), (refusal, run.warnings)
+    runs = [patching.MethodRun(c.method, S.FIRST, *c[1:]) for c in chosen]
+    patches = {key: value for method in runs for key, value in method.patch.object_patches.items()}
     outs = []
     for sigma in seeds:
         sigmas = torch.tensor([sigma])
         options = {"sigmas": sigmas}
-        context_ = method.run.open_call(sigmas, options)
-        method.patch.prepare_call(context_, method.run, patching.ModelCall(x, context, {}, options, sigmas))
-        options[method.patch.context_key] = context_
-        for key, value in method.patch.object_patches.items():
+        contexts = [method.run.open_call(sigmas, options) for method in runs]
+        for method, context_ in zip(runs, contexts):
+            method.patch.prepare_call(context_, method.run, patching.ModelCall(x, context, {}, options, sigmas))
+            options[method.patch.context_key] = context_
+        for key, value in patches.items():
             setattr(clone.get_model_object(key.rsplit(".", 1)[0]), "forward", value)
         try:
             outs.append(model(x, torch.full((x.shape[0],), sigma), context, transformer_options=options))
         finally:
-            for key in method.patch.object_patches:
+            for key in patches:
                 del clone.get_model_object(key.rsplit(".", 1)[0]).__dict__["forward"]
-            method.run.close_call(context_, sigmas)
+            for method, context_ in zip(runs, contexts):
+                method.run.close_call(context_, sigmas)
+    return outs, runs, run
+
+
+def _forge_tome_run(model, values: dict, x, context, seeds=(0.7,)):
+    """ToMe alone: (outputs, its MethodRun, the pass's run)."""
+    outs, (method,), run = _forge_run(model, {"ToMe": values}, x, context, seeds)
     return outs, method, run
 
 
@@ -255,3 +265,95 @@ def test_tome_auto_on_forges_flux_says_it_is_untimed():
         _, method, _ = _forge_tome_run(model, {"reduce_when": "auto"}, torch.randn(1, 4, 12, 10), torch.randn(1, 6, 8))
     assert "reduce_when auto is not timed for ToMe on Forge's Flux" in method.info
     assert any("reduce_when auto is not timed" in w for w in method.run.warnings)
+
+
+# --- ToMe and ToDo together: ToMe's block forwards around ToDo's, one model forward --------------
+
+BLOCKS_SOURCE = '''
+import torch
+
+
+def apply_rope(q, k, pe):
+    return q + pe[:, :, :, :1, 0, 0], k - pe[:, :, :, :1, 0, 0]
+
+
+def attention_function(q, k, v, heads, skip_reshape=False):
+    seen.append((q.shape[2], k.shape[2]))
+    out = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    return out.transpose(1, 2).flatten(2)
+
+
+def attention(q, k, v, pe):
+    q, k = apply_rope(q, k, pe)
+    return attention_function(q, k, v, q.shape[1], skip_reshape=True)
+
+
+def heads(x):
+    return x.unflatten(-1, (2, -1)).transpose(1, 2)
+
+
+class DoubleStreamBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.img, self.txt = torch.nn.Linear(8, 24), torch.nn.Linear(8, 24)
+
+    def forward(self, img, txt, vec, pe):
+        qkv = torch.cat([self.txt(txt), self.img(img)], 1).chunk(3, -1)
+        out = attention(*map(heads, qkv), pe=pe)
+        return img + out[:, txt.shape[1]:] * vec[:, None, None], txt + out[:, :txt.shape[1]]
+
+
+class SingleStreamBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 24)
+
+    def forward(self, x, vec, pe):
+        return x + attention(*map(heads, self.lin(x).chunk(3, -1)), pe=pe)
+'''
+
+
+class ToyAttentionFlux(ToyForgeFlux):
+    """The toy Flux whose blocks call their module's ``attention(q, k, v, pe)``, as Forge's do."""
+
+    def __init__(self):
+        super().__init__()
+        module = types.ModuleType("toy_forge_flux_blocks")
+        module.seen = self.seen
+        exec(compile(BLOCKS_SOURCE, "toy_forge_flux_blocks.py", "exec"), module.__dict__)  # noqa: S102 - the test's own
+        self.double_blocks = torch.nn.ModuleList(module.DoubleStreamBlock() for _ in range(2))
+        self.single_blocks = torch.nn.ModuleList(module.SingleStreamBlock() for _ in range(3))
+
+
+ToyAttentionFlux.__name__ = forge_flux.MODEL_CLASS
+
+
+def test_tome_and_todo_stack_on_forges_flux_in_either_order():
+    """Both on: each block both select runs ToMe's forward around ToDo's (one object patch per key),
+    and in the merged blocks ToDo keeps, of the merged grid, as many keys as of the whole grid; the
+    same in either order of the settings; reruns bit for bit; each alone as before."""
+    torch.manual_seed(0)
+    model = ToyAttentionFlux()
+    x, context = torch.randn(1, 4, 12, 10), torch.randn(1, 6, 8)  # a 6x5 token grid, 6 text tokens
+    tome, todo = {"ToMe": {"ratio": 0.5, "reduce_when": "always"}}, {"ToDo": {"reduce_when": "always"}}
+    with torch.no_grad():
+        unpatched = model(x, torch.full((1,), 0.7), context)
+        (only_todo,), _, _ = _forge_run(model, todo, x, context)
+        (only_tome,), _, _ = _forge_run(model, tome, x, context)
+        model.seen.clear()
+        (both,), methods, run = _forge_run(model, {**todo, **tome}, x, context)
+        seen = list(model.seen)
+        (reverse,), reversed_methods, _ = _forge_run(model, {**tome, **todo}, x, context)
+        (again,), _, _ = _forge_run(model, {**todo, **tome}, x, context)
+        assert torch.equal(_forge_run(model, todo, x, context)[0][0], only_todo)  # each alone as before
+        assert torch.equal(_forge_run(model, tome, x, context)[0][0], only_tome)
+    assert [m.method for m in methods] == ["ToDo", "ToMe"] and [m.method for m in reversed_methods] == ["ToMe", "ToDo"]
+    keys = [set(m.patch.object_patches) for m in methods]
+    assert not keys[0] & keys[1] and forge_flux.FORWARD in keys[0]
+    n, text = 30, 6
+    # blocks 1..3 merged to half the grid (queries); their keys: ToDo's 3x3 kept of the merged grid
+    assert seen == [(text + n, text + n)] + [(text + n // 2, text + 9)] * 3 + [(text + n, text + n)]
+    assert torch.equal(both, reverse) and torch.equal(both, again) and torch.isfinite(both).all()
+    assert not torch.equal(both, only_todo) and not torch.equal(both, only_tome) and not torch.equal(both, unpatched)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert "k/v in merged blocks" in methods[0].run.report("ToDo", 0.0, 1.0, 0.0, True, None).levels[0].tokens

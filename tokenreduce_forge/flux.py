@@ -24,12 +24,18 @@ object patch that hands the block's arguments to the core's block wrapper
 (``tokenreduce/tome_dit.py``, ``ToMeDiTPatch.replacement``: the ComfyUI node's plan, merge and
 restore, positions following the tokens, the text never merged) with the block's own forward as
 the original block. Forge cannot run a model call again, so ``reduce_when auto`` is not timed
-here: every selected block is merged, and the info text and the pass's warnings say so. ToMe and
-ToDo together on Forge's Flux are refused (their forwards are not chained yet).
+here: every selected block is merged, and the info text and the pass's warnings say so.
+
+ToMe and ToDo together (in either order of the settings: the same patches) stack as in ComfyUI:
+a block both select gets ToMe's forward around ToDo's rebuilt one, and the one diffusion-model
+forward notes the call's options for both. ToMe's forward hands the merged block the options with
+its merge (``run.MERGED_GRID``) and notes them for this pass's attention while the block runs, so
+ToDo keeps keys and values of the merged grid there (``todo_dit.merged_keep_index``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 from typing import NamedTuple
@@ -145,6 +151,15 @@ class PassAttention:
             context["calls"] = slot
         return self.patch.override(self.backend, q, k, v, q.shape[1], skip_reshape=True, transformer_options=options)
 
+    @contextlib.contextmanager
+    def noting(self, options: dict | None):
+        """``options`` noted for the calls inside (a merged block's: the call's with ToMe's merge)."""
+        outer, self.options = self.options, options
+        try:
+            yield
+        finally:
+            self.options = outer
+
     def forward(self, original):
         """The diffusion model's forward: ``original``, with its call's options noted."""
 
@@ -169,13 +184,6 @@ class Chosen(NamedTuple):
     warnings: list
 
 
-def tome_refusal(stage: str) -> str:
-    """ToMe and ToDo together on Forge's Flux: not wired yet (each alone is)."""
-    return (f"{label(stage, 'ToMe')} and {label(stage, 'ToDo')} together cannot patch Forge's Flux yet: each reaches "
-            f"the blocks through their forward, and the two are not chained there. Turn one of them off for this "
-            f"model.")
-
-
 AUTO_UNTIMED = ("reduce_when auto is not timed for ToMe on Forge's Flux (Forge cannot run a model call again to "
                 "time a block): every selected block is merged, as with reduce_when always")
 
@@ -183,15 +191,28 @@ AUTO_UNTIMED = ("reduce_when auto is not timed for ToMe on Forge's Flux (Forge c
 def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, latent_shape: tuple, decisions,
            percent_to_sigma) -> tuple[str | None, list[Chosen]]:
     """The methods this pass runs on Forge's Flux (``clone``: its UnetPatcher), with the same
-    checks as the ComfyUI node: (refusal or None, chosen). Warnings of settings that do nothing
-    go to ``run.warnings``."""
+    checks as the ComfyUI node: (refusal or None, chosen, in the order of ``methods``). Warnings
+    of settings that do nothing go to ``run.warnings``. ToDo is chosen first: where both run,
+    ToMe's block forwards wrap ToDo's (``_reach_tome``)."""
+    chosen = {}
+    if "ToDo" in methods:
+        refusal, chosen["ToDo"] = choose_todo(clone, run, layout, family, stage, methods["ToDo"], latent_shape,
+                                              decisions, percent_to_sigma)
+        if refusal is not None:
+            return refusal, []
     if "ToMe" in methods:
-        if "ToDo" in methods:
-            return tome_refusal(stage), []
-        return choose_tome(clone, run, layout, family, stage, methods["ToMe"], percent_to_sigma)
-    settings = methods.get("ToDo")
-    if settings is None:
-        return None, []
+        inner = chosen["ToDo"][0].patch if chosen.get("ToDo") else None
+        refusal, chosen["ToMe"] = choose_tome(clone, run, layout, family, stage, methods["ToMe"], percent_to_sigma,
+                                              inner)
+        if refusal is not None:
+            return refusal, []
+    return None, [c for method in methods for c in chosen.get(method, [])]
+
+
+def choose_todo(clone, run, layout: Layout, family: str, stage: str, settings, latent_shape: tuple, decisions,
+                percent_to_sigma) -> tuple[str | None, list[Chosen]]:
+    """ToDo on Forge's Flux: the core's DiT patch, called by this pass's attention in each
+    selected block's rebuilt ``forward``."""
     who = label(stage, "ToDo")
     problem = dit_method_problem(who, FAMILY, settings.method)
     if problem:
@@ -260,9 +281,11 @@ def register(clone, run) -> tuple[list, list]:
 
 # --- ToMe: whole blocks merged through the core's block wrapper (tokenreduce/tome_dit.py) ---------
 
-def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, percent_to_sigma):
+def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, percent_to_sigma,
+                todo: ForgeFluxToDo | None = None):
     """ToMe on Forge's Flux: the core's ``ToMeDiTPatch`` (the ComfyUI node's), its block-replace
-    functions called from each selected block's ``forward`` (an object patch on the clone)."""
+    functions called from each selected block's ``forward`` (an object patch on the clone);
+    ``todo``: ToDo's patch of the same pass, whose block forwards ToMe's call inside."""
     who = label(stage, "ToMe")
     target = resolve_target(layout, family, "ToMe", "max_downsample", settings.max_downsample, tome_select,
                             kinds=(DIT,))
@@ -272,7 +295,7 @@ def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, p
     diffusion_model = clone.get_model_object("diffusion_model")
     patch = ToMeDiTPatch(settings, layout, tome_dit_blocks(target.sites), diffusion_model,
                          f"{CONTEXT_PREFIX}forge.{stage}.ToMe", who, None)  # auto: untimed (AUTO_UNTIMED)
-    problem = _reach_tome(clone, target, patch)
+    problem = _reach_tome(clone, target, patch, todo)
     if problem is not None:
         return f"{who} cannot reach the blocks of Forge's Flux: {problem}. Turn one of them off.", []
     warnings = [] if settings.reduce_when == REDUCE_ALWAYS else [f"{who}: {AUTO_UNTIMED}."]
@@ -296,7 +319,8 @@ def tome_forward(patch: ToMeDiTPatch, options: PassAttention, kind: str, index: 
     if kind == "double_block":
         def forward(img, txt, vec, pe, **kwargs):
             def original(a):
-                img_, txt_ = current(img=a["img"], txt=a["txt"], vec=a["vec"], pe=a["pe"], **kwargs)
+                with options.noting(a["transformer_options"]):  # the merge, for ToDo's attention inside
+                    img_, txt_ = current(img=a["img"], txt=a["txt"], vec=a["vec"], pe=a["pe"], **kwargs)
                 return {"img": img_, "txt": txt_}
             args = {"img": img, "txt": txt, "vec": vec, "pe": pe, "transformer_options": options.options}
             out = run_block(args, {"original_block": original})
@@ -305,24 +329,30 @@ def tome_forward(patch: ToMeDiTPatch, options: PassAttention, kind: str, index: 
 
     def forward(x, vec, pe, **kwargs):  # single block: x = [text, image]
         def original(a):
-            return {"img": current(a["img"], vec=a["vec"], pe=a["pe"], **kwargs)}
+            with options.noting(a["transformer_options"]):
+                return {"img": current(a["img"], vec=a["vec"], pe=a["pe"], **kwargs)}
         args = {"img": x, "vec": vec, "pe": pe, "transformer_options": options.options}
         return run_block(args, {"original_block": original})["img"]
     return forward
 
 
-def _reach_tome(clone, target, patch: ToMeDiTPatch) -> str | None:
-    """The object patches of ToMe on Forge's Flux (``register`` adds them), or why there can be none."""
-    options = PassAttention(None, None, None)  # only the call's options, noted by the model's forward
+def _reach_tome(clone, target, patch: ToMeDiTPatch, todo: ForgeFluxToDo | None = None) -> str | None:
+    """The object patches of ToMe on Forge's Flux (``register`` adds them), or why there can be
+    none. With ``todo`` (ToDo's patch of the pass): a block both select runs ToDo's forward inside
+    ToMe's, whose object patch takes that key's place, and ToDo's attention and model forward serve
+    both (one object patch per key)."""
+    inner = todo.object_patches if todo is not None else {}
+    options = todo.attention if todo is not None else PassAttention(None, None, None)  # the call's options
     keys = patch.replace_keys()
     patch.object_patches = {}
     for site in target.sites:
         key = f"{site.path}.forward"
-        current = _forward_of(clone, key, clone.get_model_object(site.path))
         if key in clone.object_patches:
             return f"block {site.path.split('.', 1)[1]} has another extension's forward"
+        current = inner.pop(key, None) or _forward_of(clone, key, clone.get_model_object(site.path))
         kind, _ = keys[site.key[1]]
         patch.object_patches[key] = tome_forward(patch, options, kind, site.key[1], current)
-    patch.object_patches[FORWARD] = options.forward(_forward_of(clone, FORWARD,
-                                                                clone.get_model_object("diffusion_model")))
+    if todo is None:
+        patch.object_patches[FORWARD] = options.forward(_forward_of(clone, FORWARD,
+                                                                    clone.get_model_object("diffusion_model")))
     return None
