@@ -146,7 +146,52 @@ def install_attention_override(patcher, patch) -> None:
 
 def install_block_replacements(patcher, patch) -> None:
     """Put ``patch``'s block replacements into the clone's ``patches_replace["dit"]`` (undone with
-    the clone), each chained to the replacement that was there before (called as its inner block)."""
+    the clone), each chained to the replacement that was there before (called as its inner block).
+    A family whose model calls its blocks with no lookup there (``DiTMerge.layer_args``: NextDiT)
+    is reached by layer object patches: each merged block's ``forward`` looks its key up itself
+    (``reach_layers``), on the clone and on every other-device copy of it."""
     found = patcher.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
     for block, (kind, number) in patch.replace_keys().items():
         patcher.set_model_patch_replace(patch.replacement(kind, block, found.get((kind, number))), "dit", kind, number)
+    if patch.merge.layer_args is not None:
+        reach = functools.partial(reach_layers, patch=patch)
+        reach(patcher)
+        bind_to_device_copies(patcher, f"{patch.context_key} layers", reach)
+
+
+def reach_layers(patcher, patch) -> None:
+    """An object patch (undone with ``patcher``) on the ``forward`` of each block ``patch`` merges,
+    for a model that calls its blocks directly: the block's positional arguments are handed, under
+    the family's ``layer_args`` names and with the call's transformer_options, to the replacement
+    found at the block's key in those options (ours, or a timing rehearsal's around it), with the
+    block's own forward as the original block. The module run is ``patcher``'s own (a device copy's
+    on a copy); an object patch on that forward from another node is chained, as the original."""
+    paths = patch.family.blocks(patch.model)
+    for block, key in patch.replace_keys().items():
+        path = f"diffusion_model.{paths[block]}"
+        previous = patcher.object_patches.get(f"{path}.forward")
+        if getattr(previous, "tokenreduce_key", None) is not None:
+            previous = None  # ours, bound to the module of the copy this one was made from
+        patcher.add_object_patch(f"{path}.forward", _layer_forward(patcher.get_model_object(path), previous, key,
+                                                                   patch.merge.layer_args))
+
+
+def _layer_forward(module, previous, key, names):
+    original = previous if previous is not None else functools.partial(type(module).forward, module)
+
+    def forward(*args, transformer_options=None, **kwargs):
+        options = {} if transformer_options is None else transformer_options
+        replace = options.get("patches_replace", {}).get("dit", {}).get(key)
+        if replace is None or len(args) > len(names):
+            return original(*args, transformer_options=options, **kwargs)
+        given = dict(zip(names, args))
+
+        def original_block(block_args):
+            return {names[0]: original(*(block_args[name] for name in given),
+                                       transformer_options=block_args["transformer_options"], **kwargs)}
+
+        return replace({**given, "transformer_options": options}, {"original_block": original_block})[names[0]]
+
+    forward.tokenreduce_key = key
+    forward.layer = module  # the module it was bound to (each device copy's own)
+    return forward
