@@ -15,7 +15,7 @@ from ..tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks, tome_refusal
 from ..tokenreduce.tome_patch import ToMePatch
 from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, reduce_rule,
                      refuse_or_unchanged, refuse_stacking, unet_levels)
-from .host import bind_to_device_copies, install_block_replacements
+from .host import bind_to_device_copies, hand_options_to_blocks, install_block_replacements
 from .schema import validate_inputs_for
 
 
@@ -80,4 +80,5 @@ class ToMePatchNode(PatchNode):
                              session.context_key, cls.NODE_ID, reduce_rule(settings))
         session.attach(patched, patch)
         install_block_replacements(patched, patch)
+        hand_options_to_blocks(patched, diffusion_model)  # Wan S2V on 0.3.75: its blocks get no options
         return done(patched, tome_dit_info(settings, target, patch), title)

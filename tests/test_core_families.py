@@ -61,3 +61,9 @@ def test_families_tome_cannot_reach_say_why():
     assert "rope_cos" in families["Mochi"].merge_refusal and "tensor" in families["Kandinsky 5"].merge_refusal
     for family in FAMILIES:  # a family ToMe merges gives no refusal
         assert family.merge is None or family.merge_refusal is None, family.name
+
+
+def test_every_dit_family_is_merged_by_tome_or_says_why_not():
+    # the refusal and the model table's ToMe column give the reason (issue #38)
+    unexplained = [f.name for f in FAMILIES if f.merge is None and not (f.merge_refusal or "").strip()]
+    assert not unexplained, f"DiT families ToMe neither merges nor explains: {unexplained}"

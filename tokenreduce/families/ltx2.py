@@ -105,5 +105,12 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | str:
 
 FAMILIES = (
     Family("LTX-2", ("LTXAV",), ("LTXAVModel",), True, True,
-           lambda m: block_paths(m, "transformer_blocks"), plan, patch, tokens, geometry, call_plan=call_plan),
+           lambda m: block_paths(m, "transformer_blocks"), plan, patch, tokens, geometry,
+           call_plan=call_plan,
+           merge_refusal="its blocks are handed the video and audio streams as one pair (img = (video, audio)) and "
+                         "run the audio-to-video and video-to-audio cross-attention between them, with the video's "
+                         "rotary positions twice (v_pe for its self-attention, v_cross_pe for those cross-attentions) "
+                         "and its timesteps as CompressedTimestep objects (v_timestep and the cross-attention ones: "
+                         "a row per frame, spread over the frame's tokens in the block), which ToMe's block "
+                         "description (one token tensor, one positions tensor, one modulation) does not take"),
 )

@@ -64,5 +64,9 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
 
 FAMILIES = (
     Family("MiniMax-H3", ("MiniMaxH3",), ("MiniMaxH3Model",), True, True,
-           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry),
+           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry,
+           merge_refusal="its blocks are handed the packed sequence without a batch dimension ([tokens, width]) and "
+                         "their modulation as mod_segments, (start, stop, row) token ranges each applied in place, "
+                         "which ToMe's block description (tokens [B, L, C], a modulation per sample or per token) "
+                         "does not take"),
 )

@@ -9,14 +9,20 @@ the audio tokens is called without transformer_options: the override never sees 
 
 ComfyUI 0.3.75 calls the S2V blocks (and a block replacement's original block) without
 transformer_options, so their attention calls carry no call context; the ComfyUI adapter hands
-the call's options to them there (``nodes/host.py``)."""
+the call's options to them there (``nodes/host.py``).
+
+ToMe merges the blocks as Wan's (``wan.MERGE``): the video's grid first in x, the reference and
+motion tokens after it kept, the rotary positions alike; the modulation e0 has one row per entry
+of the model's timestep sequence (frames, reference frames, then doubled and 3 more with motion),
+which the block spreads over x in runs as Wan 2.2's per-frame timesteps (``modulation_runs``).
+The audio injector runs after the block, outside the block-replace seam, on the restored tokens."""
 
 from __future__ import annotations
 
 import math
 
 from ..dit import Family, TokenLayout, block_paths, video_grid
-from .wan import geometry, patch, plan
+from .wan import MERGE, geometry, patch, plan
 
 
 def _conv_tokens(shape, kernel) -> int:
@@ -57,5 +63,5 @@ def check(model) -> str | None:
 
 FAMILIES = (
     Family("Wan S2V", ("WAN22_S2V",), ("WanModel_S2V",), True, True,
-           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry, check),
+           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry, check, merge=MERGE),
 )
