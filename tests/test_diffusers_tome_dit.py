@@ -269,3 +269,24 @@ def test_per_token_inputs_follow_and_samples_merge_as_alone(family):
         assert f"blocks {128 if family != 'Qwen-Image' else 64}→" in " ".join(patch.report_lines())
     assert both.shape == unpatched.shape and not torch.equal(both, unpatched)
     torch.testing.assert_close(both[1:], one, rtol=1e-5, atol=1e-5)
+
+
+def test_covered_auto_times_the_merged_block_where_it_measures(covered, monkeypatch, tmp_path):
+    """reduce_when auto where it measures (asked to on the CPU, a scripted clock: merged is faster):
+    the first block of each kind timed unmerged and merged with the inputs the model hands it,
+    then merged as ``always`` merges."""
+    from tokenreduce import pays
+    from tokenreduce.diffusers import api
+
+    def clock(device):
+        return lambda name, work: (work(), {"full": 0.010, "reduced": 0.005}.get(name, 0.001))[1]
+    store = pays.Decisions(tmp_path / "auto_decisions.json", measure_cpu=True, stopwatch=clock)
+    monkeypatch.setattr(api, "decisions_at", lambda path: store)
+    family, model, inputs = covered
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always", use_rand=False):
+        always = _run(model, inputs)
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="auto", use_rand=False) as patch:
+        auto = _run(model, inputs)
+        lines = patch.report_lines()
+    assert any(line.startswith("auto · ") for line in lines), lines
+    assert torch.equal(auto, always)

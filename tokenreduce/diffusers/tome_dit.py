@@ -187,7 +187,7 @@ class DiffusersToMeDiT(CallPatch):
             for name in varkw:
                 call.update(call.pop(name, {}))
             layout, tiles, r = current
-            if not self._pays(context, kind, layout, r, original, call):
+            if not self._pays(context, kind, layout, r, original, call, rope):
                 return original(*args, **kwargs)
             out = self._merged(original, call, layout, tiles, r, rope)
             if out is None:
@@ -243,7 +243,7 @@ class DiffusersToMeDiT(CallPatch):
         out[seam.tokens_out] = restored(spec, layout, plan, x, merged_x, out[seam.tokens_out])
         return tuple(out)
 
-    def _pays(self, context: dict, kind: str, layout, r: int, original, call: dict) -> bool:
+    def _pays(self, context: dict, kind: str, layout, r: int, original, call: dict, rope: str | None) -> bool:
         """reduce_when auto: the first block of each kind timed unmerged and merged (plan, merge,
         block, restore) as the model hands it its inputs; on a CPU merged, untimed."""
         if self.rule is None:
@@ -258,7 +258,7 @@ class DiffusersToMeDiT(CallPatch):
             _, tiles, _ = self.current
             site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
             return site, lambda: pair(lambda: original(**call),
-                                      lambda: self._merged(original, call, layout, tiles, r))
+                                      lambda: self._merged(original, call, layout, tiles, r, rope))
         return self.pays(self.session.run, x.device, signature, describe)
 
     def replace_keys(self) -> dict:
