@@ -388,7 +388,7 @@ def _compiled(comfy, model, variant):
     return result
 
 
-@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_t2v"])
+@pytest.mark.parametrize("variant", ["flux_kontext", "wan21_t2v", "lumina2"])
 def test_compiles_without_graph_breaks_or_recompiles(comfy, dits, variant, monkeypatch):
     import importlib
 
@@ -400,6 +400,8 @@ def test_compiles_without_graph_breaks_or_recompiles(comfy, dits, variant, monke
         module = importlib.import_module(name)
         if hasattr(module, "optimized_attention"):
             monkeypatch.setattr(module, "optimized_attention", attention.attention_pytorch)
+    lumina = importlib.import_module("comfy.ldm.lumina.model")  # NextDiT's layers: through object patches
+    monkeypatch.setattr(lumina, "optimized_attention_masked", attention.attention_pytorch)
     model = dits(variant)
     unpatched = _compiled(comfy, model, variant)
     patched = tome(comfy, model).result[0]
