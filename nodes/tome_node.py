@@ -9,7 +9,7 @@ from comfy_api.latest import io
 from ..tokenreduce.catalog import TOME_NODE
 from ..tokenreduce.describe import header, tome_dit_info, tome_info
 from ..tokenreduce.layout import DIT, UNET
-from ..tokenreduce.methods import TOME, tome_select
+from ..tokenreduce.methods import TOME, tome_select, tome_without_frames
 from ..tokenreduce.preflight import tome_strides
 from ..tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks, tome_refusal
 from ..tokenreduce.tome_patch import ToMePatch
@@ -40,6 +40,7 @@ class ToMePatchNode(PatchNode):
         if target.sites is None:
             return refuse_or_unchanged(model, cls.NODE_ID, target)
 
+        warnings = tome_without_frames(cls.NODE_ID, settings, target.family)  # a UNet: no frames
         title = header("ToMe", target)
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node(),
                                          preflight=tome_strides(cls.NODE_ID, target.levels, settings.stride_x,
@@ -61,7 +62,7 @@ class ToMePatchNode(PatchNode):
 
             merge_mlps(patched)
             bind_to_device_copies(patched, session.context_key, merge_mlps)
-        return done(patched, tome_info(settings, target), title)
+        return done(patched, tome_info(settings, target), title, warnings)
 
     @classmethod
     def _patch_dit(cls, model, settings, target) -> io.NodeOutput:
@@ -73,6 +74,7 @@ class ToMePatchNode(PatchNode):
             return refuse_or_unchanged(model, cls.NODE_ID, replace(target, message=(
                 f"WARNING: ToMe does nothing on this {target.family} model: it has {len(target.layout.sites)} blocks, "
                 f"and ToMe leaves the first and the last whole. The model is returned unchanged.")))
+        warnings = [] if family.video else tome_without_frames(cls.NODE_ID, settings, family.name)
         title = header("ToMe", target)
         diffusion_model = model.get_model_object("diffusion_model")
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node())
@@ -81,4 +83,4 @@ class ToMePatchNode(PatchNode):
         session.attach(patched, patch)
         install_block_replacements(patched, patch)
         hand_options_to_blocks(patched, diffusion_model)  # Wan S2V on 0.3.75: its blocks get no options
-        return done(patched, tome_dit_info(settings, target, patch), title)
+        return done(patched, tome_dit_info(settings, target, patch), title, warnings)

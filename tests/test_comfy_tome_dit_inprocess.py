@@ -528,3 +528,70 @@ def test_auto_that_leaves_every_kind_alone_steps_aside_after_the_first_call(comf
     assert store.measurements == measured
     assert len(active) >= 3 and not any(active)
     assert len(counts["tiles"]) == 1 and len(counts["sigma"]) <= 1  # the first call only
+
+
+# --- stride_t: tiles across latent frames on video DiTs --------------------------------------
+
+def _plans_of(model, key):
+    """A clone that keeps the merge each call of the block at ``key`` runs with (applied before
+    ToMe: ours hands it the merged arguments and its plan in the options)."""
+    plans, clone = [], model.clone()
+
+    def keep(args, extra):
+        plans.append(args["transformer_options"].get("tokenreduce:merged grid"))
+        return extra["original_block"](args)
+    clone.set_model_patch_replace(keep, "dit", *key)
+    return clone, plans
+
+
+def test_stride_t_merges_across_frames_and_leaves_the_first_whole(comfy, dits):
+    """Wan's tiny grid is 3 latent frames of 8x6: with stride_t 2 every tile spans frames 1 and 2
+    (frame 0, a causal VAE's lone first frame, stays whole), so merged tokens stand for two frames;
+    the ratio's count merges, reruns are bit for bit and the info says it."""
+    from test_comfy_dit_inprocess import warnings_of
+
+    model = dits("wan21_t2v")
+    spied, plans = _plans_of(model, ("double_block", 1))
+    output = tome(comfy, spied, ratio=0.5, stride_t=2, use_rand=True, seed=3)
+    patched = output.result[0]
+    assert "tiles 2x2 x 2 latent frames" in output.result[1] and warnings_of(output) == []
+    first = run(comfy, patched, "wan21_t2v", steps=1)
+    (plan,) = plans
+    n, per_frame = 3 * 48, 48
+    assert plan.r == int(n * 0.5) and plan.tiles.extra_index.tolist() == list(range(per_frame))
+    for b in range(plan.restore_map.shape[0]):
+        groups = {}
+        for position, row in enumerate(plan.restore_map[b].tolist()):
+            groups.setdefault(row, set()).add(position // per_frame)
+        assert all(frames in ({0}, {1}, {2}, {1, 2}) for frames in groups.values())
+        assert any(frames == {1, 2} for frames in groups.values())
+    assert torch.equal(run(comfy, patched, "wan21_t2v", steps=1), first)
+    per_frame_tiles = run(comfy, tome(comfy, model, ratio=0.5, use_rand=True, seed=3).result[0], "wan21_t2v", steps=1)
+    assert not torch.equal(first, per_frame_tiles)
+    assert "(frames not merged: stride_t 1)" in tome(comfy, model).result[1]
+
+
+def test_stride_t_raises_the_ratio_cap_on_video_only(comfy, dits):
+    """With strides 2, 2, 2 a ratio up to 1 - 1/8 is accepted (queued and run) on a video DiT; on
+    an image DiT, where stride_t does nothing, a ratio above 1 - 1/4 is refused with the reason,
+    and a lower one runs with a warning that stride_t does nothing."""
+    from test_comfy_dit_inprocess import warnings_of
+
+    node = comfy.pack.ToMePatchNode
+    values = {**{spec.name: spec.default for spec in node.METHOD.inputs}, "stride_t": 2}
+    assert node.validate_inputs(**{**values, "ratio": 0.875}) is True
+    refused = node.validate_inputs(**{**values, "ratio": 0.9})
+    assert "with strides 2x2 and stride_t 2" in refused and "1 - 1/(2*2*2) = 0.875" in refused
+    assert "1 - 1/(2*2) = 0.75" in node.validate_inputs(**{**values, "stride_t": 1, "ratio": 0.8})
+    wan = tome(comfy, dits("wan21_t2v"), ratio=0.875, stride_t=2)
+    assert warnings_of(wan) == []
+    run(comfy, wan.result[0], "wan21_t2v", steps=1)
+    (level,) = session_of(wan.result[0]).last_report.levels
+    assert set(level.tokens.values()) == {(144, 144 - 84)}  # every source of frames 1-2 (frame 0 whole)
+    with pytest.raises(ValueError, match=r"TokenReduceToMe: ratio 0\.875 cannot be reached on this Flux") as error:
+        tome(comfy, dits("flux_dev"), ratio=0.875, stride_t=2)
+    assert "no latent frames, so stride_t 2 does nothing" in str(error.value)
+    assert "at most 1 - 1/(2*2) = 0.75" in str(error.value)
+    flux = tome(comfy, dits("flux_dev"), ratio=0.5, stride_t=2)
+    assert warnings_of(flux) == ["WARNING: stride_t 2 does nothing: Flux.1 has no latent frames (only video DiTs "
+                                 "merge across frames)."]

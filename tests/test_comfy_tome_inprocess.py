@@ -98,7 +98,7 @@ def test_info_reports_what_was_patched(comfy, models):
 
 
 VALIDATED = ("ratio", "stride_x", "stride_y", "max_downsample", "mode", "merge_attn", "merge_crossattn", "merge_mlp",
-             "start_percent", "end_percent", "matching")
+             "start_percent", "end_percent", "matching", "stride_t")
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -112,6 +112,8 @@ VALIDATED = ("ratio", "stride_x", "stride_y", "max_downsample", "mode", "merge_a
     (dict(max_downsample="16"), "max_downsample '16' is not one of"),
     (dict(mode="keys"), "mode 'keys' is not one of"),
     (dict(matching="everywhere"), "matching 'everywhere' is not one of"),
+    (dict(stride_t=9), "stride_t 9 is out of range"),
+    (dict(ratio=0.9, stride_t=2), "at most 1 - 1/(2*2*2) = 0.875"),
 ])
 def test_bad_settings_are_rejected(comfy, models, overrides, message):
     settings = {k: v for k, v in {**TOME_DEFAULTS, **overrides}.items() if k in VALIDATED}
@@ -124,6 +126,20 @@ def test_bad_settings_are_rejected(comfy, models, overrides, message):
 def test_a_ratio_at_the_cap_is_accepted(comfy):
     settings = {k: v for k, v in {**TOME_DEFAULTS, "ratio": 0.75}.items() if k in VALIDATED}
     assert comfy.pack.ToMePatchNode.validate_inputs(**settings) is True
+
+
+def test_stride_t_on_a_unet_does_nothing_and_says_so(comfy, models):
+    """A UNet has no latent frames: stride_t above 1 is reported, and a ratio only stride_t
+    would make reachable (queued: the node does not know the model yet) is refused when it runs."""
+    settings = {k: v for k, v in {**TOME_DEFAULTS, "ratio": 0.8, "stride_t": 2}.items() if k in VALIDATED}
+    assert comfy.pack.ToMePatchNode.validate_inputs(**settings) is True
+    with pytest.raises(ValueError, match=r"TokenReduceToMe: ratio 0\.8 cannot be reached on this SD15 model: it has "
+                                         r"no latent frames, so stride_t 2 does nothing"):
+        apply(comfy, "tome", models["SD15"], ratio=0.8, stride_t=2)
+    output = apply(comfy, "tome", models["SD15"], stride_t=2)
+    assert output.ui["tokenreduce"][0]["warnings"] == [
+        "WARNING: stride_t 2 does nothing: SD15 has no latent frames (only video DiTs merge across frames)."]
+    assert apply(comfy, "tome", models["SD15"]).ui["tokenreduce"][0]["warnings"] == []
 
 
 def test_shared_plans_plan_once_per_level_and_model_call(comfy, models, monkeypatch):

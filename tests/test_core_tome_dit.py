@@ -141,3 +141,38 @@ def test_seeded_tiles_are_reproducible_and_leave_the_global_rng():
     assert torch.equal(get_state := torch.get_rng_state(), state), get_state
     assert torch.equal(a.tile_index, b.tile_index) and not torch.equal(a.tile_index, c.tile_index)
     assert sorted(a.tile_index.flatten().tolist() + a.extra_index.tolist()) == list(range(72))
+
+
+@pytest.mark.parametrize("frames", [3, 4])
+def test_temporal_tiles_span_stride_t_frames_and_leave_the_first_whole(frames):
+    """stride_t 2: every full tile holds 2x2 tokens of each of two consecutive latent frames; of 3
+    frames the first stays whole (a causal video VAE's lone first frame). The count merged is the
+    ratio's while the full tiles' sources allow it, then every source; seeded draws rerun exactly."""
+    grid = (frames, 4, 6)
+    n, per_frame = math.prod(grid), 4 * 6
+    tiles = make_tiles(grid, (2, 2, 2), torch.Generator().manual_seed(5), "cpu")
+    assert tiles.tile_index.shape == (frames // 2 * 2 * 3, 8)
+    for tile in tiles.tile_index.tolist():
+        assert sorted({p // per_frame for p in tile}) in ([1, 2], [0, 1], [2, 3])
+        assert len({p // per_frame for p in tile}) == 2
+    whole = list(range(per_frame)) if frames == 3 else []
+    assert tiles.extra_index.tolist() == whole
+    assert tiles.sources == (n - len(whole)) * 7 // 8
+    for ratio in (0.5, 0.875):
+        assert merged_count(tiles, ratio) == min(int(n * ratio), tiles.sources)
+    assert merged_count(make_tiles(grid, (2, 2, 2), None, "cpu"), 0.875) == (int(n * 0.875) if frames == 4 else
+                                                                             tiles.sources)
+    x = _tokens(grid)
+    r = merged_count(tiles, 0.5)
+    plan = plan_block(x, tiles, r)
+    assert merge(plan, x).shape[1] == n - r
+    # a merged group (tokens reading the same merged row) spans two frames somewhere
+    groups = {}
+    for position, row in enumerate(plan.restore_map[0].tolist()):
+        groups.setdefault(row, set()).add(position // per_frame)
+    assert any(len(f) == 2 for f in groups.values())
+    again = make_tiles(grid, (2, 2, 2), torch.Generator().manual_seed(5), "cpu")
+    assert torch.equal(again.tile_index, tiles.tile_index)
+    assert torch.equal(plan_block(x, again, r).restore_map, plan.restore_map)
+    assert not torch.equal(make_tiles(grid, (2, 2, 2), torch.Generator().manual_seed(6), "cpu").tile_index,
+                           tiles.tile_index)

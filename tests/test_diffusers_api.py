@@ -46,6 +46,18 @@ def test_unknown_inputs_and_methods_are_named(pipe):
         apply_patch(pipe, "ToDo", level="4")
 
 
+def test_stride_t_on_a_unet_is_refused_above_the_spatial_cap_and_else_said(pipe):
+    """A UNet has no latent frames: stride_t's higher ratio cap is the node's, refused there with
+    the reason; a reachable ratio patches with a warning that stride_t does nothing."""
+    with pytest.raises(ValueError, match=r"TokenReduceToMe: ratio 0\.8 cannot be reached on this .* model: it has no "
+                                         r"latent frames, so stride_t 2 does nothing"):
+        apply_patch(pipe, "ToMe", ratio=0.8, stride_t=2)
+    assert not pipe.unet._forward_pre_hooks
+    with apply_patch(pipe, "ToMe", stride_t=2) as patch:
+        assert [w.split(": ", 1)[1] for w in patch.warnings] == ["stride_t 2 does nothing: SD UNet2DConditionModel has "
+                                                                 "no latent frames (only video DiTs merge across frames)."]
+
+
 def test_info_is_the_nodes_and_applying_twice_is_applying_once(pipe):
     processors = dict(pipe.unet.attn_processors)
     base = tiny.generate(pipe, steps=2, size=64)

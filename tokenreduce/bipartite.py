@@ -30,9 +30,10 @@ from typing import NamedTuple
 import torch
 
 
-def stride_ratio_cap(stride_x: int, stride_y: int) -> float:
-    """The largest ratio a ``stride_x x stride_y`` dst grid can reach: every src merged."""
-    return 1.0 - 1.0 / (stride_x * stride_y)
+def stride_ratio_cap(stride_x: int, stride_y: int, stride_t: int = 1) -> float:
+    """The largest ratio a ``stride_x x stride_y`` dst grid can reach: every src merged (on
+    video DiTs, tiles of ``stride_t`` frames)."""
+    return 1.0 - 1.0 / (stride_t * stride_x * stride_y)
 
 
 def _gather(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:

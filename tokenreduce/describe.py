@@ -72,7 +72,8 @@ def tome_dit_info(settings, target: Target, patch) -> str:
     return (f"ToMe on {target.family}: whole blocks merged ({blocks}; the first and last block left whole): the "
             f"image grid's tokens merge before each block and its change is restored after, text and reference "
             f"tokens never merge; ratio {s.ratio:g}, tiles {s.stride_x}x{s.stride_y}"
-            + (" (frames not merged)" if target.layout.family.video else "")
+            + ((f" x {s.stride_t} latent frames" if s.stride_t > 1 else " (frames not merged: stride_t 1)")
+               if target.layout.family.video else "")
             + f"; active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
             + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
             + ("; one plan per model call. " if s.share_plans else "; one plan per block call. ")

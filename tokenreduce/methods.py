@@ -56,14 +56,39 @@ def _window_order(values: dict) -> str | None:
 
 def _ratio_within_cap(values: dict) -> str | None:
     ratio, stride_x, stride_y = values.get("ratio"), values.get("stride_x"), values.get("stride_y")
-    if not all(map(is_number, (ratio, stride_x, stride_y))) or min(stride_x, stride_y) < 1:
+    stride_t = values.get("stride_t")
+    stride_t = 1 if stride_t is None else stride_t  # optional: missing means its default
+    if not all(map(is_number, (ratio, stride_x, stride_y, stride_t))) or min(stride_x, stride_y, stride_t) < 1:
         return None  # missing, not a number or out of range: said by the input's own check
-    cap = stride_ratio_cap(stride_x, stride_y)
+    cap = stride_ratio_cap(stride_x, stride_y, stride_t)
     if ratio <= cap + 1e-9:
         return None
-    return (f"ratio {ratio:g} cannot be reached with strides {stride_x}x{stride_y}: one token in every "
-            f"{stride_x}x{stride_y} cell stays a merge target, so at most 1 - 1/({stride_x}*{stride_y}) = {cap:.4g} "
-            f"of the tokens can merge. Lower the ratio to {cap:.4g} or less, or raise the strides.")
+    if stride_t == 1:
+        return (f"ratio {ratio:g} cannot be reached with strides {stride_x}x{stride_y}: one token in every "
+                f"{stride_x}x{stride_y} cell stays a merge target, so at most 1 - 1/({stride_x}*{stride_y}) = "
+                f"{cap:.4g} of the tokens can merge. Lower the ratio to {cap:.4g} or less, or raise the strides.")
+    return (f"ratio {ratio:g} cannot be reached with strides {stride_x}x{stride_y} and stride_t {stride_t}: one token "
+            f"in every tile of {stride_t} latent frames x {stride_x}x{stride_y} stays a merge target, so at most "
+            f"1 - 1/({stride_t}*{stride_x}*{stride_y}) = {cap:.4g} of the tokens can merge (on video DiTs; "
+            f"{stride_ratio_cap(stride_x, stride_y):.4g} on image models). Lower the ratio to {cap:.4g} or less, "
+            f"or raise the strides.")
+
+
+def tome_without_frames(label: str, settings, model: str) -> list[str]:
+    """ToMe on a model without latent frames (image DiTs, UNets), where stride_t does nothing:
+    the warning that says so (none at stride_t 1); a ratio only stride_t made reachable is
+    refused (ValueError), never quietly merged less."""
+    s = settings
+    if s.stride_t <= 1:
+        return []
+    cap = stride_ratio_cap(s.stride_x, s.stride_y)
+    if s.ratio > cap + 1e-9:
+        raise ValueError(f"{label}: ratio {s.ratio:g} cannot be reached on this {model} model: it has no latent "
+                         f"frames, so stride_t {s.stride_t} does nothing, and with strides {s.stride_x}x{s.stride_y} "
+                         f"at most 1 - 1/({s.stride_x}*{s.stride_y}) = {cap:.4g} of the tokens can merge. Lower the "
+                         f"ratio to {cap:.4g} or less, or raise stride_x / stride_y.")
+    return [f"WARNING: stride_t {s.stride_t} does nothing: {model} has no latent frames (only video DiTs merge "
+            f"across frames)."]
 
 
 def _something_to_merge(values: dict) -> str | None:
@@ -81,7 +106,8 @@ def _something_to_downsample(values: dict) -> str | None:
 TOME = Method("ToMe", (
     Input("ratio", FLOAT, 0.5, low=0.0, high=1.0, step=0.01,
           tooltip="Fraction of tokens merged in each patched block. At most 1 - 1/(stride_x*stride_y) (0.75 for "
-                  "2x2); higher values are rejected, not silently capped. 0 merges nothing."),
+                  "2x2; on video DiTs 1 - 1/(stride_t*stride_x*stride_y)); higher values are rejected, not silently "
+                  "capped. 0 merges nothing."),
     Input("stride_x", INT, 2, low=1, high=8,
           tooltip="Width of the cells that each keep one token as merge target. Larger strides allow higher "
                   "ratios but merge tokens that are further apart."),
@@ -117,6 +143,11 @@ TOME = Method("ToMe", (
                   "or tile (fast): only its own stride_x x stride_y cell's target (cheapest planning; merged by "
                   "per-cell sums and restored by one gather, no scatter operations)."),
     reduce_when_input(),
+    Input("stride_t", INT, 1, low=1, high=8, optional=True,
+          tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video): the number of latent frames per tile, each tile "
+                  "keeping one token as merge target, so tokens also merge across this many frames (the first "
+                  "frames stay whole where the frame count is not a multiple). 1 = each frame on its own. Image "
+                  "models and UNets have no frames: there it does nothing (a value above 1 is reported)."),
 ), checks=(_ratio_within_cap, _something_to_merge, _window_order))
 
 TODO = Method("ToDo", (

@@ -11,7 +11,8 @@ GPU-friendly, with no scatter and no host sync:
 
 - *Tiles*: the grid ``(t, h, w)`` is cut into ``st x sy x sx`` tiles; each full tile keeps one
   destination (drawn per tile from a private seeded generator before the model call, or the
-  first token), tokens of the partial tiles at the edges are kept as they are.
+  first token), tokens of the partial tiles at the edges are kept as they are (of a video whose
+  frame count is not a multiple of ``st``, the first frames).
 - *Plan*: each source is compared (cosine) with its own tile's destination only; the ``r`` most
   similar sources of the whole grid merge (one stable sort on the device, no ``.item()``).
 - *Merge*: a dense masked sum per tile (reshape, multiply, sum), the kept sources gathered.
@@ -60,12 +61,14 @@ def make_tiles(grid: tuple[int, int, int], strides: tuple[int, int, int], genera
                device) -> Tiles:
     """Tiles of ``strides`` (st, sy, sx) over ``grid`` (t, h, w, frame-major raster order), one
     destination per full tile: at a position drawn from ``generator`` (a private one), or the
-    first token of the tile where it is None."""
+    first token of the tile where it is None. Tokens outside full tiles stay whole: the last
+    rows and columns, and the first ``t % st`` frames (a causal video VAE's first latent frame
+    stands for one picture alone, the clean one of an image-to-video model's)."""
     t, h, w = grid
     st, sy, sx = (max(1, min(s, n)) for s, n in zip(strides, grid))
     nt, ny, nx = t // st, h // sy, w // sx
     positions = torch.arange(t * h * w).view(t, h, w)
-    full = positions[:nt * st, :ny * sy, :nx * sx]
+    full = positions[t - nt * st:, :ny * sy, :nx * sx]
     tiles = full.reshape(nt, st, ny, sy, nx, sx).permute(0, 2, 4, 1, 3, 5).reshape(nt * ny * nx, st * sy * sx)
     k = tiles.shape[1]
     in_tiles = torch.zeros(t * h * w, dtype=torch.bool)

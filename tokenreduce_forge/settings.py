@@ -24,7 +24,7 @@ METHOD_TITLES = {"ToDo": "Token Downsampling", "ToMe": "Token Merging"}
 DEFAULT_ON = {"ToDo": True, "ToMe": False}  # ToDo at its defaults is what the README recommends first
 # Inputs that act on DiTs only; the WebUI does not show them, so they keep their defaults (on
 # Forge's Flux.1, the one DiT the extension patches: its first and last blocks are left alone).
-DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks"})
+DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks", "stride_t"})
 
 FIRST, HIRES = "first", "hires"  # the sampling passes of a generation (hires: the hires. fix pass)
 STAGE_WORDS = {FIRST: "first pass", HIRES: "hires pass"}

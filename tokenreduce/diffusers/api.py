@@ -20,7 +20,7 @@ import torch
 from ..catalog import TODO_NODE, TOME_NODE
 from ..describe import header, todo_info, tome_dit_info, tome_info
 from ..layout import DIT, UNET
-from ..methods import dit_method_problem, todo_level_factors, todo_select, tome_select
+from ..methods import dit_method_problem, todo_level_factors, todo_select, tome_select, tome_without_frames
 from ..pays import auto_rule, decisions_at
 from ..preflight import todo_factors, tome_strides
 from ..run import RunReport
@@ -161,10 +161,10 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     if target.sites is None:
         raise ValueError(f"{label}: {target.message}")
     _refuse_foreign_tome(model, label)
-    if method == "ToMe" and target.layout.kind == DIT:
-        info, warnings = None, []  # said once the patch knows its blocks
-    elif method == "ToMe":
-        info, warnings = tome_info(settings, target), []
+    video = target.layout.kind == DIT and target.layout.family.video
+    if method == "ToMe":  # stride_t acts on video DiTs only: said (or the ratio refused) elsewhere
+        warnings = [] if video else tome_without_frames(label, settings, name)
+        info = None if target.layout.kind == DIT else tome_info(settings, target)  # DiTs: once the patch knows its blocks
     else:
         info, warnings = todo_info(settings, target)
     hooks = Hooks()

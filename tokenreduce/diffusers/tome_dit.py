@@ -139,7 +139,7 @@ class DiffusersToMeDiT(CallPatch):
         self.seam = MERGES[family.name]
         self.sites = sites
         self.session = session
-        self.strides = (1, settings.stride_y, settings.stride_x)
+        self.strides = (getattr(settings, "stride_t", 1) if family.video else 1, settings.stride_y, settings.stride_x)
         self.model = None
         self.state: dict = {}  # what the family's layout keeps between calls (Flux: its img_ids' grid)
         self.current = None  # (layout, tiles, r) of the model call running now; None: blocks as they are
