@@ -21,6 +21,7 @@ from tokenreduce.downsample import downsample_tokens, grid_keep_index  # noqa: E
 # where the grid sits in its joint calls: "text first" or "image first"; None: image-only calls)
 FAMILIES = {
     "Flux": ("transformer_flux", "dispatch_attention_fn", 1, "text first"),
+    "Chroma": ("transformer_flux", "dispatch_attention_fn", 1, "text first"),  # Flux's processor
     "Qwen-Image": ("transformer_qwenimage", "dispatch_attention_fn", 1, "text first"),
     "SD3": (None, "scaled_dot_product_attention", 2, "image first"),
     "HunyuanVideo": ("transformer_hunyuan_video", "dispatch_attention_fn", 1, "image first"),

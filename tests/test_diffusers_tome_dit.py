@@ -116,7 +116,7 @@ def test_blocks_and_transformers_without_a_seam_are_refused_naming_the_class():
                                        num_refiner_layers=1, num_attention_heads=2, num_kv_heads=2,
                                        cap_feat_dim=TEXT_DIM, axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32))
     with pytest.raises(ValueError, match="ToMe cannot patch this Lumina2Transformer2DModel model.*these DiT "
-                                         "transformers: Flux, HunyuanVideo, LTX-Video, Qwen-Image, SD3, Wan; "
+                                         "transformers: Chroma, Flux, HunyuanVideo, LTX-Video, Qwen-Image, SD3, Wan; "
                                          "Lumina2Transformer2DModel is not one of them"):
         apply_patch(lumina, "ToMe")
 
@@ -150,7 +150,7 @@ def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
 # whether a batch runs the block once per sample (a rotary without a batch dimension)
 COVERED = {"SD3": ("attn", {}, True, False), "Qwen-Image": ("attn", {}, True, True),
            "Wan": ("attn1", {"frames": 2}, False, False), "HunyuanVideo": ("attn", {"frames": 2}, True, True),
-           "LTX-Video": ("attn1", {"frames": 2}, False, False)}
+           "LTX-Video": ("attn1", {"frames": 2}, False, False), "Chroma": ("attn", {}, True, True)}
 
 
 @pytest.fixture(scope="module", params=sorted(COVERED))
@@ -192,8 +192,10 @@ def test_covered_merge_only_the_image_tokens_with_their_positions(covered):
     n = (2 if "frames" in COVERED[family][1] else 1) * H * W
     _, _, joint, per_sample = COVERED[family]
     runs = 2 if per_sample else 1
-    blocks = len(full)  # the first and the last whole, those between merged (each run per sample: per_sample)
-    assert [m["hidden_states"].shape[1] for m in merged] == [n] + [n - n // 2] * runs * (blocks - 2) + [n]
+    lengths = [f["hidden_states"].shape[1] for f in full]  # the grid, or the grid and the text (Chroma's single blocks)
+    # the first and the last block whole, those between merged (each run per sample: per_sample)
+    assert [m["hidden_states"].shape[1] for m in merged] == \
+        lengths[:1] + [length - n // 2 for length in lengths[1:-1] for _ in range(runs)] + lengths[-1:]
     if joint:  # the text, joined inside the attention, whole and as unpatched
         text = full[1]["encoder_hidden_states"]
         torch.testing.assert_close(torch.cat([m["encoder_hidden_states"] for m in merged[1:1 + runs]]), text,
@@ -201,14 +203,17 @@ def test_covered_merge_only_the_image_tokens_with_their_positions(covered):
     if family != "SD3":  # each merged token's rotary row is a grid position's (a different one, where rows differ)
         given, whole = (_rows(m["image_rotary_emb"][0]) for m in (merged[1], full[1]))
         rows = (given[:, :, None] == whole[:, None]).all(-1)  # [B, L', L]
-        assert rows.shape[1] == n - n // 2 and bool(rows.any(-1).all())
-        if bool(((whole[:, :, None] == whole[:, None]).all(-1).sum(-1) == 1).all()):  # (LTX's tiny rotary repeats)
-            assert bool((rows.sum(-1) == 1).all()) and bool((rows.any(1).sum(-1) == n - n // 2).all())
+        assert rows.shape[1] == whole.shape[1] - n // 2 and bool(rows.any(-1).all())
+        if bool(((whole[:, :, None] == whole[:, None]).all(-1).sum(-1) == 1).all()):  # (not LTX's tiny rotary, Chroma's text)
+            assert bool((rows.sum(-1) == 1).all()) and bool((rows.any(1).sum(-1) == rows.shape[1]).all())
         if family == "Qwen-Image":  # the text's freqs as they were
             assert torch.equal(merged[1]["image_rotary_emb"][1], full[1]["image_rotary_emb"][1])
     if family == "HunyuanVideo":  # the mask's columns follow: the padded text still masked, after the merged video
         mask = merged[1]["attention_mask"]
         assert mask.shape[-1] == n - n // 2 + TEXT and mask[..., :-2].all() and not mask[..., -2:].any()
+    if family == "Chroma":  # [text, image] x [text, image]: the padded text's columns still masked
+        mask = merged[1]["attention_mask"][:, 0, -1]  # the last image query's row
+        assert mask.shape[-1] == TEXT + n - n // 2 and not mask[:, TEXT - 2:TEXT].any() and mask[:, TEXT:].all()
 
 
 def _rows(rope: torch.Tensor) -> torch.Tensor:
@@ -236,17 +241,19 @@ def test_covered_reruns_ratio_zero_and_remove(covered):
     assert torch.equal(_run(model, inputs), unpatched)
 
 
-@pytest.mark.parametrize("family", ["Qwen-Image", "Wan", "LTX-Video", "HunyuanVideo"])
+@pytest.mark.parametrize("family", ["Qwen-Image", "Wan", "LTX-Video", "HunyuanVideo", "Chroma"])
 def test_per_token_inputs_follow_and_samples_merge_as_alone(family):
     """Qwen-Image-Edit-2511 (zero_cond_t: ``modulate_index`` per token, a doubled ``temb``, a reference
     image after the grid, run per sample), Wan 2.2 TI2V and LTX-Video's conditioned first frame
-    (``temb`` per token, the batch at once), HunyuanVideo (each sample's own text mask, run per
-    sample): each sample of a batch merges as it would alone, and the reference tokens stay whole."""
-    if family in ("Wan", "LTX-Video", "HunyuanVideo"):
+    (``temb`` per token, the batch at once), HunyuanVideo and Chroma (each sample's own text mask, run
+    per sample): each sample of a batch merges as it would alone, and the reference tokens stay whole."""
+    if family in ("Wan", "LTX-Video", "HunyuanVideo", "Chroma"):
         model = tiny.transformer(family)
-        inputs = tiny.transformer_inputs(family, model, batch=2, frames=2, h=H, w=W)
+        inputs = tiny.transformer_inputs(family, model, batch=2, frames=1 if family == "Chroma" else 2, h=H, w=W)
         if family == "HunyuanVideo":
             inputs["encoder_attention_mask"][0, 1:] = 0  # the first sample's text: one token
+        elif family == "Chroma":
+            inputs["attention_mask"][0, 1:TEXT] = False
         else:
             timestep = torch.full((2, 2 * H * W), 700.0)
             timestep[:, :H * W] = 0.0  # the first frame clean (TI2V's image frame, LTX's conditioning frame)
@@ -266,7 +273,7 @@ def test_per_token_inputs_follow_and_samples_merge_as_alone(family):
         both = _run(model, inputs)
         one = _run(model, {k: (v[1:] if torch.is_tensor(v) and v.shape[0] == 2 else v[1:] if k == "img_shapes" else v)
                            for k, v in inputs.items()})
-        assert f"blocks {128 if family != 'Qwen-Image' else 64}→" in " ".join(patch.report_lines())
+        assert f"blocks {64 if family in ('Qwen-Image', 'Chroma') else 128}→" in " ".join(patch.report_lines())
     assert both.shape == unpatched.shape and not torch.equal(both, unpatched)
     torch.testing.assert_close(both[1:], one, rtol=1e-5, atol=1e-5)
 

@@ -9,6 +9,7 @@ starts. The orders are diffusers', read from the processors of the installed ver
 
 - Flux (FluxAttnProcessor): text first, then the image (then Kontext's reference tokens), in
   the double blocks and in the single blocks (which concatenate ``[text, image]`` themselves);
+- Chroma (Flux's processor): the same order; its single blocks are handed ``[text, image]``;
 - SD3 / SD3.5 (JointAttnProcessor2_0): image first, then text; SD3.5's second attention of a
   dual block (``attn2``) over the image only;
 - Qwen-Image (QwenDoubleStreamAttnProcessor2_0): text first, then the image (then the edit
@@ -129,6 +130,8 @@ def _ltx_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
 
 FAMILIES = (
     DiffusersFamily("Flux", ("FluxTransformer2DModel",), True, False,
+                    ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
+    DiffusersFamily("Chroma", ("ChromaTransformer2DModel",), True, False,
                     ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
     DiffusersFamily("SD3", ("SD3Transformer2DModel",), False, False, ("transformer_blocks",), ("attn", "attn2"),
                     _sd3_layout, 1000.0),

@@ -121,6 +121,22 @@ def _flux_inputs(model, g, batch, frames, h, w):
                 img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(TEXT_TOKENS, 3))
 
 
+def _chroma(seed):
+    from diffusers import ChromaTransformer2DModel
+    return ChromaTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                    attention_head_dim=16, num_attention_heads=2, joint_attention_dim=TEXT_DIM,
+                                    axes_dims_rope=(4, 6, 6), approximator_num_channels=16, approximator_hidden_dim=32,
+                                    approximator_layers=1)
+
+
+def _chroma_inputs(model, g, batch, frames, h, w):
+    inputs = _flux_inputs(model, g, batch, frames, h, w)
+    del inputs["pooled_projections"]
+    mask = torch.ones(batch, TEXT_TOKENS + h * w, dtype=torch.bool)
+    mask[:, TEXT_TOKENS - 2:TEXT_TOKENS] = False  # padded text, as ChromaPipeline's mask: it must follow the tokens
+    return {**inputs, "attention_mask": mask}
+
+
 def _sd3(seed):
     from diffusers import SD3Transformer2DModel
     return SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
@@ -193,7 +209,8 @@ def _ltx_inputs(model, g, batch, frames, h, w):
                 timestep=torch.full((batch,), 700.0), num_frames=frames, height=h, width=w)
 
 
-TRANSFORMERS = {"Flux": (_flux, _flux_inputs), "SD3": (_sd3, _sd3_inputs), "Wan": (_wan, _wan_inputs),
+TRANSFORMERS = {"Flux": (_flux, _flux_inputs), "Chroma": (_chroma, _chroma_inputs), "SD3": (_sd3, _sd3_inputs),
+                "Wan": (_wan, _wan_inputs),
                 "Qwen-Image": (_qwen, _qwen_inputs), "HunyuanVideo": (_hunyuan, _hunyuan_inputs),
                 "LTX-Video": (_ltx, _ltx_inputs)}
 

@@ -6,13 +6,13 @@ runs through the host's block-replace seam). diffusers has no such seam, so ``in
 ``forward`` of each selected block (an attribute on the block instance, over the class's) and
 ``uninstall`` deletes it again: nothing is left on the model. Each family describes its blocks
 once, in a ``Seam`` (``MERGES``, by diffusers family name: Flux, SD3, Qwen-Image, Wan,
-HunyuanVideo, LTX-Video): which argument holds the grid tokens and where the grid sits in it,
+HunyuanVideo, LTX-Video, Chroma): which argument holds the grid tokens and where the grid sits in it,
 its rotary, per-token modulation and attention-mask arguments, and where the output holds the
 tokens; text and reference tokens are never merged. A block of a class its family's seam does
 not name is refused at ``apply_patch``, naming the class.
 
 Rotary positions, per-token modulation and mask columns follow the tokens (each merged token
-takes its destination's). Where a family's rotary has no batch dimension (Flux's and
+takes its destination's). Where a family's rotary has no batch dimension (Flux's, Chroma's and
 HunyuanVideo's ``(cos, sin)`` [L, D], Qwen-Image's complex freqs) a merged call takes each
 sample's own rows, and a batch of several samples (each with its own plan) runs the block once
 per sample; Wan's [1, L, 1, D] and LTX-Video's [B, L, D] take a batch at once.
@@ -46,14 +46,15 @@ class Seam(NamedTuple):
     diffusers' blocks add to it. One per family (``MERGES``); nothing else in this module knows a
     family."""
 
-    args: BlockArgs  # its pe is PE: the positions as ``rope_in`` gives them
+    args: BlockArgs | dict  # its pe is PE: the positions as ``rope_in`` gives them (or per kind: {kind: BlockArgs})
     kinds: dict  # block class name -> kind, as the report says
     rope: tuple[str, ...] = ()  # the rotary argument's name, per block kind (the one its forward has); (): none
     rope_in: Callable | None = None  # that argument -> positions [1, L, ...] (token dimension 1)
     rope_out: Callable | None = None  # (merged positions [B or 1, L', ...], the argument) -> the block's argument
     per_sample: bool = False  # the rotary has no batch dimension: a batch runs the block once per sample
-    tokens_out: int | None = 1  # where the block's output holds the tokens (its tuple's index; None: the output)
-    mask: str | None = None  # an attention mask [B, 1, 1, L] over a joint sequence holding the grid
+    # where the block's output holds the tokens (its tuple's index; None: the output), or per kind: {kind: that}
+    tokens_out: int | None | dict = 1
+    mask: str | None = None  # an attention mask [B, L] or [B, 1, 1, L] over a joint sequence holding the grid
     in_mask: Callable | None = None  # TokenLayout -> (L, where the grid starts in it)
 
 
@@ -108,8 +109,27 @@ _LTX = Seam(BlockArgs("hidden_states", lambda lay: lay.image, pe=PE, pe_dim=1, i
             ("image_rotary_emb",), lambda rope: torch.stack(tuple(rope), -1), lambda positions, rope: positions.unbind(-1),
             tokens_out=None)
 
+# Chroma (ChromaTransformerBlock, ChromaSingleTransformerBlock): Flux's blocks with the modulation
+# handed in; the double blocks take the image tokens as ``hidden_states``, the single ones the
+# joint [text, image] sequence; rotary as Flux's; ``attention_mask`` [B, text + image] (the
+# text's padding). Double blocks return (encoder_hidden_states, hidden_states), single ones the
+# sequence.
+_CHROMA = Seam({"double_block": _FLUX.args,
+                "single_block": BlockArgs("hidden_states", lambda lay: lay.joint, pe=PE, pe_dim=1,
+                                          in_pe=lambda lay: lay.joint)},
+               {"ChromaTransformerBlock": "double_block", "ChromaSingleTransformerBlock": "single_block"},
+               _FLUX.rope, _FLUX.rope_in, _FLUX.rope_out, per_sample=True,
+               tokens_out={"double_block": 1, "single_block": None}, mask="attention_mask",
+               in_mask=lambda lay: lay.joint)
+
 # diffusers family name -> Seam
-MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN, "HunyuanVideo": _HUNYUAN, "LTX-Video": _LTX}
+MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN, "HunyuanVideo": _HUNYUAN, "LTX-Video": _LTX,
+          "Chroma": _CHROMA}
+
+
+def _per_kind(value, kind: str):
+    """A seam's field for one kind of block (a dict by kind, or one value for every kind)."""
+    return value[kind] if isinstance(value, dict) else value
 
 
 def merges(family) -> bool:
@@ -173,6 +193,7 @@ class DiffusersToMeDiT(CallPatch):
         signature = inspect.signature(original)
         kind = self.seam.kinds[type(block).__name__]
         rope = next((name for name in self.seam.rope if name in signature.parameters), None)
+        spec, tokens_out = _per_kind(self.seam.args, kind), _per_kind(self.seam.tokens_out, kind)
         varargs = [name for name, p in signature.parameters.items() if p.kind == p.VAR_POSITIONAL]
         varkw = [name for name, p in signature.parameters.items() if p.kind == p.VAR_KEYWORD]
 
@@ -187,9 +208,9 @@ class DiffusersToMeDiT(CallPatch):
             for name in varkw:
                 call.update(call.pop(name, {}))
             layout, tiles, r = current
-            if not self._pays(context, kind, layout, r, original, call, rope):
+            if not self._pays(context, kind, layout, r, original, call, (spec, rope, tokens_out)):
                 return original(*args, **kwargs)
-            out = self._merged(original, call, layout, tiles, r, rope)
+            out = self._merged(original, call, layout, tiles, r, (spec, rope, tokens_out))
             if out is None:
                 note_skipped(context)  # not the predicted layout: left alone
                 return original(*args, **kwargs)
@@ -199,11 +220,12 @@ class DiffusersToMeDiT(CallPatch):
             return out
         return forward
 
-    def _merged(self, original, call: dict, layout, tiles, r, rope_name: str | None):
+    def _merged(self, original, call: dict, layout, tiles, r, block: tuple):
         """The block's output with the grid merged through it and its change restored, or None
-        where its inputs are not the predicted layout."""
+        where its inputs are not the predicted layout. ``block``: its kind's (BlockArgs, rotary
+        argument name or None, tokens_out)."""
         seam = self.seam
-        spec = seam.args
+        spec, rope_name, tokens_out = block
         x = call.get(spec.tokens)
         where = spec.in_tokens(layout)
         rope = call.get(rope_name) if rope_name else None
@@ -222,7 +244,7 @@ class DiffusersToMeDiT(CallPatch):
         mask = new.get(seam.mask) if seam.mask else None
         if torch.is_tensor(mask):  # over [.., grid, ..] of a joint sequence: its columns follow the tokens
             length, start = seam.in_mask(layout)
-            if mask.ndim != 4 or mask.shape[-1] != length or mask.shape[-2] != 1:
+            if mask.ndim not in (2, 4) or mask.shape[-1] != length or (mask.ndim == 4 and mask.shape[-2] != 1):
                 return None
             new[seam.mask] = take(mask, -1, sequence_index(plan, length, start))
         if rope_name:
@@ -236,19 +258,19 @@ class DiffusersToMeDiT(CallPatch):
             b = x.shape[0]
             outs = [original(**{k: _sample(v, i, b) for k, v in new.items()},
                              **{rope_name: seam.rope_out(positions[i:i + 1], rope)}) for i in range(b)]
-            out = _cat(outs) if seam.tokens_out is None else tuple(_cat(parts) for parts in zip(*outs))
-        if seam.tokens_out is None:
+            out = _cat(outs) if tokens_out is None else tuple(_cat(parts) for parts in zip(*outs))
+        if tokens_out is None:
             return restored(spec, layout, plan, x, merged_x, out)
         out = list(out)
-        out[seam.tokens_out] = restored(spec, layout, plan, x, merged_x, out[seam.tokens_out])
+        out[tokens_out] = restored(spec, layout, plan, x, merged_x, out[tokens_out])
         return tuple(out)
 
-    def _pays(self, context: dict, kind: str, layout, r: int, original, call: dict, rope: str | None) -> bool:
+    def _pays(self, context: dict, kind: str, layout, r: int, original, call: dict, block: tuple) -> bool:
         """reduce_when auto: the first block of each kind timed unmerged and merged (plan, merge,
         block, restore) as the model hands it its inputs; on a CPU merged, untimed."""
         if self.rule is None:
             return True
-        x = call.get(self.seam.args.tokens)
+        x = call.get(block[0].tokens)
         signature = ("diffusers ToMe DiT", self.family.name, kind, tuple(x.shape[1:]) if torch.is_tensor(x) else (),
                      *layout.grid, r, self.settings.ratio, *self.strides, str(getattr(x, "dtype", "")))
 
@@ -258,7 +280,7 @@ class DiffusersToMeDiT(CallPatch):
             _, tiles, _ = self.current
             site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
             return site, lambda: pair(lambda: original(**call),
-                                      lambda: self._merged(original, call, layout, tiles, r, rope))
+                                      lambda: self._merged(original, call, layout, tiles, r, block))
         return self.pays(self.session.run, x.device, signature, describe)
 
     def replace_keys(self) -> dict:
