@@ -64,11 +64,14 @@ VARIANTS = {
     # refiners, then 2 joint layers over [caption, grid, pad tokens] (Z-Image pads both to 32)
     "lumina2": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
     "z_image": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
+    # 0.33 only: the same NextDiT layers on 16x16 px RGB patches, a per-patch decoder after them
+    "zimage_pixel": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
 }
 TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12, "mage_flow": 12, "joyimage": 12}
 POSITIONS_IMAGE_FIRST = {"lens", "joyimage"}  # positions over [image, text] (Lens) or the image stream alone
+NEXTDIT = ("lumina2", "z_image", "zimage_pixel")  # reached by object patches on the layers
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +133,7 @@ def _grid_starts(model, variant, key, given, n, refs):
         return TOKENS_BEFORE.get(variant, 0), TOKENS_BEFORE.get(variant, 0)
     if variant in POSITIONS_IMAGE_FIRST:
         return 0, 0
-    if variant in ("lumina2", "z_image"):  # noise refiners: [grid, pads]; layers: [caption, grid, pads]
+    if variant in NEXTDIT:  # noise refiners: [grid, pads]; layers: [caption, grid, pads]
         multiple = model.model.diffusion_model.pad_tokens_multiple or 1
         text = 0 if key[0] == "noise_refiner" else given["img"].shape[1] - math.ceil(n / multiple) * multiple
         return text, text
@@ -185,7 +188,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
             continue
         pe_x, pe_y = given["pe"], merged["pe"]
         # [B, L, ...] (Wan; LTX-Video on 0.33) or [B, 1, L, ...]
-        pe_dim = 1 if variant.startswith("wan") or variant in ("lumina2", "z_image", "joyimage") or (
+        pe_dim = 1 if variant.startswith("wan") or variant in (*NEXTDIT, "joyimage") or (
             variant.startswith("ltx") and pe_x.shape[1] != 1) else 2
         assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
         pe_after = pe_x.shape[pe_dim] - pe_start - n
@@ -206,8 +209,8 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 
 
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
-                                     "wan21_scail", "lumina2", "z_image", "mage_flow", "lens", "joyimage",
-                                     "wan22_s2v"])
+                                     "wan21_scail", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
+                                     "joyimage", "wan22_s2v"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -232,7 +235,8 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
-                                     "wan21_vace", "lumina2", "z_image", "mage_flow", "lens", "joyimage"])
+                                     "wan21_vace", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
+                                     "joyimage"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
