@@ -66,6 +66,8 @@ VARIANTS = {
     "z_image": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
     # 0.33 only: the same NextDiT layers on 16x16 px RGB patches, a per-patch decoder after them
     "zimage_pixel": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
+    # 0.33 only: Krea 2's single-stream blocks over [text, image], reached by object patches too
+    "krea2": ({"layers": 4}, [("single_block", 1), ("single_block", 2)], 48),
 }
 TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
@@ -210,7 +212,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
                                      "wan21_scail", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "wan22_s2v"])
+                                     "joyimage", "wan22_s2v", "krea2"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -236,7 +238,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
                                      "wan21_vace", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage"])
+                                     "joyimage", "krea2"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
@@ -270,6 +272,19 @@ def test_z_image_with_reference_images_is_left_alone_and_says_why(comfy, dits):
     warnings = session_of(patched).last_report.warnings
     assert any("this Lumina 2 / Z-Image model call was left alone: its reference images (ref_latents" in w
                for w in warnings), warnings
+
+
+def test_krea2_with_zero_timestep_references_is_left_alone_and_says_why(comfy):
+    """Krea 2's index_timestep_zero references are modulated apart from a token index its blocks
+    are given outside their tokens: ToMe leaves such a call alone and says why (0.33 only)."""
+    if not random_dits.available("krea2_edit"):
+        pytest.skip("this ComfyUI has no krea2 model")
+    model = random_dits.make_dit("krea2_edit", layers=4)
+    patched = tome(comfy, model).result[0]
+    assert torch.equal(run(comfy, patched, "krea2_edit", steps=1), run(comfy, model, "krea2_edit", steps=1))
+    warnings = session_of(patched).last_report.warnings
+    assert any("this Krea 2 model call was left alone: its references (reference_latents_method "
+               "index_timestep_zero)" in w for w in warnings), warnings
 
 
 def test_families_without_a_description_are_refused(comfy):

@@ -5,8 +5,8 @@ conditioning's or the model's default)."""
 
 from __future__ import annotations
 
-from ..dit import (JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, ref_tokens,
-                   NO_BLOCK_REPLACE)
+from ..dit import (JOINT, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, image_grid,
+                   ref_tokens)
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -29,7 +29,25 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     return TokenLayout(grid, joint=(text + grid[1] * grid[2] + ref_tokens(refs, *patch[1:]), text), image=None)
 
 
+def merge_check(model, kwargs) -> str | None:
+    if kwargs.get("ref_latents") and kwargs.get("ref_latents_method", model.default_ref_method) == "index_timestep_zero":
+        return ("its references (reference_latents_method index_timestep_zero) are modulated apart from a token index "
+                "its blocks are given outside their tokens, which merging would shift")
+    return None
+
+
+# ToMe: SingleStreamDiT calls its blocks directly (no patches_replace["dit"] lookup in ComfyUI
+# 0.33), each as block(x, vec, freqs, None, timestep_zero_index=..., transformer_options=...):
+# the host reaches each through an object patch on its forward that hands these positional
+# arguments on under ``layer_args``' names (DiTMerge.layer_args, as NextDiT's layers). x is
+# [text, image, references], the rotary table (Flux's EmbedND, [B, 1, L, ...]) runs over the
+# same tokens, the mask is None, the modulation per sample. Only the grid merges.
+MERGE = DiTMerge(lambda m: {i: ("single_block", i) for i in range(len(m.blocks))}, {
+    "single_block": BlockArgs("img", lambda lay: lay.joint, pe="pe", pe_dim=2, in_pe=lambda lay: lay.joint,
+                              mask="mask"),
+}, merge_check, layer_args=("img", "vec", "pe", "mask"))
+
 FAMILIES = (
     Family("Krea 2", ("Krea2",), ("SingleStreamDiT",), True, False, lambda m: block_paths(m, "blocks"), plan,
-           lambda m: (1, m.patch, m.patch), tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
+           lambda m: (1, m.patch, m.patch), tokens, geometry, merge=MERGE),
 )
