@@ -97,6 +97,29 @@ def test_every_node_has_a_help_page_per_language_covering_every_input(node):
             assert (HELP / image).is_file(), f"{page}: {image} (relative to the docs folder, as the frontend reads it)"
 
 
+def test_the_help_pages_and_descriptions_say_where_tome_acts_and_that_the_nodes_stack():
+    """What the nodes' help pages and ToMe's description say of ToMe follows the code: the ToMe
+    page, in every language, names at least 8 DiT families whose blocks it merges
+    (``Family.merge``; the page of UNets only named 3 in passing), its description at least one;
+    no English page or description says ToMe is for UNets only or that the two nodes are not to
+    be used together (they stack, on UNets and DiTs)."""
+    from tokenreduce.catalog import TOME_NODE
+    from tokenreduce.families import FAMILIES
+
+    merged = [family.name for family in FAMILIES if family.merge is not None]
+    for page in help_pages(TOME_NODE.node_id).values():
+        named = [name for name in merged if name in page.read_text(encoding="utf-8")]
+        assert len(named) >= 8, f"{page} names only {named} of the DiT families ToMe merges: {merged}"
+    assert any(name in TOME_NODE.description for name in merged), f"{TOME_NODE.description!r} names no DiT"
+    texts = {}
+    for node in NODES:
+        texts[f"the {node.node_id} node's description"] = node.description
+        texts[str(HELP / f"{node.node_id}.md")] = (HELP / f"{node.node_id}.md").read_text(encoding="utf-8")
+    stale = re.compile(r"SDXL UNets only|refuses DiTs|not both|one of the two per model", re.IGNORECASE)
+    found = {where: stale.findall(text) for where, text in texts.items() if stale.search(text)}
+    assert not found, f"stale claims about ToMe: {found}"
+
+
 # --- the WebUI extension (Forge): its accordion through the WebUI's localization files ----------
 
 def test_the_webui_localization_files_are_made_from_the_translations():

@@ -36,9 +36,10 @@ OUTPUTS = (
 
 TOME_NODE = NodeText(
     "TokenReduceToMe", "Token Merging (ToMe, TokenReduce)",
-    "Speeds up sampling by merging similar tokens before the UNet's attention and unmerging after (ToMe for SD). "
-    "Works on SD1.x, SD2.x and SDXL; reports what it patched.",
-    "The diffusion model (UNet) to patch. The input model is never changed.",
+    "Speeds up sampling by merging similar tokens and unmerging after (ToMe for SD): before the attention of SD1.x, "
+    "SD2.x and SDXL UNets, and before whole blocks of most DiTs (Flux.1, Qwen-Image, SD3 / SD3.5, Wan 2.1 / 2.2, "
+    "HunyuanVideo, ...); reports what it patched.",
+    "The diffusion model (UNet or DiT) to patch. The input model is never changed.",
     TOME)
 
 TODO_NODE = NodeText(
