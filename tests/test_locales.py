@@ -101,8 +101,8 @@ def test_the_help_pages_and_descriptions_say_where_tome_acts_and_that_the_nodes_
     """What the nodes' help pages and ToMe's description say of ToMe follows the code: the ToMe
     page, in every language, names at least 8 DiT families whose blocks it merges
     (``Family.merge``; the page of UNets only named 3 in passing), its description at least one;
-    no English page or description says ToMe is for UNets only or that the two nodes are not to
-    be used together (they stack, on UNets and DiTs)."""
+    no English help page, description, README or docs page says ToMe is for UNets only or that
+    the two nodes are not to be used together (they stack, on UNets and DiTs)."""
     from tokenreduce.catalog import TOME_NODE
     from tokenreduce.families import FAMILIES
 
@@ -111,7 +111,7 @@ def test_the_help_pages_and_descriptions_say_where_tome_acts_and_that_the_nodes_
         named = [name for name in merged if name in page.read_text(encoding="utf-8")]
         assert len(named) >= 8, f"{page} names only {named} of the DiT families ToMe merges: {merged}"
     assert any(name in TOME_NODE.description for name in merged), f"{TOME_NODE.description!r} names no DiT"
-    texts = {}
+    texts = {str(page): page.read_text(encoding="utf-8") for page in [REPO / "README.md", *(REPO / "docs").glob("*.md")]}
     for node in NODES:
         texts[f"the {node.node_id} node's description"] = node.description
         texts[str(HELP / f"{node.node_id}.md")] = (HELP / f"{node.node_id}.md").read_text(encoding="utf-8")
