@@ -24,11 +24,13 @@ FAMILIES = {
     "Chroma": ("transformer_flux", "dispatch_attention_fn", 1, "text first"),  # Flux's processor
     "Qwen-Image": ("transformer_qwenimage", "dispatch_attention_fn", 1, "text first"),
     "SD3": (None, "scaled_dot_product_attention", 2, "image first"),
+    "AuraFlow": (None, "scaled_dot_product_attention", 2, "text first"),  # after its 8 register tokens
     "HunyuanVideo": ("transformer_hunyuan_video", "dispatch_attention_fn", 1, "image first"),
     "Wan": ("transformer_wan", "dispatch_attention_fn", 1, None),
     "LTX-Video": ("transformer_ltx", "dispatch_attention_fn", 1, None),
 }
 VIDEO = {"Wan", "HunyuanVideo", "LTX-Video"}
+REGISTERS = {"AuraFlow": 8}  # tokens the model puts before the text
 TEXT = tiny.TEXT_TOKENS
 
 
@@ -52,7 +54,7 @@ def _expected_index(family: str, length: int, grid: tuple, factor: int, temporal
     kept = grid_keep_index(grid, target, (temporal, factor, factor))
     tokens = t * h * w
     order = FAMILIES[family][3]
-    start = TEXT if order == "text first" else 0
+    start = TEXT + REGISTERS.get(family, 0) if order == "text first" else 0
     return torch.cat([torch.arange(start), kept + start, torch.arange(start + tokens, length)])
 
 

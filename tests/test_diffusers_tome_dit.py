@@ -116,7 +116,7 @@ def test_blocks_and_transformers_without_a_seam_are_refused_naming_the_class():
                                        num_refiner_layers=1, num_attention_heads=2, num_kv_heads=2,
                                        cap_feat_dim=TEXT_DIM, axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32))
     with pytest.raises(ValueError, match="ToMe cannot patch this Lumina2Transformer2DModel model.*these DiT "
-                                         "transformers: Chroma, Flux, HunyuanVideo, LTX-Video, Qwen-Image, SD3, Wan; "
+                                         "transformers: AuraFlow, Chroma, Flux, HunyuanVideo, LTX-Video, Qwen-Image, SD3, Wan; "
                                          "Lumina2Transformer2DModel is not one of them"):
         apply_patch(lumina, "ToMe")
 
@@ -150,7 +150,8 @@ def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
 # whether a batch runs the block once per sample (a rotary without a batch dimension)
 COVERED = {"SD3": ("attn", {}, True, False), "Qwen-Image": ("attn", {}, True, True),
            "Wan": ("attn1", {"frames": 2}, False, False), "HunyuanVideo": ("attn", {"frames": 2}, True, True),
-           "LTX-Video": ("attn1", {"frames": 2}, False, False), "Chroma": ("attn", {}, True, True)}
+           "LTX-Video": ("attn1", {"frames": 2}, False, False), "Chroma": ("attn", {}, True, True),
+           "AuraFlow": ("attn", {}, True, False)}
 
 
 @pytest.fixture(scope="module", params=sorted(COVERED))
@@ -200,7 +201,7 @@ def test_covered_merge_only_the_image_tokens_with_their_positions(covered):
         text = full[1]["encoder_hidden_states"]
         torch.testing.assert_close(torch.cat([m["encoder_hidden_states"] for m in merged[1:1 + runs]]), text,
                                    rtol=1e-6, atol=1e-6)  # (per sample: the modulation's matmul on one row)
-    if family != "SD3":  # each merged token's rotary row is a grid position's (a different one, where rows differ)
+    if family not in ("SD3", "AuraFlow"):  # each merged token's rotary row is a grid position's (a different one, where rows differ)
         given, whole = (_rows(m["image_rotary_emb"][0]) for m in (merged[1], full[1]))
         rows = (given[:, :, None] == whole[:, None]).all(-1)  # [B, L', L]
         assert rows.shape[1] == whole.shape[1] - n // 2 and bool(rows.any(-1).all())

@@ -10,6 +10,8 @@ starts. The orders are diffusers', read from the processors of the installed ver
 - Flux (FluxAttnProcessor): text first, then the image (then Kontext's reference tokens), in
   the double blocks and in the single blocks (which concatenate ``[text, image]`` themselves);
 - Chroma (Flux's processor): the same order; its single blocks are handed ``[text, image]``;
+- AuraFlow (AuraFlowAttnProcessor2_0): its 8 register tokens, the text, then the image, in the
+  joint blocks and in the single blocks (handed ``[registers, text, image]``);
 - SD3 / SD3.5 (JointAttnProcessor2_0): image first, then text; SD3.5's second attention of a
   dual block (``attn2``) over the image only;
 - Qwen-Image (QwenDoubleStreamAttnProcessor2_0): text first, then the image (then the edit
@@ -96,6 +98,13 @@ def _sd3_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
     return TokenLayout(grid, (image + _text(arguments), 0), (image, 0))
 
 
+def _auraflow_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
+    p = model.config.patch_size
+    grid = _image_grid(arguments("hidden_states"), (1, p, p))
+    text = model.register_tokens.shape[1] + _text(arguments)
+    return TokenLayout(grid, (text + _prod(grid), text), None)
+
+
 def _qwen_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
     shapes = arguments("img_shapes")
     if not shapes:
@@ -131,8 +140,6 @@ def _ltx_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
 FAMILIES = (
     DiffusersFamily("Flux", ("FluxTransformer2DModel",), True, False,
                     ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
-    DiffusersFamily("Chroma", ("ChromaTransformer2DModel",), True, False,
-                    ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
     DiffusersFamily("SD3", ("SD3Transformer2DModel",), False, False, ("transformer_blocks",), ("attn", "attn2"),
                     _sd3_layout, 1000.0),
     DiffusersFamily("Qwen-Image", ("QwenImageTransformer2DModel",), True, False, ("transformer_blocks",), ("attn",),
@@ -142,6 +149,10 @@ FAMILIES = (
     DiffusersFamily("Wan", ("WanTransformer3DModel",), True, True, ("blocks",), ("attn1",), _wan_layout, 1000.0),
     DiffusersFamily("LTX-Video", ("LTXVideoTransformer3DModel",), True, True, ("transformer_blocks",), ("attn1",),
                     _ltx_layout, 1000.0),
+    DiffusersFamily("Chroma", ("ChromaTransformer2DModel",), True, False,
+                    ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
+    DiffusersFamily("AuraFlow", ("AuraFlowTransformer2DModel",), False, False,
+                    ("joint_transformer_blocks", "single_transformer_blocks"), ("attn",), _auraflow_layout, 1.0),
 )
 
 

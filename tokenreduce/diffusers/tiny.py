@@ -137,6 +137,20 @@ def _chroma_inputs(model, g, batch, frames, h, w):
     return {**inputs, "attention_mask": mask}
 
 
+def _auraflow(seed):
+    from diffusers import AuraFlowTransformer2DModel
+    return AuraFlowTransformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_mmdit_layers=2,
+                                      num_single_dit_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                      joint_attention_dim=TEXT_DIM, caption_projection_dim=32, out_channels=4,
+                                      pos_embed_max_size=256)
+
+
+def _auraflow_inputs(model, g, batch, frames, h, w):
+    return dict(hidden_states=torch.randn(batch, 4, 2 * h, 2 * w, generator=g),
+                encoder_hidden_states=torch.randn(batch, TEXT_TOKENS, TEXT_DIM, generator=g),
+                timestep=torch.full((batch,), 0.7))
+
+
 def _sd3(seed):
     from diffusers import SD3Transformer2DModel
     return SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
@@ -210,7 +224,7 @@ def _ltx_inputs(model, g, batch, frames, h, w):
 
 
 TRANSFORMERS = {"Flux": (_flux, _flux_inputs), "Chroma": (_chroma, _chroma_inputs), "SD3": (_sd3, _sd3_inputs),
-                "Wan": (_wan, _wan_inputs),
+                "AuraFlow": (_auraflow, _auraflow_inputs), "Wan": (_wan, _wan_inputs),
                 "Qwen-Image": (_qwen, _qwen_inputs), "HunyuanVideo": (_hunyuan, _hunyuan_inputs),
                 "LTX-Video": (_ltx, _ltx_inputs)}
 

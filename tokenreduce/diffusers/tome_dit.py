@@ -6,7 +6,7 @@ runs through the host's block-replace seam). diffusers has no such seam, so ``in
 ``forward`` of each selected block (an attribute on the block instance, over the class's) and
 ``uninstall`` deletes it again: nothing is left on the model. Each family describes its blocks
 once, in a ``Seam`` (``MERGES``, by diffusers family name: Flux, SD3, Qwen-Image, Wan,
-HunyuanVideo, LTX-Video, Chroma): which argument holds the grid tokens and where the grid sits in it,
+HunyuanVideo, LTX-Video, Chroma, AuraFlow): which argument holds the grid tokens and where the grid sits in it,
 its rotary, per-token modulation and attention-mask arguments, and where the output holds the
 tokens; text and reference tokens are never merged. A block of a class its family's seam does
 not name is refused at ``apply_patch``, naming the class.
@@ -122,9 +122,19 @@ _CHROMA = Seam({"double_block": _FLUX.args,
                tokens_out={"double_block": 1, "single_block": None}, mask="attention_mask",
                in_mask=lambda lay: lay.joint)
 
+# AuraFlow (AuraFlowJointTransformerBlock, AuraFlowSingleTransformerBlock): no rotary (learned
+# positions added before the blocks); the joint blocks take the image tokens as
+# ``hidden_states`` (registers and text as ``encoder_hidden_states``) and return
+# (encoder_hidden_states, hidden_states); the single ones take and return the joint
+# [registers, text, image] sequence.
+_AURAFLOW = Seam({"joint_block": BlockArgs("hidden_states", lambda lay: (lay.joint[0] - lay.joint[1], 0)),
+                  "single_block": BlockArgs("hidden_states", lambda lay: lay.joint)},
+                 {"AuraFlowJointTransformerBlock": "joint_block", "AuraFlowSingleTransformerBlock": "single_block"},
+                 tokens_out={"joint_block": 1, "single_block": None})
+
 # diffusers family name -> Seam
 MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN, "HunyuanVideo": _HUNYUAN, "LTX-Video": _LTX,
-          "Chroma": _CHROMA}
+          "Chroma": _CHROMA, "AuraFlow": _AURAFLOW}
 
 
 def _per_kind(value, kind: str):
