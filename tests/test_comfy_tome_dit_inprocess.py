@@ -66,6 +66,8 @@ VARIANTS = {
     "z_image": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
     # 0.33 only: the same NextDiT layers on 16x16 px RGB patches, a per-patch decoder after them
     "zimage_pixel": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
+    # OmniGen2: Lumina's layer calls (object patches) over [grid] and [text, grid], no pad tokens
+    "omnigen2": ({"num_layers": 2, "num_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
     # 0.33 only: Krea 2's single-stream blocks over [text, image], reached by object patches too
     "krea2": ({"layers": 4}, [("single_block", 1), ("single_block", 2)], 48),
 }
@@ -73,7 +75,7 @@ TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's s
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12, "mage_flow": 12, "joyimage": 12}
 POSITIONS_IMAGE_FIRST = {"lens", "joyimage"}  # positions over [image, text] (Lens) or the image stream alone
-NEXTDIT = ("lumina2", "z_image", "zimage_pixel")  # reached by object patches on the layers
+NEXTDIT = ("lumina2", "z_image", "zimage_pixel", "omnigen2")  # NextDiT-like layers reached by object patches
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +138,7 @@ def _grid_starts(model, variant, key, given, n, refs):
     if variant in POSITIONS_IMAGE_FIRST:
         return 0, 0
     if variant in NEXTDIT:  # noise refiners: [grid, pads]; layers: [caption, grid, pads]
-        multiple = model.model.diffusion_model.pad_tokens_multiple or 1
+        multiple = getattr(model.model.diffusion_model, "pad_tokens_multiple", None) or 1
         text = 0 if key[0] == "noise_refiner" else given["img"].shape[1] - math.ceil(n / multiple) * multiple
         return text, text
     blocks = getattr(model.model.diffusion_model, "double_blocks", None)
@@ -212,7 +214,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
                                      "wan21_scail", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "wan22_s2v", "krea2"])
+                                     "joyimage", "wan22_s2v", "krea2", "omnigen2"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -238,7 +240,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
                                      "wan21_vace", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "krea2"])
+                                     "joyimage", "krea2", "omnigen2"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))

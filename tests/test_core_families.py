@@ -50,7 +50,7 @@ def test_docs_models_page_is_made_from_the_registry():
 # DiT families whose model (ComfyUI 0.3.75 and 0.33) calls its blocks with no block-replace
 # lookup (patches_replace["dit"]): ToMe cannot be handed a block's inputs, and says so.
 NO_BLOCK_REPLACE = ("HiDream", "Cosmos 1.0", "Cosmos Predict2", "Cosmos Predict2 image",
-                    "Anima", "OmniGen2", "Boogu-Image", "Ideogram 4", "PixelDiT", "PiD", "CogVideoX")
+                    "Anima", "Boogu-Image", "Ideogram 4", "PixelDiT", "PiD", "CogVideoX")
 
 
 def test_families_tome_cannot_reach_say_why():

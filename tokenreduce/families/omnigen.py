@@ -6,6 +6,7 @@ does not place: such model calls are left alone (tokens() says so)."""
 from __future__ import annotations
 
 from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
+from .lumina import MERGE as LUMINA_MERGE
 from .lumina import plan  # the same order: text refiners, noise refiners, joint layers
 
 
@@ -22,10 +23,17 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     return TokenLayout(grid, joint=(context.shape[1] + image, context.shape[1]), image=(image, 0))
 
 
+# ToMe: OmniGen2 calls its layers directly as Lumina's (no patches_replace["dit"] lookup in
+# ComfyUI 0.3.75 or 0.33), layer(x, mask, rotary_emb, temb, transformer_options=...), its rotary
+# table [B, L, 1, ...] over the layer's tokens and its mask None: Lumina's merge, reached through
+# object patches on the noise refiners (the grid) and the joint layers ([text, grid]); calls with
+# reference images are left alone by tokens().
+MERGE = LUMINA_MERGE._replace(check=None)
+
 FAMILIES = (
     Family("OmniGen2", ("Omnigen2",), ("OmniGen2Transformer2DModel",), True, False,
            lambda m: block_paths(m, "noise_refiner", "layers"), plan, lambda m: (1, m.patch_size, m.patch_size),
-           tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
+           tokens, geometry, merge=MERGE),
 )
 
 
