@@ -147,8 +147,8 @@ def install_attention_override(patcher, patch) -> None:
 def install_block_replacements(patcher, patch) -> None:
     """Put ``patch``'s block replacements into the clone's ``patches_replace["dit"]`` (undone with
     the clone), each chained to the replacement that was there before (called as its inner block).
-    A family whose model calls its blocks with no lookup there (``DiTMerge.layer_args``: NextDiT)
-    is reached by layer object patches: each merged block's ``forward`` looks its key up itself
+    A family whose model calls its blocks with no lookup there (``DiTMerge.layer_args``: NextDiT,
+    OmniGen2, Krea 2) is reached by layer object patches: each merged block's ``forward`` looks its key up itself
     (``reach_layers``), on the clone and on every other-device copy of it."""
     found = patcher.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
     for block, (kind, number) in patch.replace_keys().items():

@@ -294,7 +294,8 @@ def test_families_without_a_description_are_refused(comfy):
         pytest.skip("this ComfyUI has no hidream model")
     model = random_dits.make_dit("hidream")
     with pytest.raises(ValueError, match=r"ToMe does not merge whole blocks of HiDream: its model calls its blocks "
-                       r"directly, with no block-replace lookup \(patches_replace\['dit'\]\)"):
+                       r"directly \(no block-replace lookup\), which ToMe reaches only through a layer call it "
+                       r"describes, and its blocks are called by keyword"):
         tome(comfy, model)
 
 

@@ -48,15 +48,21 @@ def test_docs_models_page_is_made_from_the_registry():
 
 
 # DiT families whose model (ComfyUI 0.3.75 and 0.33) calls its blocks with no block-replace
-# lookup (patches_replace["dit"]): ToMe cannot be handed a block's inputs, and says so.
-NO_BLOCK_REPLACE = ("HiDream", "Cosmos 1.0", "Cosmos Predict2", "Cosmos Predict2 image",
-                    "Anima", "Boogu-Image", "Ideogram 4", "PixelDiT", "PiD", "CogVideoX")
+# lookup (patches_replace["dit"]) and whose block call the layer seam (DiTMerge.layer_args) does
+# not describe: ToMe says what in the call it cannot follow.
+DIRECT_CALLS = {"HiDream": "by keyword", "Cosmos 1.0": "[T, H, W, B, D] grid",
+                "Cosmos Predict2": "[B, T, H, W, D] grid", "Cosmos Predict2 image": "[B, T, H, W, D] grid",
+                "Anima": "[B, T, H, W, D] grid", "Boogu-Image": "two rotary tables",
+                "Ideogram 4": "for the whole batch", "PixelDiT": "within each patch", "PiD": "within each patch",
+                "CogVideoX": "(cos, sin) pair"}
 
 
 def test_families_tome_cannot_reach_say_why():
     families = {family.name: family for family in FAMILIES}
-    for name in NO_BLOCK_REPLACE:
-        assert families[name].merge is None and "no block-replace lookup" in (families[name].merge_refusal or ""), name
+    for name, what in DIRECT_CALLS.items():
+        reason = families[name].merge_refusal or ""
+        assert families[name].merge is None and "calls its blocks directly" in reason and what in reason, name
+        assert reason.count(". ") == 0, reason  # one sentence
     # reachable, but handed what ToMe's block description does not take yet
     assert "rope_cos" in families["Mochi"].merge_refusal and "tensor" in families["Kandinsky 5"].merge_refusal
     for family in FAMILIES:  # a family ToMe merges gives no refusal

@@ -75,16 +75,20 @@ class DiTMerge(NamedTuple):
     args: dict  # kind -> BlockArgs
     # (diffusion model, call kwargs) -> why this call's blocks cannot be merged, or None
     check: Callable | None = None
-    # None: the host looks the keys up itself. Else the model calls its blocks directly (NextDiT):
-    # the host reaches each merged block through an object patch on its forward (on the clone)
+    # None: the host looks the keys up itself. Else the model calls its blocks directly (NextDiT,
+    # OmniGen2, Krea 2): the host reaches each merged block through an object patch on its forward (on the clone)
     # that hands its positional arguments on under these names (the first: the tokens, which the
     # block returns) with the call's transformer_options, and looks the key up there itself
     layer_args: tuple[str, ...] | None = None
 
 
-# Family.merge_refusal of a family whose model calls its blocks with no block-replace lookup
-NO_BLOCK_REPLACE = ("its model calls its blocks directly, with no block-replace lookup (patches_replace['dit']) to "
-                    "hand ToMe a block's inputs")
+def direct_call_refusal(what: str) -> str:
+    """Family.merge_refusal of a family whose model calls its blocks with no block-replace lookup
+    (patches_replace["dit"]) in a way the layer seam (``DiTMerge.layer_args``: the tokens, their
+    rotary table, mask and modulation as positional arguments, the tokens returned) does not
+    describe; ``what``: what in this family's block call it does not describe."""
+    return ("its model calls its blocks directly (no block-replace lookup), which ToMe reaches only through a layer "
+            f"call it describes, and {what}")
 
 
 def _no_check(model) -> None:

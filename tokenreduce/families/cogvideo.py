@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import math
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, video_grid, NO_BLOCK_REPLACE
+from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, direct_call_refusal, video_grid
+
+# ToMe: block(hidden_states=, encoder_hidden_states=, temb=, image_rotary_emb=) by keyword, the
+# video and the text apart, returning both; the rotary table a (cos, sin) pair [L, D] shared by
+# the batch (None on the 2B model, which adds positions to the tokens).
+MERGE_REFUSAL = direct_call_refusal("its blocks are called by keyword with the video and the text apart, return the "
+                                    "pair, and take the rotary table as a (cos, sin) pair shared by the batch")
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -32,5 +38,5 @@ FAMILIES = (
     # rope: the 5B and 1.5 models rotate the video tokens' q and k; the 2B adds positions to the tokens.
     Family("CogVideoX", ("CogVideoX_T2V", "CogVideoX_I2V", "CogVideoX_Inpaint"), ("CogVideoXTransformer3DModel",),
            True, True, lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry,
-           merge_refusal=NO_BLOCK_REPLACE),
+           merge_refusal=MERGE_REFUSAL),
 )

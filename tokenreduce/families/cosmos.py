@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import math
 
-from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, video_grid, NO_BLOCK_REPLACE
+from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, direct_call_refusal, video_grid
+
+# ToMe: both generations hand each block the video as a 5-D grid it flattens itself (1.0: [T, H,
+# W, B, D]; Predict2 and Anima: [B, T, H, W, D] with a per-frame modulation [B, T, D]) and a
+# rotary table [L, 1, 1, D] shared by the batch: no token sequence to merge, no per-sample table.
+_V1_REFUSAL = direct_call_refusal("its blocks take the video as a [T, H, W, B, D] grid, not a token sequence, with a "
+                                  "rotary table shared by the batch")
+_REFUSAL = direct_call_refusal("its blocks take the latent as a [B, T, H, W, D] grid, not a token sequence, "
+                               "modulated per frame, with a rotary table shared by the batch")
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -68,13 +76,13 @@ def _v1_check(model) -> str | None:
 
 FAMILIES = (
     Family("Cosmos 1.0", ("CosmosT2V", "CosmosI2V"), ("GeneralDIT",), True, True,
-           _v1_blocks, _v1_plan, patch, tokens, _v1_geometry, _v1_check, merge_refusal=NO_BLOCK_REPLACE),
+           _v1_blocks, _v1_plan, patch, tokens, _v1_geometry, _v1_check, merge_refusal=_V1_REFUSAL),
     Family("Cosmos Predict2", ("CosmosI2VPredict2",), ("MiniTrainDIT",), True, True,
-           _blocks, plan, patch, tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
+           _blocks, plan, patch, tokens, geometry, merge_refusal=_REFUSAL),
     # ComfyUI also detects the Predict2 text-to-video models as CosmosT2IPredict2 (the same keys):
     # their video grid is still placed, only the temporal factor does not apply.
     Family("Cosmos Predict2 image", ("CosmosT2IPredict2",), ("MiniTrainDIT",), True, False,
-           _blocks, plan, patch, tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
+           _blocks, plan, patch, tokens, geometry, merge_refusal=_REFUSAL),
     Family("Anima", ("Anima",), ("Anima",), True, False, _blocks, plan, patch, tokens, geometry,
-           merge_refusal=NO_BLOCK_REPLACE),
+           merge_refusal=_REFUSAL),
 )

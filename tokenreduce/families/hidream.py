@@ -5,7 +5,13 @@ grid is T5 + 2 Llama sequences long in every call."""
 
 from __future__ import annotations
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
+from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, direct_call_refusal, image_grid
+
+# ToMe: the double and single stream blocks are called by keyword (image_tokens=, text_tokens=,
+# rope=, ...), the double blocks returning (image, text), each block handed its own Llama layer's
+# text tokens; the layer seam hands on positional arguments and returns the tokens alone.
+MERGE_REFUSAL = direct_call_refusal("its blocks are called by keyword with the image and the text apart, the double "
+                                    "blocks returning the (image, text) pair")
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -30,5 +36,5 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
 FAMILIES = (
     Family("HiDream", ("HiDream",), ("HiDreamImageTransformer2DModel",), True, False,
            lambda m: block_paths(m, "double_stream_blocks", "single_stream_blocks"), plan,
-           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry, merge_refusal=NO_BLOCK_REPLACE),
+           lambda m: (1, m.patch_size, m.patch_size), tokens, geometry, merge_refusal=MERGE_REFUSAL),
 )

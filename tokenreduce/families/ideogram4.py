@@ -4,7 +4,13 @@ already in the 128 channels), so every latent pixel is one token: patch 1."""
 
 from __future__ import annotations
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
+from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, direct_call_refusal, image_grid
+
+# ToMe: layer(h, attn_mask, freqs_cis, adaln_input) is a layer call the seam could take, but
+# freqs_cis is one table for the whole batch (from the first sample's positions, no batch rows) fed
+# to a fused norm-and-rotary kernel: a per-sample merge has no per-sample table to hand it.
+MERGE_REFUSAL = direct_call_refusal("its layers take one rotary table for the whole batch (made from the first "
+                                    "sample's positions), which a per-sample merge cannot follow")
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -25,5 +31,5 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
 FAMILIES = (
     Family("Ideogram 4", ("Ideogram4",), ("Ideogram4Transformer2DModel",), True, False,
            lambda m: block_paths(m, "layers"), plan, lambda m: (1, 1, 1), tokens, geometry,
-           merge_refusal=NO_BLOCK_REPLACE),
+           merge_refusal=MERGE_REFUSAL),
 )

@@ -30,7 +30,8 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
 
 
 def merge_check(model, kwargs) -> str | None:
-    if kwargs.get("ref_latents") and kwargs.get("ref_latents_method", model.default_ref_method) == "index_timestep_zero":
+    method = kwargs.get("ref_latents_method", model.default_ref_method)
+    if kwargs.get("ref_latents") and method == "index_timestep_zero":
         return ("its references (reference_latents_method index_timestep_zero) are modulated apart from a token index "
                 "its blocks are given outside their tokens, which merging would shift")
     return None

@@ -5,7 +5,7 @@ does not place: such model calls are left alone (tokens() says so)."""
 
 from __future__ import annotations
 
-from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
+from ..dit import IMAGE, JOINT, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, direct_call_refusal, image_grid
 from .lumina import MERGE as LUMINA_MERGE
 from .lumina import plan  # the same order: text refiners, noise refiners, joint layers
 
@@ -54,8 +54,14 @@ def boogu_geometry(model) -> Geometry:
     return Geometry(attention.heads, attention.dim_head, True)
 
 
+# ToMe: the noise refiners and single-stream layers are OmniGen2's layer calls, but each dual-stream
+# layer(img, instruct, joint_rotary, img_rotary, temb, ...) takes the instruction tokens as a stream
+# of their own with two rotary tables and returns (img, instruct): not described, so none merge.
+BOOGU_REFUSAL = direct_call_refusal("its dual-stream layers take the instruction tokens as a stream of their own, "
+                                    "with two rotary tables, and return the (image, instruction) pair")
+
 FAMILIES += (
     Family("Boogu-Image", ("Boogu",), ("BooguTransformer2DModel",), True, False,
            lambda m: block_paths(m, "noise_refiner", "double_stream_layers", "single_stream_layers"), boogu_plan,
-           lambda m: (1, m.patch_size, m.patch_size), tokens, boogu_geometry, merge_refusal=NO_BLOCK_REPLACE),
+           lambda m: (1, m.patch_size, m.patch_size), tokens, boogu_geometry, merge_refusal=BOOGU_REFUSAL),
 )

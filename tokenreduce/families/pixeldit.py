@@ -6,7 +6,12 @@ tokens (no tokens added): the same calls and layout."""
 
 from __future__ import annotations
 
-from ..dit import IMAGE, JOINT, Family, Geometry, Slot, TokenLayout, block_paths, image_grid, NO_BLOCK_REPLACE
+from ..dit import IMAGE, JOINT, Family, Geometry, Slot, TokenLayout, block_paths, direct_call_refusal, image_grid
+
+# ToMe: blk(s, y, c, pos_img, pos_txt, None) takes the text as a stream of its own with its own
+# rotary table and returns (s, y); the pixel blocks run over [B * patches, pixels per patch].
+MERGE_REFUSAL = direct_call_refusal("its patch blocks take the text as a stream of its own with its own rotary table "
+                                    "and return the (image, text) pair, and its pixel blocks attend within each patch")
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -39,7 +44,7 @@ def patch(model) -> tuple[int, int, int]:
 
 FAMILIES = (
     Family("PixelDiT", ("PixelDiTT2I",), ("PixDiT_T2I",), True, False, blocks, plan, patch, tokens, geometry,
-           merge_refusal=NO_BLOCK_REPLACE),
+           merge_refusal=MERGE_REFUSAL),
     Family("PiD", ("PiD",), ("PidNet",), True, False, blocks, plan, patch, tokens, geometry,
-           merge_refusal=NO_BLOCK_REPLACE),
+           merge_refusal=MERGE_REFUSAL),
 )
