@@ -111,14 +111,14 @@ def test_blocks_and_transformers_without_a_seam_are_refused_naming_the_class():
                                          r".*use ToDo"):
         apply_patch(model, "ToMe")
     assert not any("forward" in m.__dict__ for m in model.modules())  # none wrapped
-    from diffusers import Lumina2Transformer2DModel  # a class no family of the adapter knows
-    lumina = Lumina2Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2,
-                                       num_refiner_layers=1, num_attention_heads=2, num_kv_heads=2,
-                                       cap_feat_dim=TEXT_DIM, axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32))
-    with pytest.raises(ValueError, match="ToMe cannot patch this Lumina2Transformer2DModel model.*these DiT "
-                                         "transformers: AuraFlow, Chroma, Flux, HunyuanVideo, LTX-Video, Qwen-Image, SD3, Wan; "
-                                         "Lumina2Transformer2DModel is not one of them"):
-        apply_patch(lumina, "ToMe")
+    from diffusers import SanaTransformer2DModel  # a class no family of the adapter knows
+    sana = SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+                                  num_layers=1, num_cross_attention_heads=2, cross_attention_head_dim=8,
+                                  cross_attention_dim=16, caption_channels=16, sample_size=8, patch_size=1)
+    with pytest.raises(ValueError, match="ToMe cannot patch this SanaTransformer2DModel model.*these DiT "
+                                         "transformers: AuraFlow, Chroma, Flux, HunyuanVideo, LTX-Video, Lumina 2, "
+                                         "Qwen-Image, SD3, Wan; SanaTransformer2DModel is not one of them"):
+        apply_patch(sana, "ToMe")
 
 
 def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
@@ -151,7 +151,7 @@ def test_kontext_reference_tokens_stay_whole(flux, monkeypatch):
 COVERED = {"SD3": ("attn", {}, True, False), "Qwen-Image": ("attn", {}, True, True),
            "Wan": ("attn1", {"frames": 2}, False, False), "HunyuanVideo": ("attn", {"frames": 2}, True, True),
            "LTX-Video": ("attn1", {"frames": 2}, False, False), "Chroma": ("attn", {}, True, True),
-           "AuraFlow": ("attn", {}, True, False)}
+           "AuraFlow": ("attn", {}, True, False), "Lumina 2": ("attn", {}, False, False)}
 
 
 @pytest.fixture(scope="module", params=sorted(COVERED))
@@ -201,6 +201,8 @@ def test_covered_merge_only_the_image_tokens_with_their_positions(covered):
         text = full[1]["encoder_hidden_states"]
         torch.testing.assert_close(torch.cat([m["encoder_hidden_states"] for m in merged[1:1 + runs]]), text,
                                    rtol=1e-6, atol=1e-6)  # (per sample: the modulation's matmul on one row)
+    if family == "Lumina 2":  # the caption, first in its joint sequence: whole and as unpatched
+        assert torch.equal(merged[1]["hidden_states"][:, :TEXT], full[1]["hidden_states"][:, :TEXT])
     if family not in ("SD3", "AuraFlow"):  # each merged token's rotary row is a grid position's (a different one, where rows differ)
         given, whole = (_rows(m["image_rotary_emb"][0]) for m in (merged[1], full[1]))
         rows = (given[:, :, None] == whole[:, None]).all(-1)  # [B, L', L]
@@ -298,3 +300,15 @@ def test_covered_auto_times_the_merged_block_where_it_measures(covered, monkeypa
         lines = patch.report_lines()
     assert any(line.startswith("auto · ") for line in lines), lines
     assert torch.equal(auto, always)
+
+
+def test_lumina_captions_of_several_lengths_are_left_alone_and_said():
+    """Lumina 2 joins each sample's valid caption and its image: captions of several lengths put
+    each sample's grid elsewhere, a layout ToMe does not take: the call runs unmerged, said."""
+    model = tiny.transformer("Lumina 2")
+    inputs = tiny.transformer_inputs("Lumina 2", model, batch=2, h=H, w=W)
+    inputs["encoder_attention_mask"][0, -2:] = False
+    unpatched = _run(model, inputs)
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always") as patch:
+        assert torch.equal(_run(model, inputs), unpatched)
+        assert "token layout ToMe does not know" in " ".join(patch.report_lines())

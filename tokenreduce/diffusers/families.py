@@ -10,6 +10,8 @@ starts. The orders are diffusers', read from the processors of the installed ver
 - Flux (FluxAttnProcessor): text first, then the image (then Kontext's reference tokens), in
   the double blocks and in the single blocks (which concatenate ``[text, image]`` themselves);
 - Chroma (Flux's processor): the same order; its single blocks are handed ``[text, image]``;
+- Lumina 2 (Lumina2AttnProcessor2_0): the caption, then the image, in its joint ``layers`` (the
+  refiners run before them on each alone), where every sample's caption has the same length;
 - AuraFlow (AuraFlowAttnProcessor2_0): its 8 register tokens, the text, then the image, in the
   joint blocks and in the single blocks (handed ``[registers, text, image]``);
 - SD3 / SD3.5 (JointAttnProcessor2_0): image first, then text; SD3.5's second attention of a
@@ -105,6 +107,31 @@ def _auraflow_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
     return TokenLayout(grid, (text + _prod(grid), text), None)
 
 
+class _CaptionLengths:
+    """Lumina 2 joins each sample's valid caption tokens and its image: the grid starts after the
+    caption's length in its mask, read once per mask tensor."""
+
+    def __init__(self):
+        self._mask = None
+        self._lengths = None
+
+    def __call__(self, mask) -> set:
+        if mask is not self._mask:
+            self._mask, self._lengths = mask, set(mask.sum(dim=1).tolist())
+        return self._lengths
+
+
+def _lumina_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
+    p = model.config.patch_size
+    grid = _image_grid(arguments("hidden_states"), (1, p, p))
+    mask = arguments("encoder_attention_mask")
+    lengths = {_text(arguments)} if mask is None else state.setdefault("caption lengths", _CaptionLengths())(mask)
+    if len(lengths) != 1:  # captions of several lengths: each sample's grid starts elsewhere
+        return None
+    text = int(next(iter(lengths)))
+    return TokenLayout(grid, (text + _prod(grid), text), None)
+
+
 def _qwen_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
     shapes = arguments("img_shapes")
     if not shapes:
@@ -151,6 +178,8 @@ FAMILIES = (
                     _ltx_layout, 1000.0),
     DiffusersFamily("Chroma", ("ChromaTransformer2DModel",), True, False,
                     ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
+    DiffusersFamily("Lumina 2", ("Lumina2Transformer2DModel",), True, False, ("layers",), ("attn",), _lumina_layout,
+                    1.0),
     DiffusersFamily("AuraFlow", ("AuraFlowTransformer2DModel",), False, False,
                     ("joint_transformer_blocks", "single_transformer_blocks"), ("attn",), _auraflow_layout, 1.0),
 )

@@ -151,6 +151,20 @@ def _auraflow_inputs(model, g, batch, frames, h, w):
                 timestep=torch.full((batch,), 0.7))
 
 
+def _lumina(seed):
+    from diffusers import Lumina2Transformer2DModel
+    return Lumina2Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, hidden_size=32, num_layers=3,
+                                     num_refiner_layers=1, num_attention_heads=2, num_kv_heads=2,
+                                     cap_feat_dim=TEXT_DIM, axes_dim_rope=(4, 6, 6), axes_lens=(64, 32, 32))
+
+
+def _lumina_inputs(model, g, batch, frames, h, w):
+    return dict(hidden_states=torch.randn(batch, 4, 2 * h, 2 * w, generator=g),
+                encoder_hidden_states=torch.randn(batch, TEXT_TOKENS, TEXT_DIM, generator=g),
+                encoder_attention_mask=torch.ones(batch, TEXT_TOKENS, dtype=torch.bool),
+                timestep=torch.full((batch,), 0.3))
+
+
 def _sd3(seed):
     from diffusers import SD3Transformer2DModel
     return SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
@@ -224,7 +238,8 @@ def _ltx_inputs(model, g, batch, frames, h, w):
 
 
 TRANSFORMERS = {"Flux": (_flux, _flux_inputs), "Chroma": (_chroma, _chroma_inputs), "SD3": (_sd3, _sd3_inputs),
-                "AuraFlow": (_auraflow, _auraflow_inputs), "Wan": (_wan, _wan_inputs),
+                "AuraFlow": (_auraflow, _auraflow_inputs), "Lumina 2": (_lumina, _lumina_inputs),
+                "Wan": (_wan, _wan_inputs),
                 "Qwen-Image": (_qwen, _qwen_inputs), "HunyuanVideo": (_hunyuan, _hunyuan_inputs),
                 "LTX-Video": (_ltx, _ltx_inputs)}
 

@@ -6,16 +6,17 @@ runs through the host's block-replace seam). diffusers has no such seam, so ``in
 ``forward`` of each selected block (an attribute on the block instance, over the class's) and
 ``uninstall`` deletes it again: nothing is left on the model. Each family describes its blocks
 once, in a ``Seam`` (``MERGES``, by diffusers family name: Flux, SD3, Qwen-Image, Wan,
-HunyuanVideo, LTX-Video, Chroma, AuraFlow): which argument holds the grid tokens and where the grid sits in it,
-its rotary, per-token modulation and attention-mask arguments, and where the output holds the
-tokens; text and reference tokens are never merged. A block of a class its family's seam does
+HunyuanVideo, LTX-Video, Chroma, AuraFlow, Lumina 2): which argument holds the grid tokens and
+where the grid sits in it, its rotary, per-token modulation and attention-mask arguments, and
+where the output holds the tokens; text and reference tokens are never merged. A block of a class its family's seam does
 not name is refused at ``apply_patch``, naming the class.
 
 Rotary positions, per-token modulation and mask columns follow the tokens (each merged token
 takes its destination's). Where a family's rotary has no batch dimension (Flux's, Chroma's and
 HunyuanVideo's ``(cos, sin)`` [L, D], Qwen-Image's complex freqs) a merged call takes each
 sample's own rows, and a batch of several samples (each with its own plan) runs the block once
-per sample; Wan's [1, L, 1, D] and LTX-Video's [B, L, D] take a batch at once.
+per sample; Wan's [1, L, 1, D], LTX-Video's [B, L, D] and Lumina 2's [B, L, D/2] take a batch
+at once.
 
 Tiles are drawn per model call from a private generator seeded from the seed and the timestep (as
 the ComfyUI node draws them), so reruns are bit for bit and the global RNG is untouched.
@@ -132,9 +133,16 @@ _AURAFLOW = Seam({"joint_block": BlockArgs("hidden_states", lambda lay: (lay.joi
                  {"AuraFlowJointTransformerBlock": "joint_block", "AuraFlowSingleTransformerBlock": "single_block"},
                  tokens_out={"joint_block": 1, "single_block": None})
 
+# Lumina 2 (Lumina2TransformerBlock, its joint ``layers``): the joint [caption, image] sequence in
+# ``hidden_states``; rotary freqs [B, L, D/2] complex over it; ``attention_mask`` None where the
+# captions are of one length (the layout's condition). Returns the sequence.
+_LUMINA = Seam(BlockArgs("hidden_states", lambda lay: lay.joint, pe=PE, pe_dim=1, in_pe=lambda lay: lay.joint),
+               {"Lumina2TransformerBlock": "block"}, ("image_rotary_emb",), lambda rope: rope,
+               lambda positions, rope: positions, tokens_out=None, mask="attention_mask", in_mask=lambda lay: lay.joint)
+
 # diffusers family name -> Seam
 MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN, "HunyuanVideo": _HUNYUAN, "LTX-Video": _LTX,
-          "Chroma": _CHROMA, "AuraFlow": _AURAFLOW}
+          "Chroma": _CHROMA, "AuraFlow": _AURAFLOW, "Lumina 2": _LUMINA}
 
 
 def _per_kind(value, kind: str):
