@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -464,14 +465,31 @@ def test_tome_on_dits_pareto_table_side_by_side():
     out = done.stdout
     assert "CPU seconds per denoising step" in out and "1 torch threads" in out
     assert "Merged blocks' share of the unpatched forward:" in out
+    table, summary = out.split("\nSummary")
     rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-            for line in out.splitlines() if line.startswith("| ") and not line.startswith("| config")}
+            for line in table.splitlines() if line.startswith("| ") and not line.startswith("| config")}
     assert set(rows) == {"unpatched", "ToDo (defaults)", "ToDo factor 3", "ToMe (defaults)", "ToMe ratio 0.25",
                          "ToMe ratio 0.75", "ToMe + ToDo (defaults)"}
     assert rows["unpatched"][1:3] == ["1.00x", "0.0000"] and rows["unpatched"][5] == "yes"
     for name in ("ToMe (defaults)", "ToMe ratio 0.25", "ToMe ratio 0.75"):
         assert float(rows[name][2]) > 0 and rows[name][3].endswith("x") and rows[name][4].endswith("%")
     assert float(rows["ToMe ratio 0.75"][2]) > float(rows["ToMe ratio 0.25"][2])  # more merged, further off
+    # off the front, the row that dominates it is named
+    assert all(cells[5] == "yes" or (cells[5].startswith("no: ") and cells[5].endswith(" faster and closer")
+                                     and set(cells[5][4:-18].split(", ")) <= set(rows)) for cells in rows.values())
+    # ToMe's own work, timed apart, against the time it saved; where it lies against ToDo factor 3
+    assert re.search(r"ToMe's own work at its defaults .*: \d+\.\d{3} s / step, \d+% of its step, "
+                     r"(\d+% of the time it saved|it saved no time)\.", out)
+    assert re.search(r"ToMe \(defaults\) against ToDo factor 3: \d+\.\d\dx its speed-up at \d+\.\dx its error", out)
+    assert re.search(r"^\| Flux \| 128 px \| \d+% \| \d+\.\d\dx \| ", summary, re.M)  # one row per family
+
+
+def test_the_tome_dit_table_names_what_beats_a_row():
+    from bench.tome_dit_table import _pareto, _where
+
+    dominated = _pareto({"unpatched": (1.0, 0.0), "a": (2.0, 0.01), "b": (1.5, 0.02), "c": (2.5, 0.02), "d": (2.5, 0.02)})
+    assert dominated == {"unpatched": [], "a": [], "b": ["c", "d", "a"], "c": [], "d": []}  # the fastest first
+    assert _where("a", dominated) == "yes" and _where("b", dominated) == "no: c, d, a faster and closer"
 
 
 def _has_ltxav() -> bool:

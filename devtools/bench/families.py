@@ -50,6 +50,14 @@ DIT_DEPTH = {
             "pos_embed_max_size": 64, "num_patches": 64 * 64},  # positions for up to 1024 px
     "flux_dev": {"depth": 2, "depth_single_blocks": 4},
     "wan21_t2v": {"num_layers": 6},
+    # the other families ToMe merges whole blocks of (--tome-dit), as deep as Flux.1 and Wan 2.1 here
+    "flux2": {"depth": 2, "depth_single_blocks": 4},
+    "chroma": {"depth": 2, "depth_single_blocks": 4},
+    "qwen_image": {"num_layers": 6},
+    "hunyuan_video": {"depth": 2, "depth_single_blocks": 4},
+    "hunyuan_video15": {"depth": 2, "depth_single_blocks": 4},
+    "lumina2": {"n_layers": 4, "n_refiner_layers": 2},
+    "z_image": {"n_layers": 4, "n_refiner_layers": 2},
 }
 WAN_LATENT_FRAMES = 5  # 17 video frames
 
@@ -99,6 +107,18 @@ FAMILIES.update({
                    gpu_only_full_size=True),
     "Wan21": Family("Wan21", partial(_dit, "wan21_t2v"), partial(_dit_conditioning, "wan21_t2v"),
                     frames=WAN_LATENT_FRAMES),
+    "Flux2": Family("Flux2", partial(_dit, "flux2"), partial(_dit_conditioning, "flux2"), tiny_only=True,
+                    downscale=16),
+    "Chroma": Family("Chroma", partial(_dit, "chroma"), partial(_dit_conditioning, "chroma"), tiny_only=True),
+    "QwenImage": Family("QwenImage", partial(_dit, "qwen_image"), partial(_dit_conditioning, "qwen_image"),
+                        tiny_only=True),
+    "HunyuanVideo": Family("HunyuanVideo", partial(_dit, "hunyuan_video"), partial(_dit_conditioning, "hunyuan_video"),
+                           tiny_only=True, frames=WAN_LATENT_FRAMES),
+    "HunyuanVideo15": Family("HunyuanVideo15", partial(_dit, "hunyuan_video15"),
+                             partial(_dit_conditioning, "hunyuan_video15"), tiny_only=True, downscale=16,
+                             frames=WAN_LATENT_FRAMES),
+    "Lumina2": Family("Lumina2", partial(_dit, "lumina2"), partial(_dit_conditioning, "lumina2"), tiny_only=True),
+    "ZImage": Family("ZImage", partial(_dit, "z_image"), partial(_dit_conditioning, "z_image"), tiny_only=True),
 })
 
 
