@@ -276,6 +276,29 @@ def test_z_image_with_reference_images_is_left_alone_and_says_why(comfy, dits):
                for w in warnings), warnings
 
 
+def test_omnigen2_with_reference_images_is_left_alone_and_says_why(comfy, dits):
+    """OmniGen2's reference images run through a refiner of their own the plan does not place:
+    ToMe leaves such a model call alone, as ToDo does, and says why."""
+    model = dits("omnigen2")
+    size = random_dits.tested_size("omnigen2")
+    latent = random_dits.latent("omnigen2", **size)
+    reference = torch.randn(latent.shape, generator=torch.Generator().manual_seed(5))
+    positive, negative = ([[c, {**e, "reference_latents": [reference]}] for c, e in cond]
+                          for cond in random_dits.conditioning("omnigen2", **size))
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
+
+    def sample(m):
+        with torch.inference_mode():
+            return comfy.sample.sample(m, noise, 1, 2.0, "euler", "simple", positive, negative, latent, seed=0,
+                                       disable_pbar=True)
+
+    patched = tome(comfy, model).result[0]
+    assert torch.equal(sample(patched), sample(model))
+    warnings = session_of(patched).last_report.warnings
+    assert any("this OmniGen2 model call was left alone: its reference images run through a reference-image "
+               "refiner" in w for w in warnings), warnings
+
+
 def test_krea2_with_zero_timestep_references_is_left_alone_and_says_why(comfy):
     """Krea 2's index_timestep_zero references are modulated apart from a token index its blocks
     are given outside their tokens: ToMe leaves such a call alone and says why (0.33 only)."""

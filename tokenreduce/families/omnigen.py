@@ -27,8 +27,15 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
 # ComfyUI 0.3.75 or 0.33), layer(x, mask, rotary_emb, temb, transformer_options=...), its rotary
 # table [B, L, 1, ...] over the layer's tokens and its mask None: Lumina's merge, reached through
 # object patches on the noise refiners (the grid) and the joint layers ([text, grid]); calls with
-# reference images are left alone by tokens().
-MERGE = LUMINA_MERGE._replace(check=None)
+# reference images are left alone (merge_check says why).
+def merge_check(model, kwargs) -> str | None:
+    if kwargs.get("ref_latents"):
+        return ("its reference images run through a reference-image refiner of their own before the joint layers, "
+                "which ToMe's plan does not place")
+    return None
+
+
+MERGE = LUMINA_MERGE._replace(check=merge_check)
 
 FAMILIES = (
     Family("OmniGen2", ("Omnigen2",), ("OmniGen2Transformer2DModel",), True, False,
