@@ -246,6 +246,26 @@ def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
 
 
+def _left_alone_with_a_reference(comfy, model, variant) -> list[str]:
+    """Sample ``variant`` with a reference latent (ReferenceLatent's ``reference_latents``), with
+    ToMe and without: the same latent; the warnings of the patched run."""
+    size = random_dits.tested_size(variant)
+    latent = random_dits.latent(variant, **size)
+    reference = torch.randn(latent.shape, generator=torch.Generator().manual_seed(5))
+    positive, negative = ([[c, {**e, "reference_latents": [reference]}] for c, e in cond]
+                          for cond in random_dits.conditioning(variant, **size))
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
+
+    def sample(m):
+        with torch.inference_mode():
+            return comfy.sample.sample(m, noise, 1, 2.0, "euler", "simple", positive, negative, latent, seed=0,
+                                       disable_pbar=True)
+
+    patched = tome(comfy, model).result[0]
+    assert torch.equal(sample(patched), sample(model))
+    return session_of(patched).last_report.warnings
+
+
 def test_z_image_with_reference_images_is_left_alone_and_says_why(comfy, dits):
     """Z-Image Omni's reference images (ComfyUI 0.33: ReferenceLatent's ``ref_latents``) put tokens
     of their own before the caption and modulate them apart over token ranges the layers are given
@@ -256,22 +276,7 @@ def test_z_image_with_reference_images_is_left_alone_and_says_why(comfy, dits):
 
     if "ref_latents" not in inspect.signature(NextDiT._forward).parameters:
         pytest.skip("this ComfyUI's NextDiT takes no reference images")
-    model = dits("z_image")
-    size = random_dits.tested_size("z_image")
-    latent = random_dits.latent("z_image", **size)
-    reference = torch.randn(latent.shape, generator=torch.Generator().manual_seed(5))
-    positive, negative = ([[c, {**e, "reference_latents": [reference]}] for c, e in cond]
-                          for cond in random_dits.conditioning("z_image", **size))
-    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
-
-    def sample(m):
-        with torch.inference_mode():
-            return comfy.sample.sample(m, noise, 1, 2.0, "euler", "simple", positive, negative, latent, seed=0,
-                                       disable_pbar=True)
-
-    patched = tome(comfy, model).result[0]
-    assert torch.equal(sample(patched), sample(model))
-    warnings = session_of(patched).last_report.warnings
+    warnings = _left_alone_with_a_reference(comfy, dits("z_image"), "z_image")
     assert any("this Lumina 2 / Z-Image model call was left alone: its reference images (ref_latents" in w
                for w in warnings), warnings
 
@@ -279,22 +284,7 @@ def test_z_image_with_reference_images_is_left_alone_and_says_why(comfy, dits):
 def test_omnigen2_with_reference_images_is_left_alone_and_says_why(comfy, dits):
     """OmniGen2's reference images run through a refiner of their own the plan does not place:
     ToMe leaves such a model call alone, as ToDo does, and says why."""
-    model = dits("omnigen2")
-    size = random_dits.tested_size("omnigen2")
-    latent = random_dits.latent("omnigen2", **size)
-    reference = torch.randn(latent.shape, generator=torch.Generator().manual_seed(5))
-    positive, negative = ([[c, {**e, "reference_latents": [reference]}] for c, e in cond]
-                          for cond in random_dits.conditioning("omnigen2", **size))
-    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
-
-    def sample(m):
-        with torch.inference_mode():
-            return comfy.sample.sample(m, noise, 1, 2.0, "euler", "simple", positive, negative, latent, seed=0,
-                                       disable_pbar=True)
-
-    patched = tome(comfy, model).result[0]
-    assert torch.equal(sample(patched), sample(model))
-    warnings = session_of(patched).last_report.warnings
+    warnings = _left_alone_with_a_reference(comfy, dits("omnigen2"), "omnigen2")
     assert any("this OmniGen2 model call was left alone: its reference images run through a reference-image "
                "refiner" in w for w in warnings), warnings
 
