@@ -4,14 +4,15 @@ what ``ui.py`` shows. Pure Python."""
 
 from __future__ import annotations
 
-INTRO = ("Faster sampling on SD1.x, SD2.x and SDXL: fewer tokens in the UNet's attention. Start with ToDo at its "
-         "defaults. What was patched and the tokens removed per level go into the image's parameters. Hover a "
+INTRO = ("Faster sampling on SD1.x, SD2.x, SDXL and Flux.1: fewer tokens in attention (ToDo), or through "
+         "whole blocks on Flux.1 (ToMe). Start with ToDo at its defaults. What was patched and the tokens removed per level go into the image's parameters. Hover a "
          "setting for what it does.")
 HIRES_PASS = "Hires. fix pass"  # the accordion of the hires. fix pass's settings
 ABOUT = "About these settings"  # the accordion with every input's explanation
 METHOD_INFO = {
     "ToDo": "Self-attention reads keys and values downsampled on the token grid; every query stays. Deterministic.",
-    "ToMe": "Similar tokens are merged before attention and unmerged after (ToMe for SD).",
+    "ToMe": "Similar tokens are merged before attention and unmerged after (ToMe for SD); on Flux.1, before "
+            "each merged block and restored after it.",
 }
 HIRES_INFO = ("The hires. fix pass: the first pass's settings, its own settings (below), or no token reduction. "
               "Its larger latent often gains more.")
