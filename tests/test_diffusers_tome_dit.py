@@ -312,3 +312,25 @@ def test_lumina_captions_of_several_lengths_are_left_alone_and_said():
     with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always") as patch:
         assert torch.equal(_run(model, inputs), unpatched)
         assert "token layout ToMe does not know" in " ".join(patch.report_lines())
+
+
+def test_compiled_without_graph_breaks_or_recompiles_per_step():
+    """torch.compile of the model (fullgraph: a graph break raises), then apply_patch to the
+    compiled model: its call hooks run on the wrapper, outside the compiled region; the merged
+    blocks inside it (HunyuanVideo's: positional arguments, a mask, a run per sample). Steps
+    with new timesteps (new tiles) do not recompile."""
+    family = "HunyuanVideo"
+    model = tiny.transformer(family)
+    inputs = tiny.transformer_inputs(family, model, frames=2, h=H, w=W)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always"):
+            eager = _run(model, inputs)
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        with apply_patch(compiled, "ToMe", ratio=0.5, reduce_when="always") as patch:
+            first = compiled(**inputs, return_dict=False)[0]
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                for step in (900.0, 500.0, 100.0):
+                    compiled(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
+            assert "blocks 128→64" in " ".join(patch.report_lines())
+    torch.testing.assert_close(first, eager, rtol=1e-5, atol=1e-5)

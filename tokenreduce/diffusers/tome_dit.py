@@ -212,19 +212,16 @@ class DiffusersToMeDiT(CallPatch):
         kind = self.seam.kinds[type(block).__name__]
         rope = next((name for name in self.seam.rope if name in signature.parameters), None)
         spec, tokens_out = _per_kind(self.seam.args, kind), _per_kind(self.seam.tokens_out, kind)
-        varargs = [name for name, p in signature.parameters.items() if p.kind == p.VAR_POSITIONAL]
-        varkw = [name for name, p in signature.parameters.items() if p.kind == p.VAR_KEYWORD]
+        # its positional parameters by name, read here: binding at call time (inspect) breaks compiled graphs
+        positional = [name for name, p in signature.parameters.items()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
         def forward(*args, **kwargs):
             current, context = self.current, self.session.context
             if current is None or context is None:
                 return original(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            call = dict(bound.arguments)
-            for name in varargs:  # extra positional arguments the block ignores (HunyuanVideo's): dropped
-                call.pop(name, None)
-            for name in varkw:
-                call.update(call.pop(name, {}))
+            # extra positional arguments (HunyuanVideo's, which its blocks ignore) are dropped
+            call = {**dict(zip(positional, args)), **kwargs}
             layout, tiles, r = current
             if not self._pays(context, kind, layout, r, original, call, (spec, rope, tokens_out)):
                 return original(*args, **kwargs)
