@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import types
 from pathlib import Path
@@ -172,25 +173,34 @@ def reach_layers(patcher, patch) -> None:
         previous = patcher.object_patches.get(f"{path}.forward")
         if getattr(previous, "tokenreduce_key", None) is not None:
             previous = None  # ours, bound to the module of the copy this one was made from
+        returns = (patch.merge.layer_returns or {}).get(key[0])
         patcher.add_object_patch(f"{path}.forward", _layer_forward(patcher.get_model_object(path), previous, key,
-                                                                   patch.merge.layer_args))
+                                                                   patch.merge.layer_args, returns))
 
 
-def _layer_forward(module, previous, key, names):
+def _layer_forward(module, previous, key, names, returns=None):
     original = previous if previous is not None else functools.partial(type(module).forward, module)
+    # the block's own names of the parameters ``names`` stand for, for a model that passes them by keyword
+    params = tuple(inspect.signature(type(module).forward).parameters)[1:1 + len(names)]
 
     def forward(*args, transformer_options=None, **kwargs):
         options = {} if transformer_options is None else transformer_options
         replace = options.get("patches_replace", {}).get("dit", {}).get(key)
         if replace is None or len(args) > len(names):
             return original(*args, transformer_options=options, **kwargs)
-        given = dict(zip(names, args))
+        count = len(args)
+        by_keyword = {param: name for param, name in zip(params[count:], names[count:]) if param in kwargs}
+        rest = {k: v for k, v in kwargs.items() if k not in by_keyword}
+        given = {**dict(zip(names, args)), **{name: kwargs[param] for param, name in by_keyword.items()}}
 
         def original_block(block_args):
-            return {names[0]: original(*(block_args[name] for name in given),
-                                       transformer_options=block_args["transformer_options"], **kwargs)}
+            out = original(*(block_args[name] for name in names[:count]),
+                           **{param: block_args[name] for param, name in by_keyword.items()},
+                           transformer_options=block_args["transformer_options"], **rest)
+            return dict(zip(returns, out)) if returns else {names[0]: out}
 
-        return replace({**given, "transformer_options": options}, {"original_block": original_block})[names[0]]
+        out = replace({**given, "transformer_options": options}, {"original_block": original_block})
+        return tuple(out[name] for name in returns) if returns else out[names[0]]
 
     forward.tokenreduce_key = key
     forward.layer = module  # the module it was bound to (each device copy's own)

@@ -68,13 +68,18 @@ VARIANTS = {
     "zimage_pixel": ({"n_layers": 2, "n_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
     # OmniGen2: Lumina's layer calls (object patches) over [grid] and [text, grid], no pad tokens
     "omnigen2": ({"num_layers": 2, "num_refiner_layers": 2}, [("noise_refiner", 1), ("layer", 0)], 48),
+    # HiDream: double blocks (the image stream; text apart, returned with it) and single blocks
+    # over [image, T5, Llama, Llama], called by keyword; positions image first (a Llama layer per block)
+    "hidream": ({"num_layers": 2, "num_single_layers": 2, "llama_layers": [0, 1, 0, 1]},
+                [("double_block", 1), ("single_block", 0)], 48),
     # 0.33 only: Krea 2's single-stream blocks over [text, image], reached by object patches too
     "krea2": ({"layers": 4}, [("single_block", 1), ("single_block", 2)], 48),
 }
 TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12, "mage_flow": 12, "joyimage": 12}
-POSITIONS_IMAGE_FIRST = {"lens", "joyimage"}  # positions over [image, text] (Lens) or the image stream alone
+# positions over [image, text] (Lens, HiDream) or the image stream alone
+POSITIONS_IMAGE_FIRST = {"lens", "joyimage", "hidream"}
 NEXTDIT = ("lumina2", "z_image", "zimage_pixel", "omnigen2")  # NextDiT-like layers reached by object patches
 
 
@@ -192,7 +197,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
             continue
         pe_x, pe_y = given["pe"], merged["pe"]
         # [B, L, ...] (Wan; LTX-Video on 0.33) or [B, 1, L, ...]
-        pe_dim = 1 if variant.startswith("wan") or variant in (*NEXTDIT, "joyimage") or (
+        pe_dim = 1 if variant.startswith("wan") or variant in (*NEXTDIT, "joyimage", "hidream") or (
             variant.startswith("ltx") and pe_x.shape[1] != 1) else 2
         assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
         pe_after = pe_x.shape[pe_dim] - pe_start - n
@@ -214,7 +219,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
                                      "wan21_scail", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "wan22_s2v", "krea2", "omnigen2"])
+                                     "joyimage", "wan22_s2v", "krea2", "omnigen2", "hidream"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -240,7 +245,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
                                      "wan21_vace", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "krea2", "omnigen2"])
+                                     "joyimage", "krea2", "omnigen2", "hidream"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
@@ -303,12 +308,12 @@ def test_krea2_with_zero_timestep_references_is_left_alone_and_says_why(comfy):
 
 
 def test_families_without_a_description_are_refused(comfy):
-    if not random_dits.available("hidream"):
-        pytest.skip("this ComfyUI has no hidream model")
-    model = random_dits.make_dit("hidream")
-    with pytest.raises(ValueError, match=r"ToMe does not merge whole blocks of HiDream: its model calls its blocks "
-                       r"directly \(no block-replace lookup\), which ToMe reaches only through a layer call it "
-                       r"describes, and its blocks are called by keyword"):
+    if not random_dits.available("cosmos_predict2_t2i"):
+        pytest.skip("this ComfyUI has no cosmos_predict2_t2i model")
+    model = random_dits.make_dit("cosmos_predict2_t2i")
+    with pytest.raises(ValueError, match=r"ToMe does not merge whole blocks of Cosmos Predict2 image: its model calls "
+                       r"its blocks directly \(no block-replace lookup\), which ToMe reaches only through a layer "
+                       r"call it describes, and its blocks take the latent as a \[B, T, H, W, D\] grid"):
         tome(comfy, model)
 
 

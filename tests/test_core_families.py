@@ -50,7 +50,7 @@ def test_docs_models_page_is_made_from_the_registry():
 # DiT families whose model (ComfyUI 0.3.75 and 0.33) calls its blocks with no block-replace
 # lookup (patches_replace["dit"]) and whose block call the layer seam (DiTMerge.layer_args) does
 # not describe: ToMe says what in the call it cannot follow.
-DIRECT_CALLS = {"HiDream": "by keyword", "Cosmos 1.0": "[T, H, W, B, D] grid",
+DIRECT_CALLS = {"Cosmos 1.0": "[T, H, W, B, D] grid",
                 "Cosmos Predict2": "[B, T, H, W, D] grid", "Cosmos Predict2 image": "[B, T, H, W, D] grid",
                 "Anima": "[B, T, H, W, D] grid", "Boogu-Image": "two rotary tables",
                 "Ideogram 4": "for the whole batch", "PixelDiT": "within each patch", "PiD": "within each patch",

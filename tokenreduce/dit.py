@@ -78,8 +78,12 @@ class DiTMerge(NamedTuple):
     # None: the host looks the keys up itself. Else the model calls its blocks directly (NextDiT,
     # OmniGen2, Krea 2): the host reaches each merged block through an object patch on its forward (on the clone)
     # that hands its positional arguments on under these names (the first: the tokens, which the
-    # block returns) with the call's transformer_options, and looks the key up there itself
+    # block returns) with the call's transformer_options, and looks the key up there itself; the
+    # block's parameters these stand for may be passed by keyword too (HiDream)
     layer_args: tuple[str, ...] | None = None
+    # kind -> the names of the tuple a block of that kind returns (HiDream's double blocks: (img,
+    # txt)); a kind not named returns the tokens alone
+    layer_returns: dict | None = None
 
 
 def direct_call_refusal(what: str) -> str:
