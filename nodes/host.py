@@ -162,8 +162,9 @@ def install_block_replacements(patcher, patch) -> None:
 
 def reach_layers(patcher, patch) -> None:
     """An object patch (undone with ``patcher``) on the ``forward`` of each block ``patch`` merges,
-    for a model that calls its blocks directly: the block's positional arguments are handed, under
-    the family's ``layer_args`` names and with the call's transformer_options, to the replacement
+    for a model that calls its blocks directly: the block's leading arguments (given by position or
+    by the block's own parameter names, HiDream's) are handed, under the family's ``layer_args``
+    names and with the call's transformer_options, to the replacement
     found at the block's key in those options (ours, or a timing rehearsal's around it), with the
     block's own forward as the original block. The module run is ``patcher``'s own (a device copy's
     on a copy); an object patch on that forward from another node is chained, as the original."""
