@@ -342,7 +342,8 @@ def test_info_says_how_auto_decides(comfy, dits):
 
 
 # wan22_s2v: on 0.3.75 its blocks get the call's options only through the pack's hand-over
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2", "z_image", "wan22_s2v"])
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2", "z_image", "wan22_s2v", "hidream", "omnigen2",
+                                     "krea2"])
 def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
     """ToDo reduces the keys and values of the blocks ToMe merged too (their grid: the merged
     tokens), the same whichever node is applied first: no call is left alone, the report shows
