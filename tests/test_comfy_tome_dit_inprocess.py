@@ -467,7 +467,7 @@ def _auto(store, model):
     return [(site, d.reduce, d.source) for site, d in report.decisions], store.measurements
 
 
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2"])
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2", "hidream"])
 def test_auto_merges_the_kinds_of_block_where_merging_is_faster(comfy, dits, measuring, variant):
     model = dits(variant)
     store = measuring((10.0, 8.0))
