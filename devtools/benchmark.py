@@ -5,6 +5,7 @@
     python3 devtools/benchmark.py --compile              # also every config under torch.compile
     python3 devtools/benchmark.py --gpu-table OUT        # the GPU table of the issues, row by row, in 8 minutes
     python3 devtools/benchmark.py --gpu-table-video OUT  # its video preset: Wan 2.1 14B 720p, LTX-2, one step each
+    python3 devtools/benchmark.py --gpu-table-tome OUT   # its ToMe preset (#38): ToMe vs ToDo at ~1 MP, Pareto fronts
     python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
         [--families Flux Wan21] [--size 512] [--repeats N] [--threads N]
     python3 devtools/benchmark.py --diffusers            # diffusers pipelines: the table of diffusers' ToMe docs
@@ -60,7 +61,7 @@ def main() -> int:
         from bench import tome_dit_table
         return tome_dit_table.main(sys.argv[1:], pinned.comfyui)
     pinned = None
-    if {"--gpu-table", "--gpu-table-video"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
+    if {"--gpu-table", "--gpu-table-video", "--gpu-table-tome"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
         sys.argv[1:1] = ["--comfyui", os.environ["TOKENREDUCE_COMFYUI"]]  # a lent GPU: its tree, this Python
     if not any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:]):
         # Into the pinned host before parsing: the tiny DiT fixtures (--families) import torch.

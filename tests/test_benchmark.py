@@ -245,11 +245,11 @@ def test_full_size_dits_are_the_released_layouts(comfy):
 # The GPU table's full-size models against their released parameter counts (model cards): Wan 2.1
 # T2V 14B 14.3B (each Wan 2.2 A14B expert has its layout: the i2v experts 36 input channels), I2V 14B
 # 16.4B (CLIP-vision tokens), Wan 2.2 TI2V 5B 5.0B, LTX-2 "19B" (ComfyUI's LTXAVModel at the released
-# widths counts 19.59B, its text connectors included: within 4 %).
+# widths counts 19.59B, its text connectors included: within 4 %), Qwen-Image 20.4B (issue #38).
 RELEASED = {"wan21": ("WAN21_T2V", 1.42e9, 0.01), "flux_dev": ("Flux", 11.9e9, 0.01),
             "wan21_14b": ("WAN21_T2V", 14.3e9, 0.01), "wan21_14b_i2v": ("WAN21_I2V", 16.4e9, 0.01),
             "wan22_a14b_i2v": ("WAN21_T2V", 14.3e9, 0.01), "wan22_5b": ("WAN22_T2V", 5.0e9, 0.01),
-            "ltx2": ("LTXAV", 19e9, 0.04)}
+            "ltx2": ("LTXAV", 19e9, 0.04), "qwen_image": ("QwenImage", 20.4e9, 0.01)}
 
 
 @pytest.mark.parametrize("key", list(RELEASED))
@@ -395,13 +395,20 @@ def test_the_gpu_table_writes_each_row_as_it_finishes_and_a_cut_run_keeps_them(t
 
 def test_the_gpu_table_says_what_it_did_not_measure(tmp_path):
     """A row over its budget is written "over budget, not measured"; rows past the deadline "deadline:
-    not run"; a later issue's row "not yet supported"."""
-    over = _gpu_table(tmp_path / "over", "--budget-scale", "0", "--rows", "sd15-768", "qwen-image-1328")
-    assert [line["row"] for line in over] == ["sd15-768", "qwen-image-1328"]
+    not run"; a later issue's row (``pending``) "not yet supported"."""
+    from types import SimpleNamespace
+
+    import bench.gpu_table as table
+
+    over = _gpu_table(tmp_path / "over", "--budget-scale", "0", "--rows", "sd15-768")
+    assert [line["row"] for line in over] == ["sd15-768"]
     assert over[0]["status"].startswith("over budget") and "not measured" in over[0]["status"]
-    assert over[1]["status"].startswith("not yet supported: issue #38")
-    late = _gpu_table(tmp_path / "late", "--deadline", "0", "--rows", "sd15-768", "qwen-image-1328")
-    assert late[0]["status"] == "deadline: not run" and late[1]["status"].startswith("not yet supported")
+    late = _gpu_table(tmp_path / "late", "--deadline", "0", "--rows", "sd15-768", "sd15-1024")
+    assert [line["status"] for line in late] == ["deadline: not run"] * 2
+    later = table.RowSpec("later", "a later model", "1024", ("ToDo 2",), pending="not yet supported: issue #N")
+    (stub,) = table.run_row(SimpleNamespace(tiny=True), None, None, later, 1.0)
+    assert stub["status"] == "not yet supported: issue #N" and stub["where"] == "a later model, 1024 px"
+    assert table.expected_seconds(later) == 0.0 and "not yet supported" in table.plan_text([later], 480)
 
 
 def test_the_gpu_table_compiled_row_reports_compiling_apart(tmp_path):
@@ -454,6 +461,41 @@ def test_the_gpu_table_plan_fits_the_deadline():
     assert all(row.pending.startswith("not yet supported") for row in table.ROWS if row.model not in table.MODELS)
     assert any(row.compile for row in measured) and any(row.attention == "sage" for row in measured)
     assert any(row.hypertile for row in measured)
+
+
+def test_the_gpu_table_tome_preset_plan_and_a_tiny_row(tmp_path):
+    """--gpu-table-tome (issue #38): its rows, the most important first (Flux.1 1024, SDXL 1024,
+    Qwen-Image 1328, Wan 2.1 81 frames, SD1.5 1024), each variant a configuration of configs.BY_NAME,
+    expected to fit the 8-minute deadline on the H200 with its model builds; on the tiny Qwen-Image
+    (a 5-D latent): every variant measured with its Amdahl bound (ToMe's of whole-block merging, more
+    than 1x) and its place on the row's Pareto front, and its error against ToDo factor 3's."""
+    from types import SimpleNamespace
+
+    import bench.gpu_table as table
+    from bench.configs import BY_NAME
+
+    rows = table.preset_rows(SimpleNamespace(rows=None, gpu_table_video=None, gpu_table_tome=tmp_path))
+    assert [row.key for row in rows] == ["flux-1024-tome", "sdxl-1024-tome", "qwen-image-1328-tome",
+                                         "wan21-81f-tome", "sd15-1024-tome"]
+    for row in rows:
+        assert not row.pending and row.model in table.MODELS and len(row.speedups) == len(row.configs)
+        assert {"ToDo 2", "ToDo 3", "ToMe 0.5"} <= set(row.configs) <= set(BY_NAME)
+        assert ("ToMe 0.5 + ToDo 2" in row.configs) != table.MODELS[row.model].unet  # DiTs: both stacked
+        assert table.MODELS[row.model].unet == ("ToMe 0.5 tile + MLP + cross" in row.configs)
+    builds = len({row.model for row in rows})
+    assert sum(table.expected_seconds(row) for row in rows) < table.DEFAULT_DEADLINE - builds * 30 - 60
+    assert table.plan_text(rows, 480).count("-tome |") == len(rows)
+    lines = _gpu_table(tmp_path / "tome", "--gpu-table-tome", str(tmp_path / "tome"), "--rows", "qwen-image-1328-tome")
+    assert [line["variant"] for line in lines] == ["ToDo 2", "ToDo 3", "ToMe 0.5", "ToMe 0.5 + ToDo 2"]
+    for line in lines:
+        assert line["status"] == "measured" and line["where"] == "Qwen-Image (tiny), 64x64 px"
+        assert line["speedup"] > 0 and line["rel_error"] > 0 and line["bound"] >= 1
+        assert line["pareto"] == "yes" or line["pareto"].endswith(" faster and closer")
+        assert ("error_vs_todo3" in line) == (line["variant"] != "ToDo 3")
+    tome, both = lines[2], lines[3]
+    assert tome["bound"] > 1.05 and both["bound"] >= tome["bound"]  # whole blocks; ToDo's savings added
+    table_md = (tmp_path / "tome" / "gpu_table.md").read_text()
+    assert "| Pareto front |" in table_md and "x ToDo 3's |" in table_md
 
 
 def test_tome_on_dits_pareto_table_side_by_side():

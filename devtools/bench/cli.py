@@ -125,8 +125,9 @@ def main(args) -> int:
     from . import environment, plots, report
     from .run import run
 
-    if args.gpu_table is not None or args.gpu_table_video is not None:
-        args.out = args.gpu_table if args.gpu_table is not None else args.gpu_table_video
+    presets = (args.gpu_table, args.gpu_table_video, args.gpu_table_tome)
+    if any(out is not None for out in presets):
+        args.out = next(out for out in presets if out is not None)
         return gpu_table.main(args)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.stacks:

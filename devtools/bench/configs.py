@@ -21,7 +21,7 @@ from . import REPO
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))  # last: ComfyUI's own top-level ``nodes`` module must win over ours
 
-from tokenreduce.methods import MODE_QUERIES, TODO, TOME, todo_level_factors  # noqa: E402
+from tokenreduce.methods import MATCH_TILE, MODE_QUERIES, TODO, TOME, todo_level_factors  # noqa: E402
 
 TOME_NODE, TODO_NODE, BUILTIN_NODE = "tome", "todo", "builtin"
 # ComfyUI's TomePatchModel declares one input besides the model (tests check this against its schema).
@@ -165,6 +165,13 @@ CONFIGS: tuple[Config, ...] = (
     Config("ToDo 2 + time 2", "todo-time", (todo(factor=2.0, temporal_factor=2.0),)),  # video DiTs
     Config("ToDo 2 average", "todo-average", (todo(factor=2.0, method="average"),)),  # not on RoPE DiTs
     Config("ToMe 0.5 queries + ToDo 2", "combined", (tome(ratio=0.5, **QUERIES), todo(factor=2.0))),
+    # Issue #38 (the --gpu-table-tome preset): both nodes at their defaults stacked, and ToMe's
+    # candidates for SDXL and SD1.5 at 1024 px (tile matching, the MLP and cross-attention too, deeper levels).
+    Config("ToMe 0.5 + ToDo 2", "combined", (tome(ratio=0.5), todo(factor=2.0))),
+    Config("ToMe 0.5 tile", "tome-tile", (tome(ratio=0.5, matching=MATCH_TILE),)),
+    Config("ToMe 0.5 tile + MLP + cross", "tome-tile", (tome(ratio=0.5, matching=MATCH_TILE, merge_mlp=True,
+                                                             merge_crossattn=True),)),
+    Config("ToMe 0.5 to downsample 4", "tome", (tome(ratio=0.5, max_downsample="4"),)),
     Config("ToMe 0.5 queries + ToDo 4", "combined", (tome(ratio=0.5, **QUERIES), todo(factor=4.0))),
 )
 BY_NAME: dict[str, Config] = {config.name: config for config in CONFIGS}

@@ -30,6 +30,20 @@ A14B expert, at 1280x720 and 81 frames; LTX-2 19B at 1280x704 and 121 frames wit
 Its rows time one sampling step (``steps``): each variant's first run is its warm-up (and
 auto's measuring), then the rounds time one step each, unpatched and patched side by side.
 A variant the node refuses is written "refused: <the node's reason>".
+
+The ToMe preset (issue #38) is a third table with its own deadline: ToMe through whole blocks
+against ToDo at about one megapixel, where most images are made (Flux.1 1024 px, SDXL 1024 px,
+Qwen-Image 1328 px, Wan 2.1 1.3B 480p 81 frames, SD1.5 1024 px; on the UNets also ToMe's tile
+matching, the MLP and cross-attention, and deeper levels):
+
+    python3 devtools/benchmark.py --gpu-table-tome OUT --comfyui /path/to/ComfyUI [--plan]
+
+Every line of every preset says whether its variant is on the row's Pareto front (speed-up against
+relative error, unpatched counted at 1x and 0; ``tome_dit_table._pareto``) or which variants are
+both faster and closer, and, where the row has ToDo factor 3, the variant's error as a multiple of
+its. A ToMe variant's Amdahl bound on a DiT is that of whole-block merging (the merged blocks'
+share s of the unpatched forward, timed with hooks, at f = merged tokens / tokens:
+1 / (1 - s + s * f)); stacked with ToDo, the bound of both savings added: 1 / (1 / b_ToMe + 1 / b_ToDo - 1).
 """
 
 from __future__ import annotations
@@ -50,7 +64,7 @@ STEPS = 4  # euler, simple schedule, as gpu-h200.md
 TINY_STEPS = 2  # --tiny: a check of the table on a CPU in seconds, not a timing
 MIN_START = 5.0  # seconds: a row is not started with less left before the deadline
 DEFAULT_DEADLINE = 480.0  # 8 minutes: leaves the device machine's start and a rerun inside its 15
-TABLE, VIDEO = "table", "video"  # the presets: --gpu-table, --gpu-table-video
+TABLE, VIDEO, TOME_PRESET = "table", "video", "tome"  # the presets: --gpu-table, --gpu-table-video, --gpu-table-tome
 
 
 class OverBudget(Exception):
@@ -121,6 +135,14 @@ MODELS = {
     # the text as its connectors give it: video and audio halves, caption_channels each
     "ltx2": ModelSpec("LTX-2 19B", "ltxav", LTX2_19B, text=2 * 3840, cfg=3.0, tiny_size="96x64", tiny_frames=9,
                       audio=True),
+    # Qwen-Image 20B (20.4B parameters): what detection reads off the file (64 input channels, 60
+    # blocks) and the model's released defaults (24 heads of 128, Qwen2.5-VL text 3584); its latent is
+    # 5-D with one frame (Wan 2.1's format); CFG 2.5 as ComfyUI's template
+    "qwen_image": ModelSpec("Qwen-Image", "qwen_image",
+                            {"image_model": "qwen_image", "in_channels": 64, "out_channels": 16, "num_layers": 60,
+                             "attention_head_dim": 128, "num_attention_heads": 24, "joint_attention_dim": 3584,
+                             "axes_dims_rope": (16, 56, 56)},
+                            text=3584, cfg=2.5, tiny_frames=1),
     "sd15": ModelSpec("SD1.5", "SD15", dtype="float16", cfg=7.0),
     "sdxl": ModelSpec("SDXL", "SDXL", dtype="float16", cfg=7.0),
 }
@@ -145,10 +167,14 @@ class RowSpec:
     note: str = ""  # what the row is for
     pending: str = ""  # not measured yet: why ("not yet supported")
     steps: int = STEPS  # sampling steps a run times (1: the one-step rows of the video preset)
-    preset: str = TABLE  # the table it belongs to: --gpu-table (TABLE) or --gpu-table-video (VIDEO)
+    preset: str = TABLE  # its table: --gpu-table (TABLE), --gpu-table-video (VIDEO), --gpu-table-tome (TOME_PRESET)
 
 
 TODO, TOME = "ToDo 2", "ToMe 0.5"  # the nodes at their defaults (reduce_when auto)
+TOME_TODO = "ToMe 0.5 + ToDo 2"  # both at their defaults, ToMe first
+# ToMe's candidates on the UNets at 1024 px (issue #38): tile matching, with the MLP and
+# cross-attention merged too, and down to downsample 4
+UNET_TOME = ("ToMe 0.5 tile", "ToMe 0.5 tile + MLP + cross", "ToMe 0.5 to downsample 4")
 ROWS: tuple[RowSpec, ...] = (
     RowSpec("wan21-81f", "wan21", "832x480", (TODO, "ToDo 3", "ToDo 2 + time 2"), frames=81, h200_seconds=4.44,
             speedups=(1.74, 2.03, 1.99), budget=75),
@@ -173,9 +199,6 @@ ROWS: tuple[RowSpec, ...] = (
     RowSpec("sd15-2048-compiled", "sd15", "2048", (TODO,), compile=True, h200_seconds=1.22, speedups=(1.9,),
             budget=150, min_rounds=2, max_rounds=3, timed=0.0,
             note="compiled (inductor): what compiling costs and whether it pays"),
-    # Issues #38 and #39: one line each once their families run here.
-    RowSpec("qwen-image-1328", "qwen_image", "1328", (TODO,), pending="not yet supported: issue #38 (Qwen-Image's "
-            "5-D image latent and full-size layout are not in the table's builder yet)"),
     # The video preset (--gpu-table-video): one step each, after a warm-up. Expected seconds: estimates
     # from the FLOPs (Wan 14B at 720p, 81 frames: 75,600 tokens, ~1.4e16 FLOPs a CFG step, two thirds
     # of them attention), not measured yet.
@@ -188,6 +211,24 @@ ROWS: tuple[RowSpec, ...] = (
     RowSpec("ltx2-704p-121f-1step", "ltx2", "1280x704", (TODO,), frames=121, steps=1, preset=VIDEO,
             h200_seconds=4.0, speedups=(1.2,), budget=90, timed=0.0,
             note="one step after a warm-up, audio present: target >= 1.4x"),
+    # The ToMe preset (--gpu-table-tome, issue #38), the most important rows first. Expected seconds:
+    # gpu-h200.md's unpatched s/run (Qwen-Image: an estimate from the FLOPs, ~1.1e15 a run of 4 CFG
+    # steps at 6,889 image tokens, at the ~650 TFLOP/s Flux 1024 px reached); the speed-ups are guesses.
+    RowSpec("flux-1024-tome", "flux_dev", "1024", (TODO, "ToDo 3", TOME, TOME_TODO), preset=TOME_PRESET,
+            h200_seconds=0.64, speedups=(1.09, 1.15, 1.3, 1.35), budget=50, timed=15.0,
+            note="issue #38: ToMe defaults >= 1.3x, on the Pareto front at no more error than ToDo 3"),
+    RowSpec("sdxl-1024-tome", "sdxl", "1024", (TODO, "ToDo 3", TOME) + UNET_TOME, preset=TOME_PRESET,
+            h200_seconds=0.232, speedups=(1.02, 1.05, 1.0, 1.1, 1.2, 1.0), budget=45, timed=15.0, max_rounds=40,
+            note="issue #38: ToMe >= 1.3x at 1024 px, on the Pareto front at no more error than ToDo 3"),
+    RowSpec("qwen-image-1328-tome", "qwen_image", "1328", (TODO, "ToDo 3", TOME, TOME_TODO), preset=TOME_PRESET,
+            h200_seconds=1.7, speedups=(1.1, 1.15, 1.3, 1.35), budget=80, timed=20.0, min_rounds=3,
+            note="issue #38: ToMe defaults >= 1.3x, on the Pareto front at no more error than ToDo 3"),
+    RowSpec("wan21-81f-tome", "wan21", "832x480", (TODO, "ToDo 3", TOME, TOME_TODO), frames=81, preset=TOME_PRESET,
+            h200_seconds=4.44, speedups=(1.74, 2.03, 1.5, 2.3), budget=110, timed=0.0, min_rounds=3,
+            note="issue #38: ToMe + ToDo >= 2.3x, on the Pareto front at no more error than ToDo 3"),
+    RowSpec("sd15-1024-tome", "sd15", "1024", (TODO, "ToDo 3", TOME) + UNET_TOME, preset=TOME_PRESET,
+            h200_seconds=0.143, speedups=(1.0, 1.05, 1.0, 1.1, 1.2, 1.0), budget=40, timed=15.0, max_rounds=40,
+            note="issue #38: ToMe >= 1.2x at 1024 px, on the Pareto front at no more error than ToDo 3"),
 )
 BY_KEY = {row.key: row for row in ROWS}
 
@@ -202,7 +243,9 @@ def expected_seconds(row: RowSpec) -> float:
         return row.budget
     per_round = row.h200_seconds * (1 + sum(1 / s for s in row.speedups))
     rounds = min(row.max_rounds, max(row.min_rounds, int(row.timed // per_round) if per_round else 0))
-    return per_round * (1 + rounds) + row.h200_seconds  # + the Amdahl pass (about one run)
+    share_pass = row.h200_seconds / 2 if row.preset == TOME_PRESET and not MODELS[row.model].unet else 0.0
+    # + the Amdahl pass (about one run); ToMe on a DiT: its blocks' share (two steps, half a run)
+    return per_round * (1 + rounds) + row.h200_seconds + share_pass
 
 
 def plan_text(rows: list[RowSpec], deadline: float) -> str:
@@ -224,13 +267,13 @@ class Output:
     """gpu_table.jsonl and gpu_table.md, each line flushed and fsynced as it is written."""
 
     HEADER = ("| row | model, size | variant | attention | reference s/run | s/run | speed-up (per-round range) | "
-              "rel. error | Amdahl bound | auto's decision | build s | first run s | compile s | rounds | status |")
+              "rel. error | Amdahl bound | auto's decision | build s | first run s | compile s | rounds | status | Pareto front |")
 
     def __init__(self, out: Path, machine: str, settings: str):
         out.mkdir(parents=True, exist_ok=True)
         self.jsonl = open(out / "gpu_table.jsonl", "a", encoding="utf-8")
         self.md = open(out / "gpu_table.md", "a", encoding="utf-8")
-        self._write(self.md, f"Machine: {machine}\n\n{settings}\n\n{self.HEADER}\n|" + "---|" * 15 + "\n")
+        self._write(self.md, f"Machine: {machine}\n\n{settings}\n\n{self.HEADER}\n|" + "---|" * 16 + "\n")
 
     @staticmethod
     def _write(handle, text: str) -> None:
@@ -260,7 +303,34 @@ def to_markdown(r: dict) -> str:
             f"{_f(r.get('reference_seconds'), '{:.4g}')} | {_f(r.get('seconds'), '{:.4g}')} | {spread} | "
             f"{_f(r.get('rel_error'), '{:.4f}')} | {_f(r.get('bound'), '{:.2f}x')} | {r.get('decision') or '-'} | "
             f"{_f(r.get('build_seconds'), '{:.1f}')} | {_f(r.get('first_seconds'), '{:.2f}')} | "
-            f"{_f(r.get('compile_seconds'), '{:.1f}')} | {r.get('rounds') or '-'} | {r['status']} |")
+            f"{_f(r.get('compile_seconds'), '{:.1f}')} | {r.get('rounds') or '-'} | {r['status']} | {_pareto_cell(r)} |")
+
+
+def _pareto_cell(r: dict) -> str:
+    if r.get("pareto") is None:
+        return "-"
+    versus = r.get("error_vs_todo3")
+    return r["pareto"] + ("" if versus is None else f"; error {versus:.2f}x ToDo 3's")
+
+
+def with_pareto(lines: list[dict]) -> list[dict]:
+    """Each measured line with whether it is on its row's Pareto front of speed-up against relative
+    error (unpatched counted at 1x and 0; compiled lines, against another reference, left out), or
+    which lines are both faster and closer; and its error as a multiple of ToDo factor 3's there."""
+    from .tome_dit_table import _pareto, _where
+
+    measured = {line["variant"]: line for line in lines if line.get("speedup") is not None
+                and line.get("versus") == UNPATCHED and not line.get("compiled")}
+    if not measured:
+        return lines
+    dominated = _pareto({UNPATCHED: (1.0, 0.0), **{name: (line["speedup"], line["rel_error"])
+                                                    for name, line in measured.items()}})
+    todo3 = measured.get("ToDo 3")
+    for name, line in measured.items():
+        line["pareto"] = _where(name, dominated)
+        if todo3 is not None and name != "ToDo 3" and todo3["rel_error"] > 0:
+            line["error_vs_todo3"] = line["rel_error"] / todo3["rel_error"]
+    return lines
 
 
 # --- models ---------------------------------------------------------------------------------------
@@ -494,6 +564,7 @@ class RowRun:
     def bound(self, name: str) -> float | None:
         """The per-forward Amdahl bound of a variant at its reduction (eager rows, models with a layout)."""
         from . import amdahl
+        from .configs import TOME_NODE
         from .step import OneStep
 
         if self.row.compile or self.spec.audio:  # the Amdahl pass samples a plain latent
@@ -502,11 +573,33 @@ class RowRun:
             base = self.base
             config = getattr(base.model, "model_config", None)
             layout = self.host.model_layout(base.get_model_object("diffusion_model"), type(config).__name__)
-            step = OneStep(base, self.size, self.conditioning, downscale=self._downscale(),
-                           frames=self.latent_frames)
-            self._parts = amdahl.part_times(base, step, 0, layout, self.host.unet_kind)
+            self._step = OneStep(base, self.size, self.conditioning, downscale=self._downscale(),
+                                 frames=self.latent_frames)
+            self._parts = amdahl.part_times(base, self._step, 0, layout, self.host.unet_kind)
         bounds = amdahl.amdahl(self._parts, self.configs[name]) if self._parts else None
-        return bounds.bound_at if bounds else None
+        if bounds is None or self._parts.video is None or not any(n.kind == TOME_NODE for n in self.configs[name].nodes):
+            return bounds.bound_at if bounds else None
+        whole = self._whole_block_bound(name)  # ToMe on a DiT: its bound, with ToDo's savings added
+        rest = 1 / whole + 1 / bounds.bound_at - 1 if whole else 0.0
+        return 1 / rest if rest > 0 else None
+
+    def _whole_block_bound(self, name: str) -> float | None:
+        """1 / (1 - s + s * f): s the share of the unpatched forward in the blocks the variant's ToMe
+        merges (timed with hooks; kept per set of blocks), f its merged tokens over its tokens (its report)."""
+        from .tome_dit_table import _merged_share
+
+        session = next((s for s in self.host.sessions_of(self.models[name])
+                        if type(s.patch).__name__ == "ToMeDiTPatch"), None)
+        report = getattr(session, "last_report", None)
+        if session is None or report is None or not report.levels:
+            return None
+        before, after = next(iter(report.levels[0].tokens.values()))
+        blocks = tuple(session.patch.replace_keys())
+        shares = self.__dict__.setdefault("_shares", {})
+        if blocks not in shares:
+            shares[blocks] = _merged_share(self.base, self._step, session.patch, time.perf_counter)
+        share = shares[blocks]
+        return 1 / (1 - share + share * after / before)
 
     def lines(self, status: str = "measured") -> list[dict]:
         """One record per variant (and, compiled, the compiled reference against eager)."""
@@ -610,7 +703,7 @@ def run_row(args, host, models: Models, row: RowSpec, seconds: float) -> list[di
             for line in lines:
                 if line.get("variant") in state["run"].configs and line.get("seconds") is not None:
                     line["bound"] = state["run"].bound(line["variant"])
-            return lines
+            return with_pareto(lines)
     except Refused as reason:
         return [_stub(row, args.tiny, f"refused: {reason}", state.get("build"))]
     except OverBudget:
@@ -647,8 +740,13 @@ def preset_rows(args) -> list[RowSpec]:
     """``--rows`` in their order, else the rows of the preset asked for (--gpu-table-video: VIDEO)."""
     if args.rows:
         return [BY_KEY[key] for key in args.rows]
-    preset = VIDEO if getattr(args, "gpu_table_video", None) is not None else TABLE
-    return [row for row in ROWS if row.preset == preset]
+    return [row for row in ROWS if row.preset == preset_of(args)]
+
+
+def preset_of(args) -> str:
+    if getattr(args, "gpu_table_video", None) is not None:
+        return VIDEO
+    return TOME_PRESET if getattr(args, "gpu_table_tome", None) is not None else TABLE
 
 
 def main(args) -> int:
@@ -673,7 +771,8 @@ def main(args) -> int:
                   "compiles), then alternating rounds, the order rotated each round; medians. Speed-up: reference "
                   "s/run over the variant's (in brackets the lowest and highest of the per-round ratios); rel. "
                   "error: relative L2 of the final latent against the reference. Amdahl bound: per forward, at "
-                  "the variant's reduction. Deadline "
+                  "the variant's reduction (ToMe on a DiT: of whole-block merging; with ToDo, both savings "
+                  "added). Pareto front: speed-up against rel. error in the row, unpatched at 1x and 0. Deadline "
                 + f"{args.deadline:.0f} s; ComfyUI loaded in {time.perf_counter() - started:.1f} s"
                 + ("; PyAV not installed: an empty stand-in (no video is decoded here)." if stubbed else "."))
     out = Output(args.out, machine, settings)
@@ -746,6 +845,9 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu-table-video", dest="gpu_table_video", type=Path, metavar="OUT",
                    help="the video preset of the GPU table (720p and longer, one step each: Wan 2.1 14B, LTX-2 19B), "
                         "its own run under --deadline")
+    p.add_argument("--gpu-table-tome", dest="gpu_table_tome", type=Path, metavar="OUT",
+                   help="the ToMe preset of the GPU table (issue #38: ToMe through whole blocks against ToDo at about "
+                        "one megapixel: Flux.1, SDXL, Qwen-Image, Wan 2.1 1.3B, SD1.5), its own run under --deadline")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
                    help=f"with --gpu-table: seconds for the whole run (default {DEFAULT_DEADLINE:.0f})")
     p.add_argument("--rows", nargs="+", choices=list(BY_KEY), help="with --gpu-table: only these rows, in this order")
