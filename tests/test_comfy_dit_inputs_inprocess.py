@@ -132,14 +132,12 @@ def _self_attention_parameters(patcher):
     return inspect.signature(type(attention).forward).parameters
 
 
-@pytest.fixture
-def nabla_kandinsky(comfy, monkeypatch):
-    """A tiny Kandinsky 5 whose self-attention takes NABLA's ``sparse_params``, as in the ComfyUI
-    trees that send the self-attention of more than 40 latent frames to NABLA (flex attention over
-    fractal-ordered tokens, never the host's attention). Stand-in: the module's own self-attention
-    class with that parameter added (it still computes full attention here, which is what lets the
-    test see that ToDo leaves it alone)."""
-    base = _kandinsky(comfy)
+def with_nabla(base, monkeypatch):
+    """``base`` (a Kandinsky 5) with a self-attention that takes NABLA's ``sparse_params``, as in the
+    ComfyUI trees that send the self-attention of more than 40 latent frames to NABLA (flex
+    attention over fractal-ordered tokens, never the host's attention). Stand-in: the module's own
+    self-attention class with that parameter added (it still computes full attention here, which
+    is what lets the tests see that ToDo and ToMe leave it alone)."""
     module = sys.modules[type(base.model.diffusion_model).__module__]
 
     class SelfAttention(module.SelfAttention):
@@ -149,6 +147,12 @@ def nabla_kandinsky(comfy, monkeypatch):
     for block in base.model.diffusion_model.visual_transformer_blocks:
         monkeypatch.setattr(block.self_attention, "__class__", SelfAttention)
     return base
+
+
+@pytest.fixture
+def nabla_kandinsky(comfy, monkeypatch):
+    """A tiny Kandinsky 5 whose self-attention takes NABLA's ``sparse_params`` (``with_nabla``)."""
+    return with_nabla(_kandinsky(comfy), monkeypatch)
 
 
 def test_kandinsky5_with_nabla_beyond_40_frames_is_left_alone_and_said(comfy, nabla_kandinsky):

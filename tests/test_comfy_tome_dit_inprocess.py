@@ -74,12 +74,21 @@ VARIANTS = {
                 [("double_block", 1), ("single_block", 0)], 48),
     # 0.33 only: Krea 2's single-stream blocks over [text, image], reached by object patches too
     "krea2": ({"layers": 4}, [("single_block", 1), ("single_block", 2)], 48),
+    # 0.33 only: Kandinsky 5's visual blocks (x: the grid alone; the text refined apart before),
+    # reached by object patches (keyed apart from the host's lookup, whose original block fails)
+    "kandinsky5": ({"num_visual_blocks": 4}, [("visual_block", 1), ("visual_block", 2)], 3 * 48),
+    "kandinsky5_image": ({"num_visual_blocks": 4}, [("visual_block", 1), ("visual_block", 2)], 48),
+    # img: the video alone, txt apart; rotary tables rope_cos and rope_sin [N, heads, D/2] (no batch)
+    "mochi": ({"depth": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
 }
+# the block-replace names of the tokens, the text and the positions where they are not img, txt, pe
+ARG_NAMES = {"kandinsky5": ("x", "context", "freqs"), "kandinsky5_image": ("x", "context", "freqs"),
+             "mochi": ("img", "txt", "rope_cos")}
 TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12, "mage_flow": 12, "joyimage": 12}
 # positions over [image, text] (Lens, HiDream) or the image stream alone
-POSITIONS_IMAGE_FIRST = {"lens", "joyimage", "hidream"}
+POSITIONS_IMAGE_FIRST = {"lens", "joyimage", "hidream", *ARG_NAMES}
 NEXTDIT = ("lumina2", "z_image", "zimage_pixel", "omnigen2")  # NextDiT-like layers reached by object patches
 
 
@@ -134,6 +143,17 @@ def spy_around(model, keys, records):
     return clone
 
 
+def _named(variant, args):
+    """A block's arguments also under the names the checks read (img, txt, pe); Mochi's rotary
+    tables, given without a batch dimension (merged, each batch item has its own), with one."""
+    if variant not in ARG_NAMES:
+        return args
+    named = {**args, **{name: args[given] for name, given in zip(("img", "txt", "pe"), ARG_NAMES[variant])}}
+    if variant == "mochi" and named["pe"].ndim == 3:
+        named["pe"] = named["pe"][None]
+    return named
+
+
 def _grid_starts(model, variant, key, given, n, refs):
     """Where the grid starts in a block's ``img`` and in its positions: double blocks are handed
     the image stream alone ([main image, references]), single blocks every token; the positions
@@ -164,7 +184,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     refs = REFERENCE_TOKENS.get(variant, 0)
     for key in keys:
         assert len(inside[key]) == len(outside[key]) == 1  # one model call (cond and uncond batched)
-        given, merged = outside[key][0], inside[key][0]
+        given, merged = _named(variant, outside[key][0]), _named(variant, inside[key][0])
         x, y = given["img"], merged["img"]
         if "txt" in given:  # double blocks: the text apart
             assert torch.equal(merged["txt"], given["txt"])  # text untouched
@@ -196,8 +216,11 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
         if "pe" not in given:  # SD3: positions added to the tokens before the blocks
             continue
         pe_x, pe_y = given["pe"], merged["pe"]
+        if variant == "mochi":  # rope_sin follows rope_cos: each merged row a pair of the same angles
+            assert merged["rope_sin"].shape == pe_y.shape
+            torch.testing.assert_close(pe_y ** 2 + merged["rope_sin"] ** 2, torch.ones_like(pe_y))
         # [B, L, ...] (Wan; LTX-Video on 0.33) or [B, 1, L, ...]
-        pe_dim = 1 if variant.startswith("wan") or variant in (*NEXTDIT, "joyimage", "hidream") or (
+        pe_dim = 1 if variant.startswith("wan") or variant in (*NEXTDIT, "joyimage", "hidream", *ARG_NAMES) or (
             variant.startswith("ltx") and pe_x.shape[1] != 1) else 2
         assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
         pe_after = pe_x.shape[pe_dim] - pe_start - n
@@ -219,7 +242,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
                                      "wan21_scail", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "wan22_s2v", "krea2", "omnigen2", "hidream"])
+                                     "joyimage", "wan22_s2v", "krea2", "omnigen2", "hidream", "kandinsky5", "mochi"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -245,7 +268,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
                                      "wan21_vace", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "krea2", "omnigen2", "hidream"])
+                                     "joyimage", "krea2", "omnigen2", "hidream", "kandinsky5_image", "mochi"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
@@ -307,6 +330,24 @@ def test_krea2_with_zero_timestep_references_is_left_alone_and_says_why(comfy):
                "index_timestep_zero)" in w for w in warnings), warnings
 
 
+def test_kandinsky5_with_nabla_beyond_40_frames_is_left_alone_and_says_why(comfy, monkeypatch):
+    """Where Kandinsky 5's self-attention takes NABLA's ``sparse_params`` (a stand-in on 0.33), more
+    than 40 latent frames are attended over the whole grid in NABLA's own order: ToMe leaves those
+    model calls alone and says why, as ToDo does."""
+    from test_comfy_dit_inputs_inprocess import _long_run, with_nabla
+
+    if not random_dits.available("kandinsky5"):
+        pytest.skip("this ComfyUI has no kandinsky5 model")
+    model = with_nabla(random_dits.make_dit("kandinsky5", num_visual_blocks=3), monkeypatch)
+    patched = tome(comfy, model).result[0]
+    assert torch.equal(_long_run(comfy, patched), _long_run(comfy, model))
+    report = session_of(patched).last_report
+    assert report.levels == () and report.skipped_calls == 0
+    (warning,) = [w for w in report.warnings if "NABLA" in w]
+    assert "this Kandinsky 5 model call was left alone: with more than 40 latent frames (41 here)" in warning
+    assert "NABLA sparse attention" in warning and "never reaches the host's attention" in warning
+
+
 def test_families_without_a_description_are_refused(comfy):
     if not random_dits.available("cosmos_predict2_t2i"):
         pytest.skip("this ComfyUI has no cosmos_predict2_t2i model")
@@ -342,8 +383,8 @@ def test_info_says_how_auto_decides(comfy, dits):
 
 
 # wan22_s2v: on 0.3.75 its blocks get the call's options only through the pack's hand-over
-@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2", "z_image", "wan22_s2v", "hidream", "omnigen2",
-                                     "krea2"])
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2", "z_image", "wan22_s2v", "kandinsky5",
+                                     "mochi", "hidream", "omnigen2", "krea2"])
 def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
     """ToDo reduces the keys and values of the blocks ToMe merged too (their grid: the merged
     tokens), the same whichever node is applied first: no call is left alone, the report shows

@@ -57,7 +57,7 @@ class BlockArgs(NamedTuple):
     # TokenLayout -> (length of that sequence, where the grid starts in it); None: the layout has none
     in_tokens: Callable
     pe: str | None = None  # rotary positions, indexed like the tokens (a tensor, or a tuple: the tensor first)
-    pe_dim: int | Callable = 1  # their token dimension (or: the positions argument -> it)
+    pe_dim: int | Callable = 1  # their token dimension (or: the positions argument -> it), counting a batch dimension
     in_pe: Callable | None = None  # TokenLayout -> (length, grid start) of the positions' sequence
     mask: str | None = None  # an attention mask over the positions' sequence (its last two dimensions)
     modulation: str | None = None  # a modulation that may be per token ([B, L, ...] over the tokens' sequence)
@@ -65,6 +65,11 @@ class BlockArgs(NamedTuple):
     # the modulation may hold one row per run of consecutive tokens, fewer rows than tokens (Wan's
     # per-frame timesteps, spread over the sequence by the block's repeat_e)
     modulation_runs: bool = False
+    pe_also: tuple[str, ...] = ()  # further tables indexed like ``pe`` (Mochi's rope_sin next to its rope_cos)
+    # False: the positions have no batch dimension (Mochi's [N, heads, D/2]); merged, each batch item
+    # gets its own (a batch dimension added), which the block's rotation broadcasts against its
+    # [B, N, heads, D/2] queries and keys
+    pe_batch: bool = True
 
 
 class DiTMerge(NamedTuple):

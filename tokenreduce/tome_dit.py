@@ -197,15 +197,21 @@ def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dic
                 return None  # grouped otherwise: not placed
     if spec.pe is not None and args.get(spec.pe) is not None:
         pe_where = spec.in_pe(layout)
-        pe = args[spec.pe]
-        pair = isinstance(pe, tuple)  # (positions, what goes with them): LTX-Video's on ComfyUI 0.33
-        positions = pe[0] if pair else pe
-        pe_dim = spec.pe_dim(pe) if callable(spec.pe_dim) else spec.pe_dim
-        if pe_where is None or positions.shape[pe_dim] != pe_where[0]:
+        if pe_where is None:
             return None
         pe_index = sequence_index(plan, *pe_where)
-        positions = take(positions, pe_dim, pe_index)
-        new[spec.pe] = (positions, *pe[1:]) if pair else positions
+        for name in (spec.pe, *spec.pe_also):
+            pe = args.get(name)
+            if pe is None:
+                continue
+            pair = isinstance(pe, tuple)  # (positions, what goes with them): LTX-Video's on ComfyUI 0.33
+            positions = pe[0] if pair else pe
+            positions = positions if spec.pe_batch else positions.unsqueeze(0)
+            pe_dim = spec.pe_dim(pe) if callable(spec.pe_dim) else spec.pe_dim
+            if positions.shape[pe_dim] != pe_where[0]:
+                return None
+            positions = take(positions, pe_dim, pe_index)
+            new[name] = (positions, *pe[1:]) if pair else positions
         if spec.mask is not None and args.get(spec.mask) is not None:
             mask = args[spec.mask]
             if mask.shape[-1] != pe_where[0] or mask.shape[-2] not in (1, pe_where[0]):

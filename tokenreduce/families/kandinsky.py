@@ -7,8 +7,8 @@ extra tokens. An image latent is one frame.
 Some ComfyUI trees (not 0.33.0) send the self-attention of a call with more than 40 latent frames
 (the 10 s models) to NABLA: the tokens are put in fractal order (8x8 tiles) and attended with
 flex attention under a block-sparse mask, never through the host's attention; only the
-cross-attention reaches it. Such a model's self-attention takes ``sparse_params``; ToDo leaves
-those calls alone and says why."""
+cross-attention reaches it. Such a model's self-attention takes ``sparse_params``; ToDo and ToMe
+leave those calls alone and say why."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import functools
 import inspect
 import math
 
-from ..dit import IMAGE, OTHER, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import IMAGE, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -48,8 +48,8 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | str:
     if x.shape[2] > NABLA_FRAMES and _has_nabla(type(model.visual_transformer_blocks[0].self_attention)):
         return (f"with more than {NABLA_FRAMES} latent frames ({x.shape[2]} here) this Kandinsky 5 model runs its "
                 f"self-attention as NABLA sparse attention over reordered tokens, which never reaches the host's "
-                f"attention, so ToDo cannot reduce it; those model calls were left alone. With "
-                f"{NABLA_FRAMES} latent frames or fewer it reduces them")
+                f"attention and takes the whole grid in its own order, so it is not reduced; those model calls were "
+                f"left alone. With {NABLA_FRAMES} latent frames or fewer they are reduced")
     grid = video_grid(x, patch)  # the model pads the latent to whole patches
     return TokenLayout(grid, joint=None, image=(math.prod(grid), 0))
 
@@ -58,15 +58,20 @@ def blocks(model) -> tuple[str, ...]:
     return block_paths(model, "visual_transformer_blocks")
 
 
-# ToMe: the visual blocks have a block-replace lookup (0.33), but the original block it hands the
-# replacement returns a tensor while the lookup takes a dict back ({"x": ...}); ToMe's wrapper
-# passes the block's result on as it is.
-MERGE_REFUSAL = ("its block-replace lookup hands the replacement an original block that returns a tensor where it "
-                 "takes a dict back, which ToMe's block wrapper does not convert yet")
+# ToMe: ComfyUI 0.33's block-replace lookup on the visual blocks hands the replacement an
+# original block that calls the block by keywords it does not take (x=, context=) and returns the
+# tokens alone where the lookup takes {"x": ...} back. So ToMe keys its replacements apart from
+# that lookup ("visual_block": the model then calls the block itself) and reaches each merged
+# block through the layer seam (DiTMerge.layer_args): x (the video grid alone; the text refined
+# apart before, unmerged), the text, a per-sample time embedding and freqs ([1, N, 1, D/2, 2, 2],
+# the grid's rotary positions, passed by keyword). NABLA calls are left alone (``tokens``).
+MERGE = DiTMerge(lambda m: {i: ("visual_block", i) for i in range(len(m.visual_transformer_blocks))}, {
+    "visual_block": BlockArgs("x", lambda lay: lay.image, pe="freqs", pe_dim=1, in_pe=lambda lay: lay.image),
+}, layer_args=("x", "context", "time_embed", "freqs"))
 
 FAMILIES = (
     Family("Kandinsky 5", ("Kandinsky5",), ("Kandinsky5",), True, True, blocks, plan, patch, tokens, geometry,
-           merge_refusal=MERGE_REFUSAL),
+           merge=MERGE),
     Family("Kandinsky 5 image", ("Kandinsky5Image",), ("Kandinsky5",), True, False, blocks, plan, patch, tokens,
-           geometry, merge_refusal=MERGE_REFUSAL),
+           geometry, merge=MERGE),
 )

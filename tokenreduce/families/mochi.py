@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import JOINT, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -27,11 +27,15 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
     return TokenLayout(grid, joint=(math.prod(grid) + text, 0), image=None)
 
 
+# ToMe: the block-replace lookup hands img (the video grid alone), the text apart (txt), a
+# per-sample modulation and two rotary tables over the grid without a batch dimension (rope_cos,
+# rope_sin: [N, heads, D/2]): merged, each batch item gets its own rows of both.
+MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.blocks))}, {
+    "double_block": BlockArgs("img", lambda lay: (math.prod(lay.grid), 0), pe="rope_cos", pe_dim=1,
+                              in_pe=lambda lay: (math.prod(lay.grid), 0), pe_also=("rope_sin",), pe_batch=False),
+})
+
 FAMILIES = (
-    # ToMe: reachable through its block-replace lookup, but its blocks are handed two rotary
-    # tables (rope_cos, rope_sin) without a batch dimension.
     Family("Mochi", ("GenmoMochi",), ("AsymmDiTJoint",), True, True,
-           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry,
-           merge_refusal="its blocks are handed two rotary tables (rope_cos, rope_sin) without a batch dimension, "
-                         "which ToMe's block description does not take yet"),
+           lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry, merge=MERGE),
 )
