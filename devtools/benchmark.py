@@ -57,9 +57,11 @@ def main() -> int:
         from bench import diffusers_table
         return diffusers_table.main(sys.argv[1:])
     if "--tome-dit" in sys.argv[1:]:  # ToMe on DiTs against ToDo: per model a Pareto table (bench/tome_dit_table.py)
-        pinned = host.run_inside_host(__file__)
+        # with --comfyui: that tree, in this Python (its venv's); else the pinned host
+        other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
+        pinned = None if other else host.run_inside_host(__file__)
         from bench import tome_dit_table
-        return tome_dit_table.main(sys.argv[1:], pinned.comfyui)
+        return tome_dit_table.main(sys.argv[1:], pinned and pinned.comfyui)
     pinned = None
     if {"--gpu-table", "--gpu-table-video", "--gpu-table-tome"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
         sys.argv[1:1] = ["--comfyui", os.environ["TOKENREDUCE_COMFYUI"]]  # a lent GPU: its tree, this Python

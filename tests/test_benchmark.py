@@ -534,6 +534,22 @@ def test_the_tome_dit_table_names_what_beats_a_row():
     assert _where("a", dominated) == "yes" and _where("b", dominated) == "no: c, d, a faster and closer"
 
 
+def test_the_tome_dit_tables_families_step_at_the_benchmarks_depth(comfy):
+    """``--tome-dit`` families beyond the plain ones: Wan VACE, whose control frames and mask are
+    made for the latent timed, and HiDream at the benchmark's depth (2 double, 4 single blocks, each
+    with a Llama layer of its own): one step each, at 64 px."""
+    from bench.families import FAMILIES
+    from bench.step import OneStep
+
+    assert all(FAMILIES[name].sized for name in ("wan21_vace", "wan21_scail", "mage_flow", "joyimage"))
+    assert "krea2" in FAMILIES
+    for name in ("wan21_vace", "hidream"):
+        spec = FAMILIES[name]
+        model = spec.build(True, 0, torch.float32)
+        out = OneStep(model, 64, spec.step_conditioning(True), downscale=spec.downscale, frames=spec.frames)(model)
+        assert out.shape[-2:] == (8, 8) and torch.isfinite(out).all()
+
+
 def _has_ltxav() -> bool:
     import comfy.supported_models
 

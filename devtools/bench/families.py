@@ -24,6 +24,13 @@ class Family:
     sized: bool = False
     audio: bool = False  # an audio latent beside the video (LTX-2: a nested latent, bench.step.with_audio)
 
+    def step_conditioning(self, tiny: bool):
+        """The (positive, negative) OneStep takes: made for each latent timed (a function of its
+        shape) where the family sizes inputs for the latent, else made once."""
+        if self.sized:
+            return lambda shape: tuple(self.conditioning(tiny, seed, shape=shape) for seed in (1, 2))
+        return self.conditioning(tiny, 1), self.conditioning(tiny, 2)
+
 
 def _unet(family: str, tiny: bool, seed: int, dtype):
     import random_models
@@ -139,9 +146,13 @@ def _fixture_depth(fixture) -> dict:
 
 
 # {fixture: its latent}: Wan S2V's conditioning (audio embedding, reference frame, motion frames,
-# control video), made for each latent timed, beside the plain latent; LTX-2 with its audio latent
-# beside the video (the nested latent LTXVConcatAVLatent makes, audio of the video's length).
-SIZED_FIXTURES = {"wan22_s2v": "plain", "ltxav": "audio"}
+# control video), Wan VACE's control frames and mask, Wan SCAIL's pose video and reference,
+# Mage-Flow's and JoyImage's reference images, made for each latent timed, beside the plain latent
+# (Krea 2 and JoyImage: the 5-D image latent their latent format asks for, one frame); LTX-2 with
+# its audio latent beside the video (the nested latent LTXVConcatAVLatent makes, audio of the
+# video's length).
+SIZED_FIXTURES = {"wan22_s2v": "plain", "wan21_vace": "plain", "wan21_scail": "plain", "mage_flow": "plain",
+                  "joyimage": "plain", "krea2": "plain", "ltxav": "audio"}
 
 
 def _fixture_families() -> dict:

@@ -35,12 +35,8 @@ def _load(args, family: str, dtype) -> Loaded:
         model, clip, vae = comfy.sd.load_checkpoint_guess_config(str(args.checkpoint))[:3]
         return Loaded(type(model.model.model_config).__name__, model, study.conditioning(clip), vae)
     spec = FAMILIES[family]
-    if spec.sized:  # made for each latent timed (OneStep calls it with the latent's shape)
-        conditioning = lambda shape: tuple(spec.conditioning(args.tiny, seed, shape=shape) for seed in (1, 2))  # noqa: E731
-    else:
-        conditioning = (spec.conditioning(args.tiny, 1), spec.conditioning(args.tiny, 2))
-    return Loaded(family, spec.build(args.tiny, 0, dtype), conditioning, downscale=spec.downscale,
-                  frames=spec.frames, audio=spec.audio)
+    return Loaded(family, spec.build(args.tiny, 0, dtype), spec.step_conditioning(args.tiny),
+                  downscale=spec.downscale, frames=spec.frames, audio=spec.audio)
 
 
 def _frame_counts(args, loaded: Loaded) -> list[Loaded]:

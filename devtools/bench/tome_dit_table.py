@@ -3,6 +3,7 @@ Pareto table of speed-up against relative error vs unpatched, of ToDo, ToMe (who
 merging) and both, with the Amdahl bound of whole-block merging.
 
     python3 devtools/benchmark.py --tome-dit [--families Flux Wan21] [--size 512] [--clock cpu]
+    /path/to/venv/bin/python devtools/benchmark.py --tome-dit --comfyui /path/to/ComfyUI ...  # another tree
 
 Each configuration is applied by its node at its defaults (the rows name what they change) to one of
 the benchmark's tiny random DiTs (``families.py``: e.g. Flux.1 with 2 double and 4 single blocks,
@@ -57,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu: the process's CPU seconds (all its threads): steadier on a busy machine")
     p.add_argument("--threads", type=int, help="torch's CPU threads (with --clock cpu on a shared machine: 1, so "
                    "CPU seconds are the work's own, not threads spinning)")
-    p.add_argument("--comfyui", type=Path, help="a ComfyUI folder to run in (default: the pinned host)")
+    p.add_argument("--comfyui", type=Path, help="a ComfyUI folder to run in, with this Python (its venv's; "
+                   "default: the pinned host and its venv)")
 
 
 def _apply(host, model, nodes) -> object:
@@ -169,8 +171,8 @@ def run_family(host, name: str, args, clock) -> tuple[str, dict]:
 
     spec = FAMILIES[name]
     base = spec.build(True, 0, torch.float32)
-    step = OneStep(base, args.size, (spec.conditioning(True, 1), spec.conditioning(True, 2)),
-                   downscale=spec.downscale, frames=spec.frames)
+    step = OneStep(base, args.size, spec.step_conditioning(True), downscale=spec.downscale, frames=spec.frames,
+                   audio=spec.audio)
     models = {"unpatched": base, **{config: _apply(host, base, nodes) for config, nodes in CONFIGS.items()}}
     if not any(type(s.patch).__name__ == "ToMeDiTPatch" for s in host.sessions_of(models[DEFAULT])):
         raise SystemExit(f"{name}: ToMe does not merge this model's blocks")
@@ -234,7 +236,7 @@ def summary_row(row: dict) -> str:
             f"{row['both'][0]:.2f}x, {row['both'][1]:.4f} | {plan} | {row['pareto']} |")
 
 
-def main(argv: list[str], comfyui: Path) -> int:
+def main(argv: list[str], comfyui: Path | None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)

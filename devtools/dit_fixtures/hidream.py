@@ -21,5 +21,8 @@ def _text(generator, batch, shape):
 
 
 FIXTURES = {
-    "hidream": Fixture(Spec("HiDream", 16, 8, False), _CONFIG, "HiDream", 2, "gg", (8, 6), text=_text),
+    # the benchmark's: 2 double- and 4 single-stream blocks as Flux.1's, each with a Llama layer
+    # (a block past the list would take the T5 tokens as its Llama ones)
+    "hidream": Fixture(Spec("HiDream", 16, 8, False), _CONFIG, "HiDream", 2, "gg", (8, 6), text=_text,
+                       deep={"num_layers": 2, "num_single_layers": 4, "llama_layers": [0, 1] * 3}),
 }
