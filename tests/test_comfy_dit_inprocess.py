@@ -408,8 +408,9 @@ def test_a_level_other_than_auto_or_1_does_nothing_and_says_so(comfy, dits, leve
 
 # --- refusals -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant,config,family", [("hidream", "HiDream", "HiDream")])
+@pytest.mark.parametrize("variant,config,family", [("cosmos_predict2_t2i", "CosmosT2IPredict2", "Cosmos Predict2 image")])
 def test_tome_on_a_dit_it_does_not_merge_is_refused_and_points_to_todo(comfy, dits, variant, config, family):
+    # HiDream, Lumina 2, ... are merged too, through the layer seam (#38); Cosmos Predict2's blocks take a 5-D grid
     # Flux, Wan and the other families with a DiTMerge are merged (tests/test_comfy_tome_dit_inprocess.py).
     with pytest.raises(ValueError, match=f"TokenReduceToMe: ToMe cannot patch this {config} model: it has no UNet "
                                          f"transformer blocks") as refused:

@@ -170,10 +170,12 @@ def test_odd_non_square_size(comfy, models, node, family, reduced_grid):
 def test_tome_refuses_a_dit_it_does_not_merge_and_points_to_todo(comfy):
     import random_dits  # devtools/, on the path in the host (conftest)
 
-    dit = random_dits.make_dit("hidream")  # SD3, Flux, Wan, Lumina 2, ... are merged (#38): HiDream has no block lookup
-    with pytest.raises(ValueError, match="cannot patch this HiDream model: it has no UNet transformer blocks") as refused:
+    # SD3, Flux, Wan, Lumina 2, HiDream, ... are merged (#38); Cosmos Predict2's blocks take a 5-D grid
+    dit = random_dits.make_dit("cosmos_predict2_t2i")
+    with pytest.raises(ValueError, match="cannot patch this CosmosT2IPredict2 model: it has no UNet transformer blocks"
+                       ) as refused:
         apply(comfy, "tome", dit)
-    assert "use Token Downsampling (ToDo, TokenReduce), which supports HiDream" in str(refused.value)
+    assert "use Token Downsampling (ToDo, TokenReduce), which supports Cosmos Predict2 image" in str(refused.value)
 
 
 @pytest.mark.parametrize("node,setting", [("tome", "max_downsample"), ("todo", "level")])
