@@ -500,9 +500,12 @@ def test_the_gpu_table_tome_preset_plan_and_a_tiny_row(tmp_path):
 
 def test_tome_on_dits_pareto_table_side_by_side():
     """``--tome-dit``: ToDo, ToMe and both on a tiny DiT in one run, with the bound of whole-block
-    merging (the merged blocks' share of the unpatched forward) and the Pareto front."""
+    merging (the merged blocks' share of the unpatched forward) and the Pareto front; in the tree
+    under test, in this Python (``--comfyui``)."""
+    tree = os.environ.get("TOKENREDUCE_COMFYUI")
     done = subprocess.run([sys.executable, str(REPO / "devtools" / "benchmark.py"), "--tome-dit", "--families", "Flux",
-                           "--size", "128", "--repeats", "1", "--clock", "cpu", "--threads", "1"],
+                           "--size", "128", "--repeats", "1", "--clock", "cpu", "--threads", "1",
+                           *(["--comfyui", tree] if tree else [])],
                           check=True, timeout=900, capture_output=True, text=True)
     out = done.stdout
     assert "CPU seconds per denoising step" in out and "1 torch threads" in out
