@@ -58,9 +58,8 @@ def _unpatched(comfy, models, cache, family, split=False):
     return cache[key]
 
 
-CASES = [
+CASES = [  # ToMe at its defaults: SDXL's case; SD1.5 takes the other modes and matchings
     ("SD15", [("todo", {})]),
-    ("SD15", [("tome", {})]),
     ("SD15", [("tome", dict(mode="queries only (ComfyUI built-in)", matching="3x3 cells", share_plans=True))]),
     ("SD15", [("tome", dict(merge_crossattn=True, merge_mlp=True, use_rand=False, max_downsample="2"))]),
     ("SD15", [("tome", dict(matching="tile (fast)", merge_crossattn=True, merge_mlp=True))]),
