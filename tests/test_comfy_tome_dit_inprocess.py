@@ -677,3 +677,25 @@ def test_stride_t_raises_the_ratio_cap_on_video_only(comfy, dits):
     flux = tome(comfy, dits("flux_dev"), ratio=0.5, stride_t=2)
     assert warnings_of(flux) == ["WARNING: stride_t 2 does nothing: Flux.1 has no latent frames (only video DiTs "
                                  "merge across frames)."]
+
+
+def test_stride_t_partial_frame_tiles_warn_once(comfy, dits):
+    """Wan's tiny grid has 3 latent frames: with stride_t 2 the first stays whole, so ratio 0.875
+    merges 84 of the 126 tokens it asks: the run's report says so once (two steps, cond and uncond),
+    with why and what to set; stride_t 3 (dividing the 3 frames) merges all 126, unwarned, and
+    ratio 0.5 at stride_t 2 (72 asked, 84 can merge) is not warned either."""
+    model = dits("wan21_t2v")
+    capped = tome(comfy, model, ratio=0.875, stride_t=2).result[0]
+    run(comfy, capped, "wan21_t2v", steps=2)
+    (warning,) = session_of(capped).last_report.warnings
+    assert warning.startswith("TokenReduceToMe: ratio 0.875 asks 126 of the 144 grid tokens of this Wan 2.1 / 2.2 call "
+                              "(3 frames × 6×8) to merge, but 84 merge: with stride_t 2")
+    assert "so the first of its 3 latent frames stays whole" in warning
+    assert "a number of latent frames that is a multiple of 2 (2 or 4)" in warning and "stride_t 3" in warning
+    assert "ratio 0.58 or lower" in warning
+    for settings, merged in (({"ratio": 0.875, "stride_t": 3}, 126), ({"ratio": 0.5, "stride_t": 2}, 72)):
+        patched = tome(comfy, model, **settings).result[0]
+        run(comfy, patched, "wan21_t2v", steps=1)
+        report = session_of(patched).last_report
+        assert not report.warnings and {t for level in report.levels for t in level.tokens.values()} == {
+            (144, 144 - merged)}

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tokenreduce.dit import TokenLayout
-from tokenreduce.tome_dit import (BlockArgs, make_tiles, merge, merged_args, merged_count, plan_block, restore,
-                                  restored, take)
+from tokenreduce.tome_dit import (BlockArgs, frame_shortfall, make_tiles, merge, merged_args, merged_count, plan_block,
+                                  restore, restored, take)
 
 GRIDS = [(1, 6, 8), (1, 7, 5), (3, 4, 6), (2, 5, 7)]
 
@@ -176,3 +176,25 @@ def test_temporal_tiles_span_stride_t_frames_and_leave_the_first_whole(frames):
     assert torch.equal(plan_block(x, again, r).restore_map, plan.restore_map)
     assert not torch.equal(make_tiles(grid, (2, 2, 2), torch.Generator().manual_seed(6), "cpu").tile_index,
                            tiles.tile_index)
+
+
+def test_frame_shortfall_is_said_only_where_partial_frame_tiles_cap_the_ratio():
+    """The warning's text: where stride_t leaves frames whole (the first t % stride_t, or all tiles
+    spanning fewer frames than stride_t) and so fewer tokens merge than the ratio asks; none at
+    stride_t 1 (even on a grid whose odd edges cap the ratio), where the frames divide evenly, or
+    where the ratio asks no more than can merge."""
+    def said(grid, strides, ratio):
+        return frame_shortfall("Wan", grid, strides, ratio, merged_count(make_tiles(grid, strides, None, "cpu"), ratio))
+
+    text = said((5, 4, 6), (2, 2, 2), 0.875)  # 105 asked, 84 merge
+    assert text.startswith("ratio 0.875 asks 105 of the 120 grid tokens of this Wan call (5 frames × 6×4) to merge, "
+                           "but 84 merge: with stride_t 2")
+    assert "the first of its 5 latent frames stays whole" in text and "a multiple of 2 (4 or 6)" in text
+    assert "stride_t 5" in text and "ratio 0.70 or lower" in text
+    assert "the first 2 of its 5 latent frames stay whole" in said((5, 4, 6), (3, 2, 2), 0.9)
+    short = said((2, 4, 6), (4, 2, 2), 0.9)  # at most 1 - 1/8 of the tokens in 2-frame tiles
+    assert "stride_t 4 is more than its 2 latent frames, so each tile spans only 2" in short
+    assert "a multiple of 4 (4 or 8)" in short and ", or stride_t" not in short
+    assert said((1, 5, 5), (1, 2, 2), 0.75) is None  # stride_t 1: the edges cap it, not frames
+    assert said((4, 4, 6), (2, 2, 2), 0.875) is None  # the frames divide evenly
+    assert said((5, 4, 6), (2, 2, 2), 0.5) is None  # 60 asked, 84 can merge

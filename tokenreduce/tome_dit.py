@@ -87,6 +87,38 @@ def merged_count(tiles: Tiles, ratio: float) -> int:
     return min(int(math.prod(tiles.grid) * ratio), tiles.sources)
 
 
+def frame_shortfall(name: str, grid: tuple[int, int, int], strides: tuple[int, int, int], ratio: float,
+                    r: int) -> str | None:
+    """Why a video call merges fewer tokens (``r``) than ``ratio`` asks of its ``grid``, where
+    stride_t's partial frame tiles are the cause (the first ``t % stride_t`` frames stay whole, or
+    stride_t is more than the frames), and what to set instead; None where it merges as asked or
+    the frames are not the cause."""
+    t, h, w = grid
+    st, sy, sx = strides
+    n = t * h * w
+    asked = int(n * ratio)
+    if st <= 1 or r >= asked or (st <= t and t % st == 0):
+        return None
+    if st > t:
+        cause = f"stride_t {st} is more than its {t} latent frames, so each tile spans only {t}"
+        multiples = (st, 2 * st)
+    else:
+        first = "first" if t % st == 1 else f"first {t % st}"
+        cause = (f"with stride_t {st} the tiles of {st} latent frames are counted from the last frame back, so the "
+                 f"{first} of its {t} latent frames {'stays' if t % st == 1 else 'stay'} whole (their tokens never "
+                 f"merge)")
+        below = t - t % st
+        multiples = (below, below + st)
+    lengths = " or ".join(str(m) for m in multiples if m > 0)
+    divisors = [str(d) for d in range(2, 9) if d != st and t % d == 0
+                and (t // d) * (h // sy) * (w // sx) * (d * sy * sx - 1) >= asked]
+    instead = f", or stride_t {' or '.join(divisors)}" if divisors else ""
+    return (f"ratio {ratio:g} asks {asked} of the {n} grid tokens of this {name} call ({grid_text(grid)}) to merge, "
+            f"but {r} merge: {cause}. To merge as asked, sample a number of latent frames that is a multiple of "
+            f"{st} ({lengths}){instead}; or set ratio {math.floor(r / n * 100) / 100:.2f} or lower, which merges what "
+            f"this call can.")
+
+
 class BlockPlan(NamedTuple):
     """One merge of a grid's tokens, for a batch: which sources merge, and the maps back."""
 
@@ -332,6 +364,9 @@ class ToMeDiTPatch(CallPatch):
         left = self.left_alone(context, run, call, kinds, lambda kind: self._pays(run, call, tokens, kind, r))
         if not context["active"]:  # reduce_when auto left every kind of block alone
             return
+        shortfall = frame_shortfall(self.family.name, tokens.grid, self.strides, self.settings.ratio, r)
+        if shortfall is not None:  # said once per run and grid (the same text)
+            run.warn_once(f"{self.label}: {shortfall}")
         context.update(layout=tokens, tiles=tiles, r=r, left=left)
         context[SHARED_PLAN] = None
 
