@@ -70,6 +70,10 @@ class ToMePatchNode(PatchNode):
         family = target.layout.family
         if family.merge is None:
             raise ValueError(f"{cls.NODE_ID}: {tome_refusal(target.family, family)}")
+        if family.merge.frame_grouped and settings.stride_t > 1:
+            raise ValueError(f"{cls.NODE_ID}: stride_t {settings.stride_t} cannot be used on this {target.family} "
+                             f"model: its blocks group their tokens by latent frame, so ToMe merges within each frame "
+                             f"only. Set stride_t to 1.")
         if target.sites is None:
             return refuse_or_unchanged(model, cls.NODE_ID, replace(target, message=(
                 f"WARNING: ToMe does nothing on this {target.family} model: it has {len(target.layout.sites)} blocks, "

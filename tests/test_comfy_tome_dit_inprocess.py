@@ -389,14 +389,19 @@ def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
     """ToDo reduces the keys and values of the blocks ToMe merged too (their grid: the merged
     tokens), the same whichever node is applied first: no call is left alone, the report shows
     the merged blocks' keys reduced, and reruns are bit for bit."""
-    model = dits(variant)
+    _stacks_with_todo(comfy, dits(variant), lambda m: run(comfy, m, variant), VARIANTS[variant][2])
+
+
+def _stacks_with_todo(comfy, model, sample, grid_tokens):
+    """ToMe then ToDo and ToDo then ToMe on ``model``, each sampled by ``sample``: the same latent,
+    reruns bit for bit, ToDo acting in the merged blocks too, no call left alone."""
     todo_settings = dict(skip_first_blocks=0, skip_last_blocks=0)
     tome_then_todo = todo(comfy, tome(comfy, model).result[0], **todo_settings).result[0]
     todo_then_tome = tome(comfy, todo(comfy, model, **todo_settings).result[0]).result[0]
-    a, b = run(comfy, tome_then_todo, variant), run(comfy, todo_then_tome, variant)
+    a, b = sample(tome_then_todo), sample(todo_then_tome)
     assert torch.isfinite(a).all() and torch.equal(a, b)
-    assert torch.equal(run(comfy, tome_then_todo, variant), a)  # reruns bit for bit
-    only_tome = run(comfy, tome(comfy, model).result[0], variant)
+    assert torch.equal(sample(tome_then_todo), a)  # reruns bit for bit
+    only_tome = sample(tome(comfy, model).result[0])
     assert not torch.equal(a, only_tome)  # ToDo acted too
     for patched in (tome_then_todo, todo_then_tome):
         sessions = {s.label: s for s in sys.modules["tokenreduce_pack.nodes.session"].sessions_of(patched)}
@@ -404,7 +409,7 @@ def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
         assert report.skipped_calls == 0 and not report.warnings
         (level,) = report.levels
         before, after = level.tokens["k/v in merged blocks"]
-        assert after < before < VARIANTS[variant][2]  # ToDo's kept keys of ToMe's merged grid
+        assert after < before < grid_tokens  # ToDo's kept keys of ToMe's merged grid
         assert sessions["TokenReduceToMe"].last_report.levels
 
 
@@ -699,3 +704,82 @@ def test_stride_t_partial_frame_tiles_warn_once(comfy, dits):
         report = session_of(patched).last_report
         assert not report.warnings and {t for level in report.levels for t in level.tokens.values()} == {
             (144, 144 - merged)}
+
+
+# --- Wan HuMo: its audio cross-attention splits a block's tokens into equal groups, one per
+# frame, so ToMe merges it frame by frame (DiTMerge.frame_grouped); without a reference latent only
+
+HUMO_KEYS = [("double_block", 1), ("double_block", 2)]
+HUMO_FRAMES, HUMO_FRAME_TOKENS = 3, 48  # 3 latent frames of 8x6 tokens
+
+
+@pytest.fixture(scope="module")
+def humo(comfy):
+    if not random_dits.available("wan21_humo"):
+        pytest.skip("this ComfyUI has no Wan HuMo model")
+    return random_dits.make_dit("wan21_humo", num_layers=4)
+
+
+def _humo_run(comfy, model, reference=False, steps=2):
+    """Wan HuMo sampled with WanHuMoImageToVideo's audio windows, and its reference frame only
+    where ``reference``."""
+    size = random_dits.tested_size("wan21_humo")
+    positive, negative = ([[c, {k: v for k, v in e.items() if reference or k != "reference_latents"}] for c, e in cond]
+                          for cond in random_dits.conditioning("wan21_humo", **size))
+    latent = random_dits.latent("wan21_humo", **size)
+    noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        return comfy.sample.sample(model, noise, steps, 2.0, "euler", "simple", positive, negative, latent, seed=0,
+                                   disable_pbar=True)
+
+
+def test_humo_merges_every_frame_alike_in_frame_order(comfy, humo):
+    """Each frame merges the same count of its own tokens and the merged tokens are frame by frame
+    (the audio cross-attention's groups), the text untouched, the positions following."""
+    inside, outside = {}, {}
+    patched = tome(comfy, spy_inside(humo, HUMO_KEYS, inside), ratio=0.5).result[0]
+    assert torch.isfinite(_humo_run(comfy, spy_around(patched, HUMO_KEYS, outside), steps=1)).all()
+    n = HUMO_FRAMES * HUMO_FRAME_TOKENS
+    per_frame = n // 2 // HUMO_FRAMES
+    for key in HUMO_KEYS:
+        (given,), (merged,) = outside[key], inside[key]
+        assert given["img"].shape[1] == n and merged["img"].shape[1] == per_frame * HUMO_FRAMES
+        assert torch.equal(merged["txt"], given["txt"])
+        full_pe, merged_pe = given["pe"].flatten(2)[0], merged["pe"].flatten(2)
+        assert merged_pe.shape[0] == 2  # cond and uncond, each its own merge
+        for rows in merged_pe:
+            index = torch.tensor([int((full_pe == row).all(-1).nonzero()[0, 0]) for row in rows])
+            assert len(set(index.tolist())) == len(index)
+            assert torch.equal(index // HUMO_FRAME_TOKENS, torch.arange(HUMO_FRAMES).repeat_interleave(per_frame))
+    (level,) = session_of(patched).last_report.levels
+    assert set(level.tokens.values()) == {(n, per_frame * HUMO_FRAMES)}
+
+
+def test_humo_reruns_bit_for_bit_input_untouched_and_ratio_zero_is_unpatched(comfy, humo):
+    options_before = repr(humo.model_options)
+    patched = tome(comfy, humo, ratio=0.4, use_rand=True, seed=3).result[0]
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = _humo_run(comfy, patched)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(_humo_run(comfy, patched), first)
+    assert not session_of(patched).last_report.warnings
+    assert repr(humo.model_options) == options_before
+    unpatched = _humo_run(comfy, humo)
+    assert not torch.equal(first, unpatched)  # it did merge
+    assert torch.equal(_humo_run(comfy, tome(comfy, humo, ratio=0.0).result[0]), unpatched)
+
+
+def test_humo_stacks_with_todo_in_both_orders(comfy, humo):
+    _stacks_with_todo(comfy, humo, lambda m: _humo_run(comfy, m), HUMO_FRAMES * HUMO_FRAME_TOKENS)
+
+
+def test_humo_with_a_reference_frame_or_stride_t_is_left_alone_or_refused(comfy, humo):
+    """WanHuMoImageToVideo's reference frame (never merged) would be a larger group than a merged
+    frame: that call is left alone and said; stride_t > 1 (tiles across frames) is refused."""
+    patched = tome(comfy, humo).result[0]
+    assert torch.equal(_humo_run(comfy, patched, reference=True, steps=1), _humo_run(comfy, humo, reference=True, steps=1))
+    warnings = session_of(patched).last_report.warnings
+    assert any("left alone" in warning and "reference frame" in warning for warning in warnings), warnings
+    with pytest.raises(ValueError, match="stride_t 2 cannot be used on this .* Set stride_t to 1"):
+        tome(comfy, humo, stride_t=2)

@@ -121,6 +121,7 @@ def test_no_scatter_in_plan_merge_restore(monkeypatch):
     tiles_before = make_tiles  # tiles are drawn before the model call (outside the hot path)
     monkeypatch.undo()
     tiles = tiles_before(grid, (2, 2, 2), torch.Generator().manual_seed(0), "cpu")
+    frame_tiles = tiles_before(grid, (1, 2, 2), torch.Generator().manual_seed(0), "cpu")  # grouped by frame
     for name in ("scatter", "scatter_add", "scatter_reduce", "index_add", "index_put"):
         monkeypatch.setattr(torch, name, refuse, raising=False)
         monkeypatch.setattr(torch.Tensor, name, refuse, raising=False)
@@ -129,7 +130,9 @@ def test_no_scatter_in_plan_merge_restore(monkeypatch):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         plan = plan_block(x, tiles, 30)
         out = restore(plan, merge(plan, x))
-    assert out.shape == x.shape
+        by_frame = plan_block(x, frame_tiles, 18, frames=2)
+        out_by_frame = restore(by_frame, merge(by_frame, x))
+    assert out.shape == out_by_frame.shape == x.shape
     assert not [e.name for e in profile.events() if "scatter" in e.name or "index_put" in e.name]
 
 
@@ -198,3 +201,31 @@ def test_frame_shortfall_is_said_only_where_partial_frame_tiles_cap_the_ratio():
     assert said((1, 5, 5), (1, 2, 2), 0.75) is None  # stride_t 1: the edges cap it, not frames
     assert said((4, 4, 6), (2, 2, 2), 0.875) is None  # the frames divide evenly
     assert said((5, 4, 6), (2, 2, 2), 0.5) is None  # 60 asked, 84 can merge
+
+
+@pytest.mark.parametrize("grid", [(3, 4, 6), (2, 5, 7)])
+def test_frame_grouped_plan_merges_the_same_count_per_frame_in_frame_order(grid):
+    """DiTMerge.frame_grouped (Wan HuMo, whose audio cross-attention splits a block's tokens into
+    equal groups, one per frame): each frame merges r / frames of its own sources, the merged
+    tokens frame by frame, each frame's as a plan of that frame alone would make them."""
+    t, h, w = grid
+    tiles = make_tiles(grid, (1, 2, 2), None, "cpu")
+    x = _tokens(grid)
+    r = merged_count(tiles, 0.45, frames=t)
+    assert r % t == 0 and 0 < r <= merged_count(tiles, 0.45)
+    plan = plan_block(x, tiles, r, frames=t)
+    merged = merge(plan, x)
+    per_frame = plan.merged_tokens // t
+    assert merged.shape[1] == plan.merged_tokens == per_frame * t
+    frame_of = torch.arange(t).repeat_interleave(per_frame)
+    assert torch.equal(plan.positions // (h * w), frame_of.expand(2, -1))  # frame order, equal counts
+    assert torch.equal(frame_of[plan.restore_map], (torch.arange(t * h * w) // (h * w)).expand(2, -1))  # own frame
+    spec = BlockArgs("img", lambda layout: (math.prod(grid), 0))
+    layout = TokenLayout(grid, None, (math.prod(grid), 0))
+    assert torch.equal(restored(spec, layout, plan, x, merged, merged.clone()), x)
+    one = make_tiles((1, h, w), (1, 2, 2), None, "cpu")
+    for f in range(t):  # each frame as its own one-frame plan merges it
+        frame = x[:, f * h * w:(f + 1) * h * w]
+        alone = plan_block(frame, one, r // t)
+        assert torch.equal(merged[:, f * per_frame:(f + 1) * per_frame], merge(alone, frame))
+        assert torch.equal(plan.positions[:, f * per_frame:(f + 1) * per_frame], alone.positions + f * h * w)

@@ -89,6 +89,10 @@ class DiTMerge(NamedTuple):
     # kind -> the names of the tuple a block of that kind returns (HiDream's double blocks: (img,
     # txt)); a kind not named returns the tokens alone
     layer_returns: dict | None = None
+    # True: something inside the blocks splits their tokens into equal groups, one per frame in
+    # frame order (Wan HuMo's audio cross-attention): each frame merges the same count and the
+    # merged tokens stay frame by frame (``tome_dit.plan_block``); tiles within frames only (stride_t 1)
+    frame_grouped: bool = False
 
 
 def direct_call_refusal(what: str) -> str:

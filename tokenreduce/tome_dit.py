@@ -82,9 +82,11 @@ def make_tiles(grid: tuple[int, int, int], strides: tuple[int, int, int], genera
     return Tiles(grid, tiles, extra, inverse)
 
 
-def merged_count(tiles: Tiles, ratio: float) -> int:
-    """Sources merged for ``ratio`` of the grid's tokens (at most every source of the full tiles)."""
-    return min(int(math.prod(tiles.grid) * ratio), tiles.sources)
+def merged_count(tiles: Tiles, ratio: float, frames: int = 1) -> int:
+    """Sources merged for ``ratio`` of the grid's tokens (at most every source of the full tiles);
+    a multiple of ``frames`` (rounded down) for a plan grouped by frame (``plan_block``)."""
+    r = min(int(math.prod(tiles.grid) * ratio), tiles.sources)
+    return r - r % frames
 
 
 def frame_shortfall(name: str, grid: tuple[int, int, int], strides: tuple[int, int, int], ratio: float,
@@ -128,6 +130,7 @@ class BlockPlan(NamedTuple):
     kept: torch.Tensor  # [B, S - r] kept sources (flat indices into the tiles' sources)
     positions: torch.Tensor  # [B, M] the grid position each merged token stands for (its destination's)
     restore_map: torch.Tensor  # [B, N] the merged row each grid position reads back
+    frames: int = 1  # > 1: grouped by frame (the merged tokens frame by frame, the same count each)
 
     @property
     def tokens(self) -> int:
@@ -138,15 +141,20 @@ class BlockPlan(NamedTuple):
         return self.tokens - self.r
 
 
-def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int) -> BlockPlan:
+def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1) -> BlockPlan:
     """The merge of ``grid_tokens`` [B, N, C]: the ``r`` sources most similar (cosine) to their own
-    tile's destination merge into it. Tensor work only: no host sync, no scatter."""
+    tile's destination merge into it. Tensor work only: no host sync, no scatter. ``frames`` > 1
+    (the grid's frame count, tiles within frames: stride_t 1, ``r`` a multiple of it): grouped by
+    frame, each frame's ``r / frames`` most similar sources merge and the merged tokens are frame
+    by frame, each frame's as a plan of that frame alone orders them (``_plan_frames``)."""
     b, _, c = grid_tokens.shape
     n_tiles, k = tiles.tile_index.shape
     extra = tiles.extra_index.shape[0]
     members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
     normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     similarity = (normed[:, :, 1:] * normed[:, :, :1]).sum(-1).flatten(1)  # [B, S]
+    if frames > 1:
+        return _plan_frames(similarity, tiles, r, frames, grid_tokens.dtype)
     order = torch.argsort(similarity.float(), dim=1, descending=True, stable=True)
     rank = torch.argsort(order, dim=1)  # each source's place in that order (the inverse permutation)
     merges = rank < r
@@ -162,6 +170,38 @@ def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int) -> BlockPlan:
     return BlockPlan(tiles, r, merges.view(b, n_tiles, k - 1, 1).to(grid_tokens.dtype), kept, positions, restore_map)
 
 
+def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int, dtype) -> BlockPlan:
+    """``plan_block`` grouped by frame. The tiles, the edge tokens outside them and the sources
+    are frame-major with the same count in every frame (stride_t 1), so each frame is ranked
+    apart (one sort over [B, frames, S / frames]) and the merged rows, numbered as ``merge``
+    concatenates them ([edge tokens, destinations, kept sources], each frame-major), are
+    renumbered frame by frame: the restore map stays one gather."""
+    b, s = similarity.shape
+    n_tiles, k = tiles.tile_index.shape
+    extra, device = tiles.extra_index.shape[0], similarity.device
+    per_frame, r_frame = s // frames, r // frames
+    order = torch.argsort(similarity.float().view(b, frames, per_frame), dim=2, descending=True, stable=True)
+    rank = torch.argsort(order, dim=2)
+    merges = (rank < r_frame).view(b, n_tiles, k - 1)
+    frame_start = torch.arange(frames, device=device).view(1, frames, 1)
+    kept = (order[:, :, r_frame:] + frame_start * per_frame).flatten(1)  # frame by frame
+    kept_slot = (rank - r_frame + frame_start * (per_frame - r_frame)).view(b, n_tiles, k - 1)
+    tile_id = torch.arange(n_tiles, device=device).view(1, n_tiles, 1)
+    source_slot = torch.where(merges, extra + tile_id, extra + n_tiles + kept_slot)
+    slots = torch.cat([torch.arange(extra, device=device).expand(b, extra),
+                       torch.cat([(extra + tile_id).expand(b, n_tiles, 1), source_slot], 2).flatten(1)], 1)
+    counts = (extra // frames, n_tiles // frames, per_frame - r_frame)  # per frame: edge, destinations, kept
+    row = sum(counts)
+    renumber = torch.cat([(i // n) * row + before + i % n for n, before, i in (
+        (n, sum(counts[:j]), torch.arange(n * frames, device=device)) for j, n in enumerate(counts))])
+    restore_map = renumber[slots.index_select(1, tiles.inverse)]
+    sources = tiles.tile_index[:, 1:].flatten()
+    positions = torch.cat([tiles.extra_index.view(1, frames, counts[0]).expand(b, -1, -1),
+                           tiles.tile_index[:, 0].view(1, frames, -1).expand(b, -1, -1),
+                           sources[kept].view(b, frames, -1)], 2).flatten(1)
+    return BlockPlan(tiles, r, merges.unsqueeze(-1).to(dtype), kept, positions, restore_map, frames)
+
+
 def merge(plan: BlockPlan, grid_tokens: torch.Tensor) -> torch.Tensor:
     """[B, N, C] -> [B, M, C]: [kept edge tokens, each destination averaged with its merged
     sources, the kept sources]: a dense per-tile masked sum and one gather."""
@@ -172,6 +212,11 @@ def merge(plan: BlockPlan, grid_tokens: torch.Tensor) -> torch.Tensor:
     sources = members[:, :, 1:]
     destinations = (members[:, :, 0] + (sources * plan.mask).sum(2)) / (1 + plan.mask.sum(2))
     kept = sources.reshape(b, -1, c).gather(1, plan.kept.unsqueeze(-1).expand(-1, -1, c))
+    if plan.frames > 1:  # frame by frame: [edge tokens, destinations, kept sources] of each frame
+        t = plan.frames
+        edge = tiles.extra_index.shape[0] // t  # explicit: a view of no tokens cannot infer it
+        return torch.cat([grid_tokens.index_select(1, tiles.extra_index).view(b, t, edge, c),
+                          destinations.view(b, t, -1, c), kept.view(b, t, -1, c)], 2).flatten(1, 2)
     return torch.cat([grid_tokens.index_select(1, tiles.extra_index), destinations, kept], 1)
 
 
@@ -355,8 +400,14 @@ class ToMeDiTPatch(CallPatch):
             reason = problem or tokens or "its inputs hold tokens whose layout ToMe does not know"
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: {reason}.")
             return
+        if self.merge.frame_grouped and self.strides[0] > 1:  # the ComfyUI node refuses it at validation
+            context["active"] = False
+            run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: its blocks group their "
+                          f"tokens by latent frame, so tiles cannot span frames (stride_t {self.strides[0]}); use "
+                          f"stride_t 1.")
+            return
         tiles = self._tiles(run, tokens.grid, call)
-        r = merged_count(tiles, self.settings.ratio)
+        r = merged_count(tiles, self.settings.ratio, self._frames(tokens.grid))
         if r == 0:
             context["active"] = False  # nothing merges at this size: the blocks run as they are
             return
@@ -379,6 +430,10 @@ class ToMeDiTPatch(CallPatch):
                 tuple(call.context.shape[1:]) if call.context is not None else (),
                 tuple((name, _shape_of(value)) for name, value in sorted(call.kwargs.items())),
                 compute_dtype(call), call.model, backend_of(call, call.options.get(OVERRIDE)))
+
+    def _frames(self, grid: tuple[int, int, int]) -> int:
+        """The groups of a plan: the grid's frames where the family's blocks group by frame, else 1."""
+        return grid[0] if self.merge.frame_grouped else 1
 
     def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, r: int) -> bool:
         """reduce_when auto for the blocks of ``kind``: the first merged block of that kind timed
@@ -427,7 +482,7 @@ class ToMeDiTPatch(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         spec = self.merge.args[kind]
         grid = args[spec.tokens].narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r)
+        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid))
         return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / len(keys))
 
     def _tiles(self, run: RunState, grid: tuple[int, int, int], call: ModelCall) -> Tiles:
@@ -464,7 +519,8 @@ class ToMeDiTPatch(CallPatch):
                 return inner(args)
             plan = call[SHARED_PLAN] if self.settings.share_plans else None
             if plan is None or plan.restore_map.shape[0] != x.shape[0]:
-                plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, call["r"])
+                plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, call["r"],
+                                  self._frames(layout.grid))
                 if self.settings.share_plans:
                     call[SHARED_PLAN] = plan
             made = merged_args(spec, layout, plan, args)

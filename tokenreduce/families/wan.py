@@ -123,6 +123,24 @@ MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.blocks))
                               modulation="vec", modulation_ndim=4, modulation_runs=True),
 })
 
+
+def humo_merge_check(model, kwargs) -> str | None:
+    """HuMo's audio cross-attention (in each block) splits the block's tokens into as many equal
+    groups as the call has audio frames, one per frame in order (the video's latent frames and the
+    reference frame's). Merged by frame (``DiTMerge.frame_grouped``) the video frames stay equal
+    groups; a reference frame's tokens, never merged, would not be as many as a merged frame's."""
+    if kwargs.get("reference_latent") is not None:
+        return ("its audio cross-attention splits each block's tokens [video, reference frame] into equal groups, one "
+                "per frame, and the reference frame's tokens (never merged) would outnumber a merged video frame's "
+                "(WanHuMoImageToVideo always adds a reference frame, zeros without a reference image); ToMe merges "
+                "Wan HuMo calls without a reference latent only")
+    return None
+
+
+# ToMe on HuMo: x is the video alone (without a reference latent), merged frame by frame with the
+# same count per frame, so the audio cross-attention's per-frame groups are the merged frames.
+HUMO_MERGE = MERGE._replace(check=humo_merge_check, frame_grouped=True)
+
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
                              "WAN22_Camera", "WAN22_Animate", "WAN21_FlowRVS",
@@ -140,6 +158,5 @@ FAMILIES = (
            merge=MERGE),
     Family("Wan HuMo", ("WAN21_HuMo",), ("HumoWanModel",), True, True,
            lambda m: block_paths(m, "blocks"), humo_plan, patch, humo_tokens, geometry, humo_check,
-           merge_refusal="its audio cross-attention inside each block groups the block's video tokens by latent frame "
-                         "(the same count per frame, in frame order), which merged tokens are not"),
+           merge=HUMO_MERGE),
 )
