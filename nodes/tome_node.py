@@ -9,7 +9,7 @@ from comfy_api.latest import io
 from ..tokenreduce.catalog import TOME_NODE
 from ..tokenreduce.describe import header, tome_dit_info, tome_info
 from ..tokenreduce.layout import DIT, UNET
-from ..tokenreduce.methods import TOME, tome_select, tome_without_frames
+from ..tokenreduce.methods import TOME, tome_select, tome_unet_only, tome_without_frames
 from ..tokenreduce.preflight import tome_strides
 from ..tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks, tome_refusal
 from ..tokenreduce.tome_patch import ToMePatch
@@ -78,7 +78,8 @@ class ToMePatchNode(PatchNode):
             return refuse_or_unchanged(model, cls.NODE_ID, replace(target, message=(
                 f"WARNING: ToMe does nothing on this {target.family} model: it has {len(target.layout.sites)} blocks, "
                 f"and ToMe leaves the first and the last whole. The model is returned unchanged.")))
-        warnings = [] if family.video else tome_without_frames(cls.NODE_ID, settings, family.name)
+        warnings = ([] if family.video else tome_without_frames(cls.NODE_ID, settings, family.name)) + tome_unet_only(
+            settings, family.name)
         title = header("ToMe", target)
         diffusion_model = model.get_model_object("diffusion_model")
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node())

@@ -783,3 +783,24 @@ def test_humo_with_a_reference_frame_or_stride_t_is_left_alone_or_refused(comfy,
     assert any("left alone" in warning and "reference frame" in warning for warning in warnings), warnings
     with pytest.raises(ValueError, match="stride_t 2 cannot be used on this .* Set stride_t to 1"):
         tome(comfy, humo, stride_t=2)
+
+
+def test_unet_only_inputs_say_so_and_warn_on_dits(comfy, dits):
+    """The inputs whole-block merging does not read (how UNet attention merges, which UNet levels,
+    where a token looks for its target) end their tooltips with "UNets only", and on a DiT, set away
+    from their defaults, make one warning naming each with its value; at their defaults, none."""
+    from test_comfy_dit_inprocess import warnings_of
+
+    methods = sys.modules["tokenreduce_pack.tokenreduce.methods"]
+    unet_only = {"max_downsample", "mode", "merge_attn", "merge_crossattn", "merge_mlp", "matching"}
+    assert set(methods.TOME_UNET_ONLY) == unet_only
+    for spec in comfy.pack.ToMePatchNode.METHOD.inputs:
+        assert ("UNets only (DiTs" in spec.tooltip) == (spec.name in unet_only), spec.name
+    flux = tome(comfy, dits("flux_dev"), max_downsample="2", merge_attn=False, merge_mlp=True, matching="3x3 cells")
+    assert warnings_of(flux) == ["WARNING: max_downsample 2, merge_attn off, merge_mlp on and matching 3x3 cells do "
+                                 "nothing on Flux.1: ToMe merges its whole blocks (every token matched within its "
+                                 "tile); these inputs apply to UNets only."]
+    assert warnings_of(tome(comfy, dits("wan21_t2v"), mode=methods.MODE_QUERIES)) == [
+        "WARNING: mode queries only (ComfyUI built-in) does nothing on Wan 2.1 / 2.2: ToMe merges its whole blocks "
+        "(every token matched within its tile); this input applies to UNets only."]
+    assert warnings_of(tome(comfy, dits("flux_dev"))) == []

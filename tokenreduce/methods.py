@@ -91,6 +91,29 @@ def tome_without_frames(label: str, settings, model: str) -> list[str]:
             f"across frames)."]
 
 
+# ToMe's inputs that whole-block merging on DiTs does not read (their tooltips say "UNets only")
+TOME_UNET_ONLY = ("max_downsample", "mode", "merge_attn", "merge_crossattn", "merge_mlp", "matching")
+UNETS_ONLY = " UNets only (DiTs ignore it)."
+
+
+def tome_unet_only(settings, model: str) -> list[str]:
+    """ToMe on a DiT, where the UNet-only inputs do nothing: the warning that names those set away
+    from their defaults (none where all are at their defaults)."""
+    changed = [f"{spec.name} {_shown(getattr(settings, spec.name))}" for spec in TOME.inputs
+               if spec.name in TOME_UNET_ONLY and getattr(settings, spec.name) != spec.default]
+    if not changed:
+        return []
+    listed = changed[0] if len(changed) == 1 else f"{', '.join(changed[:-1])} and {changed[-1]}"
+    return [f"WARNING: {listed} {'does' if len(changed) == 1 else 'do'} nothing on {model}: ToMe merges its whole "
+            f"blocks (every token matched within its tile); "
+            f"{'this input applies' if len(changed) == 1 else 'these inputs apply'} to UNets only."]
+
+
+def _shown(value) -> str:
+    """A setting's value as the node shows it (a switch: on / off)."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
 def _something_to_merge(values: dict) -> str | None:
     if (values.get("merge_attn"), values.get("merge_crossattn"), values.get("merge_mlp")) == (False, False, False):
         return "nothing to merge: turn on at least one of merge_attn, merge_crossattn, merge_mlp."
@@ -115,15 +138,16 @@ TOME = Method("ToMe", (
     Input("max_downsample", CHOICE, "auto", options=LEVEL_CHOICES,
           tooltip="Patch transformer blocks whose feature map is downsampled at most this much from the latent. "
                   "auto: the finest level that has transformer blocks in this model (1 for SD1.x/2.x, 2 for "
-                  "SDXL). A value that patches no block is reported."),
+                  "SDXL). A value that patches no block is reported." + UNETS_ONLY),
     Input("mode", CHOICE, MODE_FULL, options=(MODE_FULL, MODE_QUERIES),
           tooltip="What self-attention computes from merged tokens: queries, keys and values (tomesd, fastest) "
                   "or only the queries with full keys and values (ComfyUI's built-in TomePatchModel, closer to "
-                  "the unpatched model)."),
-    Input("merge_attn", BOOL, True, tooltip="Merge tokens for self-attention (the main speed-up)."),
+                  "the unpatched model)." + UNETS_ONLY),
+    Input("merge_attn", BOOL, True, tooltip="Merge tokens for self-attention (the main speed-up)." + UNETS_ONLY),
     Input("merge_crossattn", BOOL, False,
-          tooltip="Also merge the queries of cross-attention (text). Small gain, costs quality."),
-    Input("merge_mlp", BOOL, False, tooltip="Also merge the feed-forward input. Some gain at large sizes, costs quality."),
+          tooltip="Also merge the queries of cross-attention (text). Small gain, costs quality." + UNETS_ONLY),
+    Input("merge_mlp", BOOL, False,
+          tooltip="Also merge the feed-forward input. Some gain at large sizes, costs quality." + UNETS_ONLY),
     Input("use_rand", BOOL, True,
           tooltip="Pick the merge target in each cell at random (better quality) from a private generator "
                   "seeded by `seed`; off: always the top-left token."),
@@ -141,7 +165,8 @@ TOME = Method("ToMe", (
                   "the square of the tokens, like the attention it saves), only in the nearby cells (cost "
                   "grows with the tokens; same quality in our benchmarks, much faster planning at large sizes), "
                   "or tile (fast): only its own stride_x x stride_y cell's target (cheapest planning; merged by "
-                  "per-cell sums and restored by one gather, no scatter operations)."),
+                  "per-cell sums and restored by one gather, no scatter operations). UNets only (DiTs always "
+                  "match within the tile)."),
     reduce_when_input(),
     Input("stride_t", INT, 1, low=1, high=8, optional=True,
           tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video): the number of latent frames per tile, each tile "
