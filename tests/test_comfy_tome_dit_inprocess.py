@@ -80,6 +80,11 @@ VARIANTS = {
     "kandinsky5_image": ({"num_visual_blocks": 4}, [("visual_block", 1), ("visual_block", 2)], 48),
     # img: the video alone, txt apart; rotary tables rope_cos and rope_sin [N, heads, D/2] (no batch)
     "mochi": ({"depth": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    # 0.33 only: CogVideoX's blocks (the video alone, the text apart; both returned), reached by
+    # object patches, called by keyword; a (cos, sin) rotary pair [N, D] shared by the batch
+    "cogvideox_t2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    "cogvideox_i2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    "cogvideox_inpaint": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
 }
 # the block-replace names of the tokens, the text and the positions where they are not img, txt, pe
 ARG_NAMES = {"kandinsky5": ("x", "context", "freqs"), "kandinsky5_image": ("x", "context", "freqs"),
@@ -87,8 +92,12 @@ ARG_NAMES = {"kandinsky5": ("x", "context", "freqs"), "kandinsky5_image": ("x", 
 TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12, "mage_flow": 12, "joyimage": 12}
+COGVIDEOX = ("cogvideox_t2v", "cogvideox_i2v", "cogvideox_inpaint")
 # positions over [image, text] (Lens, HiDream) or the image stream alone
-POSITIONS_IMAGE_FIRST = {"lens", "joyimage", "hidream", *ARG_NAMES}
+POSITIONS_IMAGE_FIRST = {"lens", "joyimage", "hidream", *ARG_NAMES, *COGVIDEOX}
+# rotary tables without a batch dimension (their dimensions): Mochi's (merged, each batch item has
+# its own); CogVideoX's (merged too: one plan for the batch)
+PE_WITHOUT_BATCH = {"mochi": 3, **dict.fromkeys(COGVIDEOX, 2)}
 NEXTDIT = ("lumina2", "z_image", "zimage_pixel", "omnigen2")  # NextDiT-like layers reached by object patches
 
 
@@ -111,9 +120,11 @@ def tome(comfy, model, **settings):
 
 
 def _tensors(args):
-    """The tensor arguments, cloned; of a (tensor, ...) pair (LTX-Video's positions on 0.33) the tensor."""
+    """The tensor arguments, cloned; of a (tensor, ...) pair (LTX-Video's positions on 0.33) the
+    tensor, its second item too under ``name[1]`` where it is one (CogVideoX's (cos, sin))."""
     pairs = {k: v[0] for k, v in args.items() if isinstance(v, tuple) and v and torch.is_tensor(v[0])}
-    return {k: v.clone() for k, v in {**args, **pairs}.items() if torch.is_tensor(v)}
+    seconds = {f"{k}[1]": v[1] for k, v in args.items() if isinstance(v, tuple) and len(v) > 1 and torch.is_tensor(v[1])}
+    return {k: v.clone() for k, v in {**args, **pairs, **seconds}.items() if torch.is_tensor(v)}
 
 
 def spy_inside(model, keys, records):
@@ -144,12 +155,10 @@ def spy_around(model, keys, records):
 
 
 def _named(variant, args):
-    """A block's arguments also under the names the checks read (img, txt, pe); Mochi's rotary
-    tables, given without a batch dimension (merged, each batch item has its own), with one."""
-    if variant not in ARG_NAMES:
-        return args
-    named = {**args, **{name: args[given] for name, given in zip(("img", "txt", "pe"), ARG_NAMES[variant])}}
-    if variant == "mochi" and named["pe"].ndim == 3:
+    """A block's arguments also under the names the checks read (img, txt, pe); rotary tables
+    given without a batch dimension (Mochi's, CogVideoX's), with one."""
+    named = {**args, **{name: args[given] for name, given in zip(("img", "txt", "pe"), ARG_NAMES.get(variant, ()))}}
+    if variant in PE_WITHOUT_BATCH and named["pe"].ndim == PE_WITHOUT_BATCH[variant]:
         named["pe"] = named["pe"][None]
     return named
 
@@ -219,8 +228,12 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
         if variant == "mochi":  # rope_sin follows rope_cos: each merged row a pair of the same angles
             assert merged["rope_sin"].shape == pe_y.shape
             torch.testing.assert_close(pe_y ** 2 + merged["rope_sin"] ** 2, torch.ones_like(pe_y))
+        if variant in COGVIDEOX:  # sin follows cos; one table for the batch: every sample the same positions
+            head_dim = model.model.diffusion_model.attention_head_dim
+            assert merged["pe[1]"].shape == merged["pe"].shape[1:] == (n - r, head_dim)
+            torch.testing.assert_close(pe_y[0] ** 2 + merged["pe[1]"] ** 2, torch.ones_like(pe_y[0]))
         # [B, L, ...] (Wan; LTX-Video on 0.33) or [B, 1, L, ...]
-        pe_dim = 1 if variant.startswith("wan") or variant in (*NEXTDIT, "joyimage", "hidream", *ARG_NAMES) or (
+        pe_dim = 1 if variant.startswith("wan") or variant in (*NEXTDIT, "joyimage", "hidream", *ARG_NAMES, *COGVIDEOX) or (
             variant.startswith("ltx") and pe_x.shape[1] != 1) else 2
         assert pe_y.shape[pe_dim] == pe_x.shape[pe_dim] - r
         pe_after = pe_x.shape[pe_dim] - pe_start - n
@@ -242,7 +255,8 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
                                      "wan21_scail", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "wan22_s2v", "krea2", "omnigen2", "hidream", "kandinsky5", "mochi"])
+                                     "joyimage", "wan22_s2v", "krea2", "omnigen2", "hidream", "kandinsky5", "mochi",
+                                     "cogvideox_i2v"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -268,10 +282,32 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
                                      "wan21_vace", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
-                                     "joyimage", "krea2", "omnigen2", "hidream", "kandinsky5_image", "mochi"])
+                                     "joyimage", "krea2", "omnigen2", "hidream", "kandinsky5_image", "mochi",
+                                     "cogvideox_inpaint"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
+
+
+def test_cogvideox_2b_without_rotary_positions_merges(comfy):
+    """CogVideoX 2B adds its positions to the tokens before the blocks and hands them no rotary
+    table (None): its blocks merge the video alone, the text untouched, reruns bit for bit (0.33
+    only)."""
+    if not random_dits.available("cogvideox_t2v"):
+        pytest.skip("this ComfyUI has no cogvideox_t2v model")
+    # width 96 (2 heads of 48): the 3-D sine positions split the width in thirds
+    model = random_dits.make_dit("cogvideox_t2v", num_layers=4, use_rotary_positional_embeddings=False,
+                                 attention_head_dim=48)
+    keys, n = VARIANTS["cogvideox_t2v"][1:]
+    inside, outside = {}, {}
+    patched = tome(comfy, spy_inside(model, keys, inside), ratio=0.5).result[0]
+    first = run(comfy, spy_around(patched, keys, outside), "cogvideox_t2v", steps=1)
+    for key in keys:
+        (given,), (merged,) = outside[key], inside[key]
+        assert "pe" not in given and given["img"].shape[1] == n and merged["img"].shape[1] == n - n // 2
+        assert torch.equal(merged["txt"], given["txt"])
+    assert torch.equal(run(comfy, patched, "cogvideox_t2v", steps=1), first)
+    assert not torch.equal(first, run(comfy, model, "cogvideox_t2v", steps=1))
 
 
 def _left_alone_with_a_reference(comfy, model, variant) -> list[str]:
@@ -384,7 +420,7 @@ def test_info_says_how_auto_decides(comfy, dits):
 
 # wan22_s2v: on 0.3.75 its blocks get the call's options only through the pack's hand-over
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2", "z_image", "wan22_s2v", "kandinsky5",
-                                     "mochi", "hidream", "omnigen2", "krea2"])
+                                     "mochi", "hidream", "omnigen2", "krea2", "cogvideox_t2v"])
 def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
     """ToDo reduces the keys and values of the blocks ToMe merged too (their grid: the merged
     tokens), the same whichever node is applied first: no call is left alone, the report shows

@@ -53,8 +53,7 @@ def test_docs_models_page_is_made_from_the_registry():
 DIRECT_CALLS = {"Cosmos 1.0": "[T, H, W, B, D] grid",
                 "Cosmos Predict2": "[B, T, H, W, D] grid", "Cosmos Predict2 image": "[B, T, H, W, D] grid",
                 "Anima": "[B, T, H, W, D] grid", "Boogu-Image": "two rotary tables",
-                "Ideogram 4": "for the whole batch", "PixelDiT": "within each patch", "PiD": "within each patch",
-                "CogVideoX": "(cos, sin) pair"}
+                "Ideogram 4": "for the whole batch", "PixelDiT": "within each patch", "PiD": "within each patch"}
 
 
 def test_families_tome_cannot_reach_say_why():

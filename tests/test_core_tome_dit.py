@@ -102,6 +102,35 @@ def test_rotary_positions_mask_and_modulation_follow_the_tokens():
     assert torch.equal(new["mask"], positions[:, :, None] * length + positions[:, None, :])
 
 
+def test_one_table_for_the_batch_is_merged_with_one_plan_for_the_batch():
+    """BlockArgs.pe_shared (CogVideoX: a (cos, sin) pair [N, D] the block broadcasts over the
+    batch): the plan is one for the batch (the sources most similar over its samples), both tables
+    of the pair are handed on merged without a batch dimension; merge and restore as per sample."""
+    grid = (2, 4, 6)
+    n = math.prod(grid)
+    layout = TokenLayout(grid, (n + 5, 5), None)
+    spec = BlockArgs("img", lambda lay: (n, 0), pe="pe", pe_dim=1, in_pe=lambda lay: (n, 0), pe_batch=False,
+                     pe_items=2, pe_shared=True)
+    x = _tokens(grid, b=3)
+    tiles = make_tiles(grid, (1, 2, 2), torch.Generator().manual_seed(0), "cpu")
+    plan = plan_block(x, tiles, 20, shared=True)
+    assert plan.shared and plan.restore_map.shape == (3, n) and all(
+        torch.equal(t, t[:1].expand_as(t)) for t in (plan.mask, plan.kept, plan.positions, plan.restore_map))
+    same = x[:1].expand_as(x)  # samples alike (cond and uncond at a first block): the per-sample plan
+    assert torch.equal(plan_block(same, tiles, 20, shared=True).kept, plan_block(same, tiles, 20).kept)
+    cos = torch.arange(n, dtype=torch.float32)[:, None].expand(n, 4)
+    flag = object()
+    new, merged_x = merged_args(spec, layout, plan, {"img": x, "pe": (cos, -cos, flag)})
+    assert torch.equal(merged_x, merge(plan, x)) and merged_x.shape == (3, n - 20, 8)
+    merged_cos, merged_sin, kept_flag = new["pe"]
+    assert kept_flag is flag and merged_cos.shape == (n - 20, 4) and torch.equal(merged_sin, -merged_cos)
+    assert torch.equal(merged_cos[:, 0], plan.positions[0].float())
+    assert torch.equal(restored(spec, layout, plan, x, merged_x, merged_x.clone()), x)
+    per_sample = plan_block(x, tiles, 20)  # a plan of its own per sample: no one table fits; left alone
+    assert merged_args(spec, layout, per_sample, {"img": x, "pe": (cos, -cos)}) is None
+    assert merged_args(spec, layout, per_sample, {"img": x, "pe": None}) is not None  # no table (CogVideoX 2B)
+
+
 def test_take_broadcasts_a_batch_of_one():
     x = torch.arange(6.0).view(1, 6, 1)
     index = torch.tensor([[0, 5], [2, 3]])

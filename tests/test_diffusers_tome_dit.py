@@ -100,6 +100,16 @@ def test_auto_on_cpu_merges(flux):
     assert not torch.equal(_call(flux), unpatched)
 
 
+def test_unet_only_settings_are_said_to_do_nothing(flux):
+    """As the ComfyUI node: the inputs whole-block merging does not read, set away from their
+    defaults, are named in one warning; none at their defaults."""
+    assert apply_patch(flux, "ToMe", reduce_when="always").warnings == []
+    remove_patch(flux)
+    patched = apply_patch(flux, "ToMe", reduce_when="always", merge_mlp=True, matching="tile (fast)")
+    assert patched.warnings == ["WARNING: merge_mlp on and matching tile (fast) do nothing on Flux: ToMe merges its "
+                                "whole blocks (every token matched within its tile); these inputs apply to UNets only."]
+
+
 def test_blocks_and_transformers_without_a_seam_are_refused_naming_the_class():
     from diffusers import HunyuanVideoTransformer3DModel  # the I2V model's token-replace blocks: no seam
     model = HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,

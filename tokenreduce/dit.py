@@ -70,6 +70,13 @@ class BlockArgs(NamedTuple):
     # gets its own (a batch dimension added), which the block's rotation broadcasts against its
     # [B, N, heads, D/2] queries and keys
     pe_batch: bool = True
+    # of a tuple: how many of its leading items are tables (LTX-Video's (positions, ...): 1; CogVideoX's (cos, sin): 2)
+    pe_items: int = 1
+    # with pe_batch False, where a table is given: the block takes one for the whole batch and
+    # cannot take one per sample (CogVideoX's rotation broadcasts its [N, D] as [1, 1, N, D]), so
+    # the plan is made once for the batch (``tome_dit.plan_block``'s shared) and the table handed
+    # on merged, still without a batch dimension
+    pe_shared: bool = False
 
 
 class DiTMerge(NamedTuple):

@@ -131,6 +131,7 @@ class BlockPlan(NamedTuple):
     positions: torch.Tensor  # [B, M] the grid position each merged token stands for (its destination's)
     restore_map: torch.Tensor  # [B, N] the merged row each grid position reads back
     frames: int = 1  # > 1: grouped by frame (the merged tokens frame by frame, the same count each)
+    shared: bool = False  # one plan for the whole batch (its rows the same for every sample)
 
     @property
     def tokens(self) -> int:
@@ -141,20 +142,25 @@ class BlockPlan(NamedTuple):
         return self.tokens - self.r
 
 
-def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1) -> BlockPlan:
+def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1, shared: bool = False) -> BlockPlan:
     """The merge of ``grid_tokens`` [B, N, C]: the ``r`` sources most similar (cosine) to their own
     tile's destination merge into it. Tensor work only: no host sync, no scatter. ``frames`` > 1
     (the grid's frame count, tiles within frames: stride_t 1, ``r`` a multiple of it): grouped by
     frame, each frame's ``r / frames`` most similar sources merge and the merged tokens are frame
-    by frame, each frame's as a plan of that frame alone orders them (``_plan_frames``)."""
+    by frame, each frame's as a plan of that frame alone orders them (``_plan_frames``). ``shared``:
+    one plan for the whole batch, the sources most similar over its samples (their similarities
+    summed), for a block that takes one rotary table for the batch (``BlockArgs.pe_shared``)."""
     b, _, c = grid_tokens.shape
+    batch = b
     n_tiles, k = tiles.tile_index.shape
     extra = tiles.extra_index.shape[0]
     members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
     normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     similarity = (normed[:, :, 1:] * normed[:, :, :1]).sum(-1).flatten(1)  # [B, S]
+    if shared:
+        similarity, b = similarity.float().sum(0, keepdim=True), 1
     if frames > 1:
-        return _plan_frames(similarity, tiles, r, frames, grid_tokens.dtype)
+        return _for_batch(_plan_frames(similarity, tiles, r, frames, grid_tokens.dtype), batch, shared)
     order = torch.argsort(similarity.float(), dim=1, descending=True, stable=True)
     rank = torch.argsort(order, dim=1)  # each source's place in that order (the inverse permutation)
     merges = rank < r
@@ -167,7 +173,17 @@ def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1)
     sources = tiles.tile_index[:, 1:].flatten()
     positions = torch.cat([tiles.extra_index.expand(b, extra), tiles.tile_index[:, 0].expand(b, n_tiles),
                            sources[kept]], 1)
-    return BlockPlan(tiles, r, merges.view(b, n_tiles, k - 1, 1).to(grid_tokens.dtype), kept, positions, restore_map)
+    return _for_batch(BlockPlan(tiles, r, merges.view(b, n_tiles, k - 1, 1).to(grid_tokens.dtype), kept, positions,
+                                restore_map), batch, shared)
+
+
+def _for_batch(plan: BlockPlan, batch: int, shared: bool) -> BlockPlan:
+    """A plan made once for the batch (``shared``), its rows expanded (not copied) to ``batch``."""
+    if not shared:
+        return plan
+    return plan._replace(mask=plan.mask.expand(batch, *plan.mask.shape[1:]), kept=plan.kept.expand(batch, -1),
+                         positions=plan.positions.expand(batch, -1), restore_map=plan.restore_map.expand(batch, -1),
+                         shared=True)
 
 
 def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int, dtype) -> BlockPlan:
@@ -281,14 +297,18 @@ def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dic
             pe = args.get(name)
             if pe is None:
                 continue
-            pair = isinstance(pe, tuple)  # (positions, what goes with them): LTX-Video's on ComfyUI 0.33
-            positions = pe[0] if pair else pe
-            positions = positions if spec.pe_batch else positions.unsqueeze(0)
+            # a tuple: its first pe_items tables, then what goes with them (LTX-Video's on ComfyUI 0.33)
+            pair = isinstance(pe, tuple)
             pe_dim = spec.pe_dim(pe) if callable(spec.pe_dim) else spec.pe_dim
-            if positions.shape[pe_dim] != pe_where[0]:
-                return None
-            positions = take(positions, pe_dim, pe_index)
-            new[name] = (positions, *pe[1:]) if pair else positions
+            tables = []
+            for positions in pe[:spec.pe_items] if pair else (pe,):
+                positions = positions if spec.pe_batch else positions.unsqueeze(0)
+                if positions.shape[pe_dim] != pe_where[0] or (spec.pe_shared and not plan.shared):
+                    return None
+                # one table for the batch (its plan shared): the first sample's rows, no batch dimension
+                tables.append(take(positions, pe_dim, pe_index[:1]).squeeze(0) if spec.pe_shared
+                              else take(positions, pe_dim, pe_index))
+            new[name] = (*tables, *pe[spec.pe_items:]) if pair else tables[0]
         if spec.mask is not None and args.get(spec.mask) is not None:
             mask = args[spec.mask]
             if mask.shape[-1] != pe_where[0] or mask.shape[-2] not in (1, pe_where[0]):
@@ -482,7 +502,8 @@ class ToMeDiTPatch(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         spec = self.merge.args[kind]
         grid = args[spec.tokens].narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid))
+        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid),
+                                          shared=spec.pe_shared and args.get(spec.pe) is not None)
         return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / len(keys))
 
     def _tiles(self, run: RunState, grid: tuple[int, int, int], call: ModelCall) -> Tiles:
@@ -518,9 +539,10 @@ class ToMeDiTPatch(CallPatch):
                 note_skipped(call)  # not the predicted layout (another patch changed the tokens): left alone
                 return inner(args)
             plan = call[SHARED_PLAN] if self.settings.share_plans else None
-            if plan is None or plan.restore_map.shape[0] != x.shape[0]:
+            shared = spec.pe_shared and args.get(spec.pe) is not None  # a block given one table for the batch
+            if plan is None or plan.restore_map.shape[0] != x.shape[0] or plan.shared != shared:
                 plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, call["r"],
-                                  self._frames(layout.grid))
+                                  self._frames(layout.grid), shared=shared)
                 if self.settings.share_plans:
                     call[SHARED_PLAN] = plan
             made = merged_args(spec, layout, plan, args)

@@ -20,7 +20,8 @@ import torch
 from ..catalog import TODO_NODE, TOME_NODE
 from ..describe import header, todo_info, tome_dit_info, tome_info
 from ..layout import DIT, UNET
-from ..methods import dit_method_problem, todo_level_factors, todo_select, tome_select, tome_without_frames
+from ..methods import (dit_method_problem, todo_level_factors, todo_select, tome_select, tome_unet_only,
+                       tome_without_frames)
 from ..pays import auto_rule, decisions_at
 from ..preflight import todo_factors, tome_strides
 from ..run import RunReport
@@ -164,6 +165,7 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     video = target.layout.kind == DIT and target.layout.family.video
     if method == "ToMe":  # stride_t acts on video DiTs only: said (or the ratio refused) elsewhere
         warnings = [] if video else tome_without_frames(label, settings, name)
+        warnings += tome_unet_only(settings, name) if target.layout.kind == DIT else []
         info = None if target.layout.kind == DIT else tome_info(settings, target)  # DiTs: once the patch knows its blocks
     else:
         info, warnings = todo_info(settings, target)

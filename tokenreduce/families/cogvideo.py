@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..dit import JOINT, Family, Geometry, Slot, TokenLayout, block_paths, direct_call_refusal, video_grid
-
-# ToMe: block(hidden_states=, encoder_hidden_states=, temb=, image_rotary_emb=) by keyword, the
-# video and the text apart, returning both; the rotary table a (cos, sin) pair [L, D] shared by
-# the batch (None on the 2B model, which adds positions to the tokens).
-MERGE_REFUSAL = direct_call_refusal("its blocks are called by keyword with the video and the text apart, return the "
-                                    "pair, and take the rotary table as a (cos, sin) pair shared by the batch")
+from ..dit import JOINT, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -34,9 +28,27 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout:
     return TokenLayout(grid, joint=(text + math.prod(grid), text), image=None)
 
 
+# ToMe: the model (ComfyUI 0.33) calls its blocks directly (no patches_replace["dit"] lookup), by
+# keyword: block(hidden_states=, encoder_hidden_states=, temb=, image_rotary_emb=,
+# transformer_options=), the video grid alone and the text apart, returning both. The host reaches
+# each merged block through an object patch on its forward (DiTMerge.layer_args). The rotary table
+# is a (cos, sin) pair [N, D] over the grid without a batch dimension, which the block broadcasts
+# as [1, 1, N, D] (it takes no table per sample): where it is given the plan is made once for the
+# batch and both tables are handed on merged, still batch-less (BlockArgs.pe_shared). The 2B model
+# hands None (its positions are added to the tokens before the blocks). The modulation (temb) is
+# per sample. Only the grid merges.
+def _grid(layout: TokenLayout) -> tuple[int, int]:
+    return (math.prod(layout.grid), 0)  # the video alone: in img and in the tables
+
+
+MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.blocks))}, {
+    "double_block": BlockArgs("img", _grid, pe="pe", pe_dim=1, in_pe=_grid, pe_batch=False, pe_items=2,
+                              pe_shared=True),
+}, layer_args=("img", "txt", "vec", "pe"), layer_returns={"double_block": ("img", "txt")})
+
 FAMILIES = (
     # rope: the 5B and 1.5 models rotate the video tokens' q and k; the 2B adds positions to the tokens.
     Family("CogVideoX", ("CogVideoX_T2V", "CogVideoX_I2V", "CogVideoX_Inpaint"), ("CogVideoXTransformer3DModel",),
            True, True, lambda m: block_paths(m, "blocks"), plan, patch, tokens, geometry,
-           merge_refusal=MERGE_REFUSAL),
+           merge=MERGE),
 )
