@@ -756,12 +756,19 @@ def humo(comfy):
     return random_dits.make_dit("wan21_humo", num_layers=4)
 
 
-def _humo_run(comfy, model, reference=False, steps=2):
-    """Wan HuMo sampled with WanHuMoImageToVideo's audio windows, and its reference frame only
-    where ``reference``."""
+def _humo_run(comfy, model, reference=False, steps=2, audio_frames=None):
+    """Wan HuMo sampled with WanHuMoImageToVideo's audio windows (padded with zeros to
+    ``audio_frames``), and its reference frame only where ``reference``."""
     size = random_dits.tested_size("wan21_humo")
-    positive, negative = ([[c, {k: v for k, v in e.items() if reference or k != "reference_latents"}] for c, e in cond]
-                          for cond in random_dits.conditioning("wan21_humo", **size))
+
+    def extras(e):
+        e = {k: v for k, v in e.items() if reference or k != "reference_latents"}
+        if audio_frames is not None:
+            audio = e["audio_embed"]
+            e["audio_embed"] = torch.cat([audio, audio.new_zeros(1, audio_frames - audio.shape[1], *audio.shape[2:])], 1)
+        return e
+
+    positive, negative = ([[c, extras(e)] for c, e in cond] for cond in random_dits.conditioning("wan21_humo", **size))
     latent = random_dits.latent("wan21_humo", **size)
     noise = torch.randn(latent.shape, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -812,11 +819,19 @@ def test_humo_stacks_with_todo_in_both_orders(comfy, humo):
 
 def test_humo_with_a_reference_frame_or_stride_t_is_left_alone_or_refused(comfy, humo):
     """WanHuMoImageToVideo's reference frame (never merged) would be a larger group than a merged
-    frame: that call is left alone and said; stride_t > 1 (tiles across frames) is refused."""
+    frame: that call is left alone and said, as one whose audio frames are not its latent frames;
+    stride_t > 1 (tiles across frames) is refused."""
     patched = tome(comfy, humo).result[0]
     assert torch.equal(_humo_run(comfy, patched, reference=True, steps=1), _humo_run(comfy, humo, reference=True, steps=1))
     warnings = session_of(patched).last_report.warnings
     assert any("left alone" in warning and "reference frame" in warning for warning in warnings), warnings
+    # audio of a frame more than the video: the groups are not its frames (the host runs it unmerged)
+    patched = tome(comfy, humo).result[0]
+    more = HUMO_FRAMES + 1
+    assert torch.equal(_humo_run(comfy, patched, steps=1, audio_frames=more),
+                       _humo_run(comfy, humo, steps=1, audio_frames=more))
+    warnings = session_of(patched).last_report.warnings
+    assert any(f"split their tokens into {more} equal groups" in warning for warning in warnings), warnings
     with pytest.raises(ValueError, match="stride_t 2 cannot be used on this .* Set stride_t to 1"):
         tome(comfy, humo, stride_t=2)
 

@@ -100,6 +100,9 @@ class DiTMerge(NamedTuple):
     # frame order (Wan HuMo's audio cross-attention): each frame merges the same count and the
     # merged tokens stay frame by frame (``tome_dit.plan_block``); tiles within frames only (stride_t 1)
     frame_grouped: bool = False
+    # with frame_grouped: call kwargs -> how many equal groups the blocks split their tokens into
+    # (HuMo: its audio frames); a call where that is not the grid's frame count is left alone
+    frame_groups: Callable | None = None
 
 
 def direct_call_refusal(what: str) -> str:

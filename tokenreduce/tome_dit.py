@@ -426,6 +426,13 @@ class ToMeDiTPatch(CallPatch):
                           f"tokens by latent frame, so tiles cannot span frames (stride_t {self.strides[0]}); use "
                           f"stride_t 1.")
             return
+        groups = self.merge.frame_groups(call.kwargs) if self.merge.frame_groups is not None else None
+        if groups is not None and groups != tokens.grid[0]:
+            context["active"] = False
+            run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: its blocks split their "
+                          f"tokens into {groups} equal groups, not one per latent frame ({tokens.grid[0]}), which "
+                          f"merged frames would not keep.")
+            return
         tiles = self._tiles(run, tokens.grid, call)
         r = merged_count(tiles, self.settings.ratio, self._frames(tokens.grid))
         if r == 0:

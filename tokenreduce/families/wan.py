@@ -139,7 +139,16 @@ def humo_merge_check(model, kwargs) -> str | None:
 
 # ToMe on HuMo: x is the video alone (without a reference latent), merged frame by frame with the
 # same count per frame, so the audio cross-attention's per-frame groups are the merged frames.
-HUMO_MERGE = MERGE._replace(check=humo_merge_check, frame_grouped=True)
+def humo_groups(kwargs) -> int | None:
+    """The groups HuMo's audio cross-attention splits a block's tokens into: its audio frames (a
+    reference latent's frames added as zero audio)."""
+    audio, reference = kwargs.get("audio_embed"), kwargs.get("reference_latent")
+    if audio is None:
+        return None
+    return audio.shape[1] + (reference.shape[-3] if reference is not None else 0)
+
+
+HUMO_MERGE = MERGE._replace(check=humo_merge_check, frame_grouped=True, frame_groups=humo_groups)
 
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
