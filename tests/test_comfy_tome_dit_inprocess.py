@@ -80,6 +80,8 @@ VARIANTS = {
     "kandinsky5_image": ({"num_visual_blocks": 4}, [("visual_block", 1), ("visual_block", 2)], 48),
     # img: the video alone, txt apart; rotary tables rope_cos and rope_sin [N, heads, D/2] (no batch)
     "mochi": ({"depth": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
+    # 0.33 only: LTX-2's blocks, handed img = (video, audio): the video merges, the audio passes whole
+    "ltxav": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 4 * 3),
     # 0.33 only: CogVideoX's blocks (the video alone, the text apart; both returned), reached by
     # object patches, called by keyword; a (cos, sin) rotary pair [N, D] shared by the batch
     "cogvideox_t2v": ({"num_layers": 4}, [("double_block", 1), ("double_block", 2)], 3 * 48),
@@ -88,7 +90,7 @@ VARIANTS = {
 }
 # the block-replace names of the tokens, the text and the positions where they are not img, txt, pe
 ARG_NAMES = {"kandinsky5": ("x", "context", "freqs"), "kandinsky5_image": ("x", "context", "freqs"),
-             "mochi": ("img", "txt", "rope_cos")}
+             "mochi": ("img", "txt", "rope_cos"), "ltxav": ("img", "v_context", "v_pe")}
 TOKENS_BEFORE = {"wan21_scail": 48}  # tokens before the grid in a Wan block's sequence (one reference frame)
 # a 64x48 px reference latent at patch 2: 4x3 tokens after the image
 REFERENCE_TOKENS = {"flux_kontext": 12, "qwen_image_edit": 12, "mage_flow": 12, "joyimage": 12}
@@ -256,7 +258,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
 @pytest.mark.parametrize("variant", ["flux_kontext", "wan21_i2v", "qwen_image_edit", "sd3", "hunyuan_video", "ltxv",
                                      "wan21_scail", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
                                      "joyimage", "wan22_s2v", "krea2", "omnigen2", "hidream", "kandinsky5", "mochi",
-                                     "cogvideox_i2v"])
+                                     "cogvideox_i2v", "ltxav"])
 def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
     model = dits(variant)
     options_before = repr(model.model_options)
@@ -283,7 +285,7 @@ def test_reruns_bit_for_bit_rng_and_input_untouched(comfy, dits, variant):
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "qwen_image", "sd35_medium", "hunyuan_image21",
                                      "wan21_vace", "lumina2", "z_image", "zimage_pixel", "mage_flow", "lens",
                                      "joyimage", "krea2", "omnigen2", "hidream", "kandinsky5_image", "mochi",
-                                     "cogvideox_inpaint"])
+                                     "cogvideox_inpaint", "ltxav"])
 def test_ratio_zero_is_the_unpatched_model(comfy, dits, variant):
     model = dits(variant)
     assert torch.equal(run(comfy, tome(comfy, model, ratio=0.0).result[0], variant), run(comfy, model, variant))
@@ -394,10 +396,9 @@ def test_families_without_a_description_are_refused(comfy):
         tome(comfy, model)
 
 
-@pytest.mark.parametrize("variant", ["minimax_h3", "ltxav"])
+@pytest.mark.parametrize("variant", ["minimax_h3"])
 def test_families_reached_but_not_described_are_refused_with_their_reason(comfy, variant):
-    # 0.33 only: MiniMax-H3 (a packed sequence without a batch, modulation by token ranges) and
-    # LTX-2 (video and audio streams handed to each block as one pair)
+    # 0.33 only: MiniMax-H3 (a packed sequence without a batch, modulation by token ranges)
     if not random_dits.available(variant):
         pytest.skip(f"this ComfyUI has no {variant} model")
     name = random_dits.FIXTURES[variant].family
@@ -406,6 +407,123 @@ def test_families_reached_but_not_described_are_refused_with_their_reason(comfy,
         tome(comfy, random_dits.make_dit(variant))
     assert f"ToMe does not merge whole blocks of {name}: {family.merge_refusal} (it does on " in str(refused.value)
     assert f"use Token Downsampling (ToDo, TokenReduce), which supports {name}" in str(refused.value)
+
+
+def _ltx2_spy(model, keys, records):
+    """A clone of the LTX-2 ``model`` whose block replacements at ``keys`` record what they are given
+    (video, audio, the video's timestep rows, the audio's positions), then call the replacement that
+    was there (ToMe's: what the model hands it) or the block (inside ToMe's: the merged call)."""
+    clone = model.clone()
+    found = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    for kind, number in keys:
+        def spy(args, extra, key=(kind, number), previous=found.get((kind, number))):
+            vx, ax = args["img"]
+            # the video's timestep rows (of the host's CompressedTimestep objects): its own and the
+            # audio<->video cross-attention's
+            rows = [t if torch.is_tensor(t) else t.data for t in (args[name] for name in (
+                "v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep"))]
+            records.setdefault(key, []).append((vx.clone(), ax.clone(), rows[0].clone(), args["a_pe"][0].clone(),
+                                                [r.clone() for r in rows]))
+            return previous(args, extra) if previous is not None else extra["original_block"](args)
+        clone.set_model_patch_replace(spy, "dit", kind, number)
+    return clone
+
+
+def test_ltx2_merges_the_video_alone_and_the_audio_comes_out_as_unmerged(comfy, dits):
+    """LTX-2 (0.33 only): each merged block is handed the video merged and the audio whole (its
+    tokens and positions as the model gives them); with the audio<->video cross-attention cut
+    (LTXVModalityGuidance's pass) the audio comes out bit for bit as unmerged, the video not."""
+    _, keys, n = VARIANTS["ltxav"]
+    model = dits("ltxav")
+    severed = model.clone()
+    severed.model_options["transformer_options"] = {**model.model_options.get("transformer_options", {}),
+                                                    "a2v_cross_attn": False, "v2a_cross_attn": False}
+    inside, outside = {}, {}
+    patched = tome(comfy, _ltx2_spy(severed, keys, inside), ratio=0.5).result[0]
+    merged = run(comfy, patched, "ltxav", steps=1)
+    unmerged = run(comfy, _ltx2_spy(severed, keys, outside), "ltxav", steps=1)
+    video = 128 * n  # the run's output: [video, audio] flattened per sample
+    assert torch.equal(merged[:, video:], unmerged[:, video:]) and not torch.equal(merged[:, :video], unmerged[:, :video])
+    for key in keys:
+        ((vx, ax, rows, a_pe, _),), ((full_vx, full_ax, full_rows, full_a_pe, _),) = inside[key], outside[key]
+        assert full_vx.shape[1] == n and vx.shape[1] == n - n // 2  # the video merged
+        assert torch.equal(ax, full_ax) and torch.equal(a_pe, full_a_pe) and ax.shape[1] > 0  # the audio whole
+        assert rows.shape[1] == full_rows.shape[1] == 1  # one timestep per sample: the host's object as it is
+
+
+def test_ltx2_per_frame_timesteps_follow_the_merged_video_beside_the_audio(comfy, dits, monkeypatch):
+    """LTX-2 with its first frame kept clean (a noise mask per stream, as LTXVConcatAVLatent makes
+    it) and the audio beside (0.33 only): the video's three timestep modulations come a row per
+    latent frame (CompressedTimestep), and each merged token gets its own frame's rows, in the
+    audio<->video cross-attention too."""
+    from comfy.nested_tensor import NestedTensor
+
+    def first_frame_clean(latent):
+        video, audio = latent.unbind()
+        mask = torch.ones_like(video)
+        mask[:, :, :1] = 0.0
+        return NestedTensor((mask, torch.ones_like(audio)))
+
+    monkeypatch.setitem(random_dits.FIXTURES, "ltxav", random_dits.FIXTURES["ltxav"]._replace(mask=first_frame_clean))
+    _, keys, n = VARIANTS["ltxav"]
+    inside, outside = {}, {}
+    patched = tome(comfy, _ltx2_spy(dits("ltxav"), keys, inside), ratio=0.5).result[0]
+    assert torch.isfinite(run(comfy, _ltx2_spy(patched, keys, outside), "ltxav", steps=1, cfg=1.0)).all()
+    per_frame = n // 3
+    for key in keys:
+        ((vx, _, _, _, merged_rows),), ((full_vx, _, _, _, full_rows),) = inside[key], outside[key]
+        assert vx.shape[1] == n - n // 2
+        for rows, full, per_noise in zip(merged_rows, full_rows, (True, True, False)):  # the gate: the audio's
+            assert full.shape[1] == 3 and torch.equal(full[:, 0], full[:, 1]) != per_noise  # a row per frame
+            assert rows.shape[1] == vx.shape[1]  # a row per merged token: its frame's
+            for j in range(vx.shape[1]):  # a token kept as it was: the row of the frame it is in
+                found = {i // per_frame for i in range(n) if torch.equal(full_vx[0, i], vx[0, j])}
+                if len(found) == 1:
+                    assert torch.equal(rows[0, j], full[0, found.pop()])
+
+
+def test_ltx2_merges_in_stg_and_with_a_stream_switched_off(comfy, dits):
+    """LTX-2's other passes (0.33 only): STG's (a merged block's self-attentions pass their values)
+    and the audio stream off merge; with the video stream off its tokens come back unchanged from
+    every block, so the video comes out exactly as unmerged."""
+    model = dits("ltxav")
+    for options in ({"stg_self_attn_blocks": frozenset({1})}, {"run_ax": False}, {"run_vx": False}):
+        base = model.clone()
+        base.model_options["transformer_options"] = {**model.model_options.get("transformer_options", {}), **options}
+        patched = tome(comfy, base, ratio=0.5).result[0]
+        merged = run(comfy, patched, "ltxav", steps=1, cfg=1.0)
+        assert torch.isfinite(merged).all() and session_of(patched).last_report.levels, options
+    video = 128 * VARIANTS["ltxav"][2]
+    assert torch.equal(merged[:, :video], run(comfy, base, "ltxav", steps=1, cfg=1.0)[:, :video])
+
+
+def test_ltx2_guides_stay_whole_and_per_frame_timesteps_follow(comfy, dits, monkeypatch):
+    """LTX-2 with a guide frame at strength 1 (0.33 only): its tokens after the video stay whole,
+    and the video's per-frame timesteps (a CompressedTimestep row per latent frame, the guide's
+    clean) reach each merged token as its own frame's row. At another strength the host weights the
+    attention to the guide with a mask over the unmerged tokens: that call is left alone, said."""
+    guide = sys.modules[random_dits.FIXTURES["ltxav_guide"].latent.__module__]
+    _, keys, n = VARIANTS["ltxav"]
+    model = dits("ltxav")
+    monkeypatch.setattr(guide, "GUIDE_STRENGTH", 1.0)
+    inside, outside = {}, {}
+    patched = tome(comfy, _ltx2_spy(model, keys, inside), ratio=0.5).result[0]
+    run(comfy, _ltx2_spy(patched, keys, outside), "ltxav_guide", steps=1, cfg=1.0)
+    per_frame = n // 3
+    for key in keys:
+        ((vx, _, rows, _, _),), ((full_vx, _, full_rows, _, _),) = inside[key], outside[key]
+        assert full_vx.shape[1] == n + per_frame and vx.shape[1] == n + per_frame - n // 2
+        assert torch.equal(vx[:, -per_frame:], full_vx[:, -per_frame:])  # the guide's tokens: after, whole
+        assert full_rows.shape[1] == 4 and not torch.equal(full_rows[:, 0], full_rows[:, 3])  # a row per frame
+        assert rows.shape[1] == vx.shape[1] and torch.equal(rows[:, -per_frame:], full_rows[:, 3:].expand_as(rows[:, -per_frame:]))
+        grid_rows = rows[:, :n - n // 2]
+        assert torch.equal(grid_rows, full_rows[:, :1].expand_as(grid_rows))  # the video's frames share their timestep
+    assert session_of(patched).last_report.levels
+    monkeypatch.setattr(guide, "GUIDE_STRENGTH", 0.5)
+    patched = tome(comfy, model).result[0]
+    assert torch.equal(run(comfy, patched, "ltxav_guide", steps=1, cfg=1.0), run(comfy, model, "ltxav_guide", steps=1, cfg=1.0))
+    assert any("this LTX-2 model call was left alone: its guides weight the video's attention" in w
+               for w in session_of(patched).last_report.warnings)
 
 
 def test_info_says_how_auto_decides(comfy, dits):
@@ -420,7 +538,7 @@ def test_info_says_how_auto_decides(comfy, dits):
 
 # wan22_s2v: on 0.3.75 its blocks get the call's options only through the pack's hand-over
 @pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "lumina2", "z_image", "wan22_s2v", "kandinsky5",
-                                     "mochi", "hidream", "omnigen2", "krea2", "cogvideox_t2v"])
+                                     "mochi", "hidream", "omnigen2", "krea2", "cogvideox_t2v", "ltxav"])
 def test_stacks_with_todo_in_both_orders(comfy, dits, variant):
     """ToDo reduces the keys and values of the blocks ToMe merged too (their grid: the merged
     tokens), the same whichever node is applied first: no call is left alone, the report shows

@@ -131,6 +131,39 @@ def test_one_table_for_the_batch_is_merged_with_one_plan_for_the_batch():
     assert merged_args(spec, layout, per_sample, {"img": x, "pe": None}) is not None  # no table (CogVideoX 2B)
 
 
+def test_a_stream_of_a_pair_merges_and_host_held_modulations_follow_per_frame():
+    """A tokens argument that is a pair of streams (LTX-2's img = (video, audio)): only its item
+    ``tokens_item`` merges, the other passes through and comes back as the block leaves it; a
+    modulation the host holds in an object (``modulation_rows``: a row per frame) reaches each merged
+    token as its frame's row, a further one (``modulation_also``) too, one per sample stays as it is."""
+
+    class Held:  # a stand-in for the host's CompressedTimestep
+        def __init__(self, data):
+            self.data = data
+
+    grid, guides = (3, 2, 4), 8  # [video grid, a guide frame's tokens]
+    n = math.prod(grid)
+    length = n + guides
+    layout = TokenLayout(grid, None, (length, 0))
+    spec = BlockArgs("img", lambda lay: lay.image, pe="pe", in_pe=lambda lay: lay.image, modulation="t",
+                     modulation_runs=True, tokens_item=0, modulation_also=("t2", "t3"), modulation_rows=lambda h: h.data)
+    video, audio = torch.randn(2, length, 4), torch.randn(2, 5, 4)
+    frames = torch.arange(4.0).view(1, 4, 1).expand(2, 4, 3)  # a row per frame, the guide's the last
+    per_sample = Held(torch.ones(2, 1, 3))
+    tiles = make_tiles(grid, (1, 2, 2), None, "cpu")
+    plan = plan_block(video[:, :n], tiles, 8)
+    new, merged_x = merged_args(spec, layout, plan, {"img": (video, audio), "pe": torch.arange(float(length)).view(1, length, 1),
+                                                     "t": Held(frames), "t2": Held(frames), "t3": per_sample})
+    assert isinstance(new["img"], tuple) and new["img"][1] is audio and new["img"][0] is merged_x
+    assert merged_x.shape == (2, length - 8, 4) and torch.equal(merged_x[:, -guides:], video[:, -guides:])
+    positions = new["pe"][..., 0].long()  # the grid position each merged token stands for
+    for name in ("t", "t2"):
+        assert torch.equal(new[name][..., 0], (positions // 8).float())  # its frame's row (8 tokens a frame)
+    assert new["t3"] is per_sample
+    out = restored(spec, layout, plan, video, merged_x, merged_x + 1)
+    assert torch.allclose(out, video + 1)  # a block adding 1 to every token: each token its own + 1
+
+
 def test_take_broadcasts_a_batch_of_one():
     x = torch.arange(6.0).view(1, 6, 1)
     index = torch.tensor([[0, 5], [2, 3]])

@@ -70,6 +70,13 @@ class BlockArgs(NamedTuple):
     # gets its own (a batch dimension added), which the block's rotation broadcasts against its
     # [B, N, heads, D/2] queries and keys
     pe_batch: bool = True
+    # the tokens argument is a tuple of streams (LTX-2's img = (video, audio)) and the sequence with
+    # the grid is this item of it; the others pass through, as the block leaves them
+    tokens_item: int | None = None
+    modulation_also: tuple[str, ...] = ()  # further modulations indexed like ``modulation`` (LTX-2's cross-attention ones)
+    # a modulation the host holds in an object of its own -> its rows, a tensor [B, rows, ...] that the
+    # block takes in the object's place (LTX-2's CompressedTimestep: a row per frame, per token or per sample)
+    modulation_rows: Callable | None = None
     # of a tuple: how many of its leading items are tables (LTX-Video's (positions, ...): 1; CogVideoX's (cos, sin): 2)
     pe_items: int = 1
     # with pe_batch False, where a table is given: the block takes one for the whole batch and

@@ -262,11 +262,28 @@ def take(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     return x.gather(dim, index.view(view).expand(size))
 
 
+def sequence_of(spec: BlockArgs, value):
+    """The sequence with the grid in the block's tokens argument ``value`` (of a tuple of streams,
+    ``spec.tokens_item``), or None where it holds none."""
+    if spec.tokens_item is None:
+        return value
+    return value[spec.tokens_item] if isinstance(value, (tuple, list)) and len(value) > spec.tokens_item else None
+
+
+def with_sequence(spec: BlockArgs, value, x: torch.Tensor):
+    """The tokens argument ``value`` with its sequence replaced by ``x`` (the other streams kept)."""
+    if spec.tokens_item is None:
+        return x
+    items = list(value)
+    items[spec.tokens_item] = x
+    return type(value)(items) if isinstance(value, tuple) else items
+
+
 def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dict) -> tuple[dict, torch.Tensor] | None:
     """The block's arguments with the grid merged, and the merged tokens (to take the block's
     change from), or None where the arguments are not the predicted layout (left alone)."""
     where = spec.in_tokens(layout)
-    x = args.get(spec.tokens)
+    x = sequence_of(spec, args.get(spec.tokens))
     if where is None or x is None or x.ndim != 3 or x.shape[1] != where[0]:
         return None
     length, start = where
@@ -274,18 +291,20 @@ def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dic
     grid = x.narrow(1, start, plan.tokens)
     merged_grid = merge(plan, grid)
     merged_x = torch.cat([x.narrow(1, 0, start), merged_grid, x.narrow(1, start + plan.tokens, length - start - plan.tokens)], 1)
-    new = {**args, spec.tokens: merged_x}
-    if spec.modulation is not None:
-        modulation = args.get(spec.modulation)
+    new = {**args, spec.tokens: with_sequence(spec, args[spec.tokens], merged_x)}
+    for name in (spec.modulation, *spec.modulation_also) if spec.modulation is not None else ():
+        modulation = args.get(name)
+        if modulation is not None and not torch.is_tensor(modulation) and spec.modulation_rows is not None:
+            modulation = spec.modulation_rows(modulation)  # the host's object: its rows, taken in its place
         if torch.is_tensor(modulation) and modulation.ndim >= spec.modulation_ndim and modulation.shape[1] != 1:
             rows = modulation.shape[1]
             if rows == length:
-                new[spec.modulation] = take(modulation, 1, index)
+                new[name] = take(modulation, 1, index)
             elif spec.modulation_runs and rows < length:
                 # one row per run of consecutive tokens (Wan's per-frame timesteps), spread as the
                 # block would spread them (runs of length // rows, or one more, the last cut short)
                 run = length // rows + (0 if length % rows == 0 else 1)
-                new[spec.modulation] = take(modulation, 1, torch.div(index, run, rounding_mode="floor"))
+                new[name] = take(modulation, 1, torch.div(index, run, rounding_mode="floor"))
             else:
                 return None  # grouped otherwise: not placed
     if spec.pe is not None and args.get(spec.pe) is not None:
@@ -311,7 +330,7 @@ def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dic
             new[name] = (*tables, *pe[spec.pe_items:]) if pair else tables[0]
         if spec.mask is not None and args.get(spec.mask) is not None:
             mask = args[spec.mask]
-            if mask.shape[-1] != pe_where[0] or mask.shape[-2] not in (1, pe_where[0]):
+            if not torch.is_tensor(mask) or mask.shape[-1] != pe_where[0] or mask.shape[-2] not in (1, pe_where[0]):
                 return None
             mask = take(mask, -1, pe_index)
             new[spec.mask] = take(mask, -2, pe_index) if mask.shape[-2] != 1 else mask
@@ -508,7 +527,7 @@ class ToMeDiTPatch(CallPatch):
         if not self.settings.share_plans:
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         spec = self.merge.args[kind]
-        grid = args[spec.tokens].narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
+        grid = sequence_of(spec, args[spec.tokens]).narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
         runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid),
                                           shared=spec.pe_shared and args.get(spec.pe) is not None)
         return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / len(keys))
@@ -541,7 +560,7 @@ class ToMeDiTPatch(CallPatch):
                 return inner(args)
             layout, tiles = call["layout"], call["tiles"]
             where = spec.in_tokens(layout)
-            x = args.get(spec.tokens)
+            x = sequence_of(spec, args.get(spec.tokens))
             if where is None or x is None or x.ndim != 3 or x.shape[1] != where[0]:
                 note_skipped(call)  # not the predicted layout (another patch changed the tokens): left alone
                 return inner(args)
@@ -561,7 +580,8 @@ class ToMeDiTPatch(CallPatch):
                 new_args["transformer_options"] = {**options, MERGED_GRID: plan}
             merged_x = merged_x.clone()  # what the block was given: blocks may add to their input in place (Flux)
             out = dict(inner(new_args))
-            out[spec.tokens] = restored(spec, layout, plan, x, merged_x, out[spec.tokens])
+            out[spec.tokens] = with_sequence(spec, out[spec.tokens], restored(spec, layout, plan, x, merged_x,
+                                                                              sequence_of(spec, out[spec.tokens])))
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
             note_reduced(call, grid, 1, lambda: self._stages(plan))
             return out
