@@ -267,6 +267,20 @@ def test_tome_auto_on_forges_flux_says_it_is_untimed():
     assert any("reduce_when auto is not timed" in w for w in method.run.warnings)
 
 
+def test_tome_on_forges_flux_names_the_unet_only_settings_it_ignores():
+    """As the ComfyUI node: set away from their defaults, the settings only UNets use are named in
+    one warning; at their defaults, none."""
+    model, x, context = ToyForgeFlux(), torch.randn(1, 4, 12, 10), torch.randn(1, 6, 8)
+    with torch.no_grad():
+        _, plain, _ = _forge_tome_run(model, {"reduce_when": "always"}, x, context)
+        _, method, _ = _forge_tome_run(model, {"reduce_when": "always", "mode": "queries only (ComfyUI built-in)"},
+                                       x, context)
+    assert not plain.run.warnings
+    assert method.run.warnings == ["TokenReduce ToMe: WARNING: mode queries only (ComfyUI built-in) does nothing on "
+                                   "Flux.1: ToMe merges its whole blocks (every token matched within its tile); this "
+                                   "input applies to UNets only."]
+
+
 # --- ToMe and ToDo together: ToMe's block forwards around ToDo's, one model forward --------------
 
 BLOCKS_SOURCE = '''

@@ -43,7 +43,7 @@ from typing import NamedTuple
 from tokenreduce.describe import header, todo_info, tome_dit_info
 from tokenreduce.families import flux
 from tokenreduce.layout import DIT, Layout, dit_layout
-from tokenreduce.methods import REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select
+from tokenreduce.methods import REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select, tome_unet_only
 from tokenreduce.pays import auto_rule
 from tokenreduce.preflight import dit_factor
 from tokenreduce.rebind import rebuilt
@@ -299,6 +299,7 @@ def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, p
     if problem is not None:
         return f"{who} cannot reach the blocks of Forge's Flux: {problem}. Turn one of them off.", []
     warnings = [] if settings.reduce_when == REDUCE_ALWAYS else [f"{who}: {AUTO_UNTIMED}."]
+    warnings += [f"{who}: {warning}" for warning in tome_unet_only(settings, layout.family.name)]
     window = SigmaWindow(percent_to_sigma(settings.start_percent), percent_to_sigma(settings.end_percent))
     return None, [Chosen("ToMe", settings, target, patch, window, warnings)]
 
