@@ -482,6 +482,11 @@ def test_the_gpu_table_tome_preset_plan_and_a_tiny_row(tmp_path):
         assert {"ToDo 2", "ToDo 3", "ToMe 0.5"} <= set(row.configs) <= set(BY_NAME)
         assert ("ToMe 0.5 + ToDo 2" in row.configs) != table.MODELS[row.model].unet  # DiTs: both stacked
         assert table.MODELS[row.model].unet == ("ToMe 0.5 tile + MLP + cross" in row.configs)
+    reuse = {row.key: [c for c in row.configs if "every 4" in c] for row in rows}  # plan_every: Flux.1, SDXL
+    assert reuse["flux-1024-tome"] == ["ToMe 0.5 shared plans every 4"]
+    assert reuse["sdxl-1024-tome"] == ["ToMe 0.5 tile shared plans every 4"]
+    reusing = BY_NAME["ToMe 0.5 shared plans every 4"].nodes[0].settings
+    assert (reusing["share_plans"], reusing["plan_every"]) == (True, 4)
     builds = len({row.model for row in rows})
     assert sum(table.expected_seconds(row) for row in rows) < table.DEFAULT_DEADLINE - builds * 30 - 60
     assert table.plan_text(rows, 480).count("-tome |") == len(rows)

@@ -860,6 +860,61 @@ def test_stride_t_partial_frame_tiles_warn_once(comfy, dits):
             (144, 144 - merged)}
 
 
+# --- plan_every: the shared plan reused across steps ---------------------------------------------
+
+def _counting_plans(monkeypatch, module: str, name: str) -> list:
+    """Every plan made through ``module.name``, as the batch size it was made for."""
+    target = sys.modules[f"tokenreduce_pack.tokenreduce.{module}"]
+    made, original = [], getattr(target, name)
+    monkeypatch.setattr(target, name, lambda tokens, *a, **k: made.append(tokens.shape[0]) or original(tokens, *a, **k))
+    return made
+
+
+def test_plan_every_reuses_the_shared_plan_across_steps(comfy, dits, monkeypatch):
+    """Flux.1, 3 steps, cond and uncond batched: one plan per step with share_plans, one per
+    plan_every steps with it (steps 1 and 3 at 2), made anew in every run (also after an
+    interrupt); split cond and uncond calls each keep their own plan, so the result is the
+    batched one; plan_every 1 is a workflow without it."""
+    import comfy.model_management as mm
+
+    from comfy_helpers import batching_tolerance, rel_error, split_cond_uncond
+
+    model = dits("flux_dev")
+    made = _counting_plans(monkeypatch, "tome_dit", "plan_block")
+    every_step = run(comfy, tome(comfy, model, share_plans=True).result[0], "flux_dev", steps=3)
+    assert made == [2] * 3
+    assert torch.equal(run(comfy, tome(comfy, model, share_plans=True, plan_every=1).result[0], "flux_dev", steps=3),
+                       every_step)
+    reusing = tome(comfy, model, share_plans=True, plan_every=2).result[0]
+    made.clear()
+    first = run(comfy, reusing, "flux_dev", steps=3)
+    assert made == [2, 2] and not torch.equal(first, every_step)
+    assert rel_error(first, every_step) < 0.5
+
+    calls = []
+
+    def interrupt(args, extra):
+        calls.append(1)
+        if len(calls) == 2:  # in the second step, which reuses the first one's plan
+            raise mm.InterruptProcessingException()
+        return extra["original_block"](args)
+
+    doomed = reusing.clone()
+    doomed.set_model_patch_replace(interrupt, "dit", "double_block", 0)
+    with pytest.raises(mm.InterruptProcessingException):
+        run(comfy, doomed, "flux_dev", steps=3)
+    assert session_of(reusing).run is None
+    made.clear()
+    assert torch.equal(run(comfy, reusing, "flux_dev", steps=3), first) and made == [2, 2]  # a new run plans anew
+
+    made.clear()
+    split = run(comfy, split_cond_uncond(reusing), "flux_dev", steps=3)
+    assert made == [1, 1, 1, 1]  # cond and uncond: each its own plan, at steps 1 and 3
+    tolerance = batching_tolerance(run(comfy, split_cond_uncond(model), "flux_dev", steps=3),
+                                   run(comfy, model, "flux_dev", steps=3))
+    assert rel_error(split, first) < tolerance
+
+
 # --- Wan HuMo: its audio cross-attention splits a block's tokens into equal groups, one per
 # frame, so ToMe merges it frame by frame (DiTMerge.frame_grouped); without a reference latent only
 
@@ -973,3 +1028,20 @@ def test_unet_only_inputs_say_so_and_warn_on_dits(comfy, dits):
         "WARNING: mode queries only (ComfyUI built-in) does nothing on Wan 2.1 / 2.2: ToMe merges its whole blocks "
         "(every token matched within its tile); this input applies to UNets only."]
     assert warnings_of(tome(comfy, dits("flux_dev"))) == []
+
+
+def test_plan_every_compiles_with_at_most_one_graph_more(comfy, dits, monkeypatch):
+    """Flux.1 compiled: the calls that plan and those that reuse an earlier step's plan are two kinds
+    of call, whatever the steps and runs: no graph break, at most one graph more than share_plans
+    alone, the eager result."""
+    import comfy.ldm.flux.math as flux_math
+    import comfy.ldm.modules.attention as attention
+
+    monkeypatch.setattr(flux_math, "optimized_attention", attention.attention_pytorch)  # SDPA: no break of the host's
+    model = dits("flux_dev")
+    shared = _compiled(comfy, tome(comfy, model, share_plans=True).result[0], "flux_dev")
+    reusing = tome(comfy, model, share_plans=True, plan_every=2).result[0]
+    ours = _compiled(comfy, reusing, "flux_dev")
+    assert shared["breaks"] == 0 and ours["breaks"] == 0, ours["reasons"]
+    assert ours["graphs"] <= shared["graphs"] + 1
+    assert torch.allclose(ours["outputs"][1], run(comfy, reusing, "flux_dev", steps=3, seed=5), rtol=1e-4, atol=1e-5)

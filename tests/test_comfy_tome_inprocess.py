@@ -224,3 +224,36 @@ def test_tile_matching_plans_within_cells(comfy, models, monkeypatch, family, gr
     unpatched = sample(comfy, base, family)
     whole_grid = sample(comfy, patched(comfy, "tome", base), family)
     assert rel_error(out, unpatched) < 1.5 * rel_error(whole_grid, unpatched)
+
+
+def test_plan_every_reuses_the_shared_plans_across_steps(comfy, models, monkeypatch):
+    """SD1.5, 3 steps, downsample 1 and 2 merged: one plan per grid and step with share_plans, one
+    per grid every plan_every steps with it (steps 1 and 3 at 2), in both matchings' planners; split
+    cond and uncond calls keep their own plans (the batched result); plan_every 1 is a workflow
+    without it."""
+    import sys
+
+    module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
+    made = []
+    for planner in ("plan_merge", "plan_block"):  # whole grid (tomesd), tile (fast)
+        monkeypatch.setattr(module, planner, lambda n, *a, original=getattr(module, planner):
+                            made.append(n.shape[0]) or original(n, *a))
+    base = models["SD15"]
+    settings = dict(max_downsample="2", share_plans=True, matching="tile (fast)")
+    every_step = sample(comfy, patched(comfy, "tome", base, **settings), steps=3)
+    assert made == [2] * 6
+    assert torch.equal(sample(comfy, patched(comfy, "tome", base, plan_every=1, **settings), steps=3), every_step)
+    output = apply(comfy, "tome", base, plan_every=2, **settings)
+    assert "one plan per level and model call, reused by the calls like it of the next step. " in output.result[1]
+    reusing = output.result[0]
+    for model in (patched(comfy, "tome", base, plan_every=2, **{**settings, "matching": "whole grid (tomesd)"}),
+                  reusing):
+        made.clear()
+        first = sample(comfy, model, steps=3)
+        assert made == [2] * 4
+    assert 0 < rel_error(first, every_step) < 0.5
+    made.clear()
+    split = sample(comfy, split_cond_uncond(reusing), steps=3)
+    assert made == [1] * 8
+    tolerance = batching_tolerance(sample(comfy, split_cond_uncond(base), steps=3), sample(comfy, base, steps=3))
+    assert rel_error(split, first) < tolerance

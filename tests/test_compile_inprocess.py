@@ -128,3 +128,14 @@ def test_the_auto_rule_measures_outside_the_compiled_model(comfy, models, sdpa_a
     assert measured["breaks"] == kept["breaks"] == 0
     assert measured["graphs"] == kept["graphs"] <= unpatched["graphs"]
     assert all(torch.equal(a, b) for a, b in zip(measured["outputs"], kept["outputs"]))
+
+
+def test_plan_reuse_across_steps_adds_at_most_one_graph(comfy, models, sdpa_attention, unpatched_counts):
+    """ToMe's plan_every: calls that plan and calls that reuse an earlier step's plans are two kinds
+    of call, whatever the steps and runs: at most one graph more, no break."""
+    model = apply(comfy, "tome", models["SD15"], share_plans=True, plan_every=2, matching="tile (fast)").result[0]
+    unpatched = _unpatched(comfy, models, unpatched_counts, "SD15")
+    ours = compiled_runs(comfy, model, "SD15")
+    assert ours["breaks"] == 0
+    assert ours["graphs"] <= unpatched["graphs"] + 1
+    assert rel_error(ours["outputs"][1], sample(comfy, model, "SD15", **RUNS[1])) < 1e-4

@@ -123,3 +123,39 @@ def test_the_report_says_where_the_decisions_are_kept(where, said):
     lines = run_lines("ToDo", run.report("ToDo", 0.0, 1.0, 1.0, True, SCHEDULE))
     assert any(line.startswith("auto · measured 1 kind of call now in 0.50 s; ") and line.endswith(said)
                for line in lines), lines
+
+
+def test_steps_are_distinct_noise_levels_and_kept_plans_serve_the_next_steps():
+    """plan_every's bookkeeping: a step is a noise level (cond, uncond and windows at one level share
+    it); what a planning call kept serves calls like it for ``every`` steps, then none; a new run
+    keeps nothing."""
+    from tokenreduce.run import ModelCall, plan_key
+
+    run = RunState(SigmaWindow(10.0, 0.0))
+    levels = [torch.tensor([3.0]), torch.tensor([3.0]), torch.tensor([2.0]), torch.tensor([1.0]), torch.tensor([0.5])]
+    assert [run.step(s) for s in levels] == [0, 0, 1, 2, 3]
+    x = torch.zeros(2, 4, 8, 8)
+    cond, uncond = (ModelCall(x, None, {}, {"cond_or_uncond": rows}, levels[0]) for rows in ([0, 1], [1, 0]))
+    assert plan_key(cond) != plan_key(uncond)
+    assert plan_key(cond) != plan_key(ModelCall(x[:1], None, {}, {"cond_or_uncond": [0]}, levels[0]))
+    plans = {"planned": True}
+    run.keep_plans(plan_key(cond), 0, plans)
+    assert [run.kept_plans(plan_key(cond), step, 3) for step in (0, 1, 2, 3)] == [plans, plans, plans, None]
+    assert run.kept_plans(plan_key(uncond), 1, 3) is None
+    assert RunState(SigmaWindow(10.0, 0.0)).kept_plans(plan_key(cond), 1, 3) is None
+
+
+@pytest.mark.parametrize("values,problem", [
+    ({"plan_every": 4, "share_plans": True}, None),
+    ({"plan_every": 1}, None),
+    ({"plan_every": 4}, "plan_every 4 reuses the shared plan across steps, and share_plans is off"),
+    ({"plan_every": 0, "share_plans": True}, "plan_every 0 is out of range"),
+])
+def test_plan_every_needs_shared_plans(values, problem):
+    from tokenreduce.methods import TOME
+
+    said = TOME.problem({**TOME.defaults(), **values})
+    assert (said is None) if problem is None else said.startswith(problem), said
+    if problem is not None:
+        with pytest.raises(ValueError, match="plan_every"):
+            TOME.settings({**TOME.defaults(), **values})

@@ -46,6 +46,16 @@ def test_unknown_inputs_and_methods_are_named(pipe):
         apply_patch(pipe, "ToDo", level="4")
 
 
+def test_plan_every_is_refused_until_the_adapter_reuses_plans(pipe):
+    """ToMe's plan_every reuses plans in the nodes' patches; this adapter plans for itself: refused,
+    never a silent no-op (and without share_plans the nodes' own message)."""
+    with pytest.raises(ValueError, match="TokenReduceToMe: plan_every 2 .* not yet in the diffusers adapter"):
+        apply_patch(pipe, "ToMe", share_plans=True, plan_every=2)
+    with pytest.raises(ValueError, match="plan_every 2 reuses the shared plan across steps, and share_plans is off"):
+        apply_patch(pipe, "ToMe", plan_every=2)
+    assert not pipe.unet._forward_pre_hooks
+
+
 def test_stride_t_on_a_unet_is_refused_above_the_spatial_cap_and_else_said(pipe):
     """A UNet has no latent frames: stride_t's higher ratio cap is the node's, refused there with
     the reason; a reachable ratio patches with a warning that stride_t does nothing."""

@@ -34,9 +34,9 @@ def test_every_input_shown_is_declared_once_with_its_default():
     for stage in (S.FIRST, S.HIRES):
         for method, declared in S.METHODS.items():
             shown = [a for a in S.ARGS if a.stage == stage and a.method == method and a.spec is not None]
-            assert [a.spec for a in shown] == [s for s in declared.inputs if s.name not in S.DIT_ONLY]
+            assert [a.spec for a in shown] == [s for s in declared.inputs if s.name not in S.NOT_SHOWN]
             assert all(a.default == a.spec.default and a.kind == a.spec.kind for a in shown)
-    assert not {a.spec.name for a in S.ARGS if a.spec is not None} & S.DIT_ONLY
+    assert not {a.spec.name for a in S.ARGS if a.spec is not None} & S.NOT_SHOWN
 
 
 def test_defaults_enable_todo_only_and_the_hires_pass_follows():

@@ -44,6 +44,13 @@ def reduce_when_text(settings) -> str:
             f"the report shows the times.")
 
 
+def _reuse_text(settings) -> str:
+    """plan_every in the info text, after "one plan per ... model call"."""
+    every = getattr(settings, "plan_every", 1)
+    steps = "step" if every == 2 else f"{every - 1} steps"
+    return f", reused by the calls like it of the next {steps}. " if every > 1 else ". "
+
+
 def tome_info(settings, target: Target) -> str:
     s = settings
     stages = [name for name, on in (("self-attention " + ("queries" if s.mode == MODE_QUERIES else "q, k, v"),
@@ -58,7 +65,7 @@ def tome_info(settings, target: Target) -> str:
             + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
             + ("; matching within each cell (tile, fast)" if s.matching == MATCH_TILE else
                f"; matching in the {'whole grid' if s.matching == MATCH_WHOLE_GRID else s.matching}")
-            + ("; one plan per level and model call. " if s.share_plans else "; one plan per block call. ")
+            + ("; one plan per level and model call" + _reuse_text(s) if s.share_plans else "; one plan per block call. ")
             + reduce_when_text(s))
 
 
@@ -76,7 +83,7 @@ def tome_dit_info(settings, target: Target, patch) -> str:
                if target.layout.family.video else "")
             + f"; active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
             + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
-            + ("; one plan per model call. " if s.share_plans else "; one plan per block call. ")
+            + ("; one plan per model call" + _reuse_text(s) if s.share_plans else "; one plan per block call. ")
             + (reduce_when_text(s) if s.reduce_when == REDUCE_ALWAYS else
                f"reduce_when auto{' (measure again: timed anew once)' if s.reduce_when == REDUCE_REMEASURE else ''}: "
                f"on a CPU every block is merged, untimed; on a GPU (any other device) each kind of block is merged "

@@ -120,6 +120,14 @@ def _something_to_merge(values: dict) -> str | None:
     return None
 
 
+def _plan_reuse_needs_shared_plans(values: dict) -> str | None:
+    every = values.get("plan_every")
+    if is_number(every) and every > 1 and values.get("share_plans") is False:
+        return (f"plan_every {every:g} reuses the shared plan across steps, and share_plans is off (a plan per "
+                f"block): turn on share_plans, or set plan_every to 1.")
+    return None
+
+
 def _something_to_downsample(values: dict) -> str | None:
     if values.get("factor") == 1 and values.get("factor_next") == 1:
         return "nothing to downsample: factor and factor_next are both 1. Set factor to 2 or more."
@@ -173,7 +181,13 @@ TOME = Method("ToMe", (
                   "keeping one token as merge target, so tokens also merge across this many frames (the first "
                   "frames stay whole where the frame count is not a multiple). 1 = each frame on its own. Image "
                   "models and UNets have no frames: there it does nothing (a value above 1 is reported)."),
-), checks=(_ratio_within_cap, _something_to_merge, _window_order))
+    Input("plan_every", INT, 1, low=1, high=50, optional=True,
+          tooltip="Reuse the shared merge plan across steps: a plan is made at one step and reused by the next "
+                  "plan_every - 1 steps (distinct noise levels) in the model calls of the same size and the same "
+                  "conditioning rows (cond and uncond never share), then made anew. Needs share_plans. Saves "
+                  "planning time where the tokens change little from step to step; 1 = a new plan every model "
+                  "call."),
+), checks=(_ratio_within_cap, _something_to_merge, _window_order, _plan_reuse_needs_shared_plans))
 
 TODO = Method("ToDo", (
     Input("factor", FLOAT, 2.0, low=1.0, high=8.0, step=0.1,

@@ -47,6 +47,7 @@ LEFT_ALONE = "left alone"  # run.cache: (LEFT_ALONE, a patch's call key) -> (sit
 # In the options a block merged by ToMe on a DiT hands on (a copy of the model call's): that block's
 # merge (``tome_dit.BlockPlan``), so an attention patch inside it (ToDo) knows the merged grid.
 MERGED_GRID = "tokenreduce:merged grid"
+KEPT_PLANS = "kept plans"  # run.cache: (KEPT_PLANS, plan_key(call)) -> (step, the plans of the call that planned)
 
 
 def call_context(active: bool, timer=None, **extra) -> dict:
@@ -69,6 +70,18 @@ class ModelCall(NamedTuple):
     # options -> runs this model call once more, uncompiled and outside the host's wrappers, with the
     # options given (the auto rule captures a DiT block's inputs there to time it); None: the host has none
     rehearse: Callable | None = None
+
+
+def plan_key(call: ModelCall) -> tuple:
+    """Which model calls of a run may share a merge plan across steps (ToMe's plan_every): the same
+    latent (batch included) on the same model copy and device, the same text shape, and the same
+    rows: cond and uncond (``cond_or_uncond``, batched or apart), the conditionings' ids and the
+    context window where the host says them (ComfyUI, Forge)."""
+    options = call.options
+    window = options.get("context_window")
+    return (call.x.device, tuple(call.x.shape), tuple(call.context.shape) if call.context is not None else (),
+            tuple(options.get("cond_or_uncond") or ()), tuple(options.get("uuids") or ()),
+            tuple(getattr(window, "index_list", ())) if window is not None else None, call.model)
 
 
 @dataclass(frozen=True)
@@ -128,6 +141,7 @@ class RunState:
     decisions_file: str = ""  # where the auto rule keeps its decisions ("": in memory only)
     windows: dict = field(default_factory=dict)  # context windows seen: frames of the window -> model calls
     _last_sigma: tuple | None = None  # (sigmas tensor, its value): one device read per call
+    _steps: dict = field(default_factory=dict)  # noise level -> step (0-based, in the order first met)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sigma(self, sigmas: torch.Tensor) -> float:
@@ -138,6 +152,24 @@ class RunState:
         value = float(sigmas.max())
         self._last_sigma = (sigmas, value)
         return value
+
+    def step(self, sigmas: torch.Tensor) -> int:
+        """The step of a model call: its noise level's place among the distinct levels of the run,
+        in the order first met (cond and uncond, context windows and devices share a step)."""
+        value = self.sigma(sigmas)
+        with self._lock:
+            return self._steps.setdefault(value, len(self._steps))
+
+    def kept_plans(self, key, step: int, every: int):
+        """Plan reuse across steps (ToMe's plan_every): what ``keep_plans`` kept for calls like this
+        one (``key``) at a step fewer than ``every`` steps before ``step``, or None: plan anew."""
+        kept = self.cache.get((KEPT_PLANS, key))
+        return kept[1] if kept is not None and 0 <= step - kept[0] < every else None
+
+    def keep_plans(self, key, step: int, plans) -> None:
+        """Keep ``plans`` (filled by the patches during the call that plans) for the calls like it
+        of the next steps; nothing of it outlives the run."""
+        self.cache[(KEPT_PLANS, key)] = (step, plans)
 
     def open_call(self, sigmas: torch.Tensor, options: dict | None = None, aside: bool = False) -> dict:
         """The context of one model call at noise level ``sigmas`` with the host's ``options``.

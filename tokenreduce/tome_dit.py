@@ -21,6 +21,11 @@ GPU-friendly, with no scatter and no host sync:
   ``m = merge(x)``, so every token keeps its own residual stream; a block that changes nothing
   gives ``x`` back bit for bit.
 
+With ``share_plans`` the first merged block of a model call plans and the others reuse its plan;
+with ``plan_every`` n that plan also serves the calls like it (``run.plan_key``: same latent,
+batch and cond/uncond rows) of the next n - 1 steps, put into their contexts by ``prepare_call``
+(outside any compiled region: a compiled model sees two kinds of call, planning and reusing).
+
 A merged block is handed a copy of the call's options with its plan under ``run.MERGED_GRID``,
 so ToDo's attention override inside it reduces the merged grid's keys (``todo_dit``).
 
@@ -40,7 +45,8 @@ from .describe import grid_text
 from .dit import BlockArgs, TokenLayout
 from .measure import backend_of, compute_dtype, measuring_options
 from .pays import AutoRule, Work
-from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .run import (MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped,
+                  plan_key)
 from .seeding import derive_seed
 
 
@@ -378,6 +384,12 @@ def tome_refusal(target_family: str, family) -> str:
 SHARED_PLAN = "tome dit plan"  # the call context's key of the plan all selected blocks share
 
 
+def reuse_signature(settings) -> tuple:
+    """plan_every in the auto rule's kinds where it reuses (none at 1: decisions kept before it stay valid)."""
+    every = getattr(settings, "plan_every", 1)
+    return ("plan every", every) if every > 1 else ()
+
+
 class _Captured(Exception):
     """Ends a rehearsed model call once every block to time has shown its inputs."""
 
@@ -439,6 +451,13 @@ class ToMeDiTPatch(CallPatch):
             reason = problem or tokens or "its inputs hold tokens whose layout ToMe does not know"
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: {reason}.")
             return
+        every = getattr(self.settings, "plan_every", 1)
+        kept = None
+        if every > 1:  # plan reuse across steps: decided here, outside any compiled region
+            key, step = plan_key(call), run.step(call.sigmas)
+            kept = run.kept_plans(key, step, every)
+            kept = kept.get(SHARED_PLAN) if kept is not None else None
+            kept = kept if kept is not None and kept.tiles.grid == tokens.grid else None
         if self.merge.frame_grouped and self.strides[0] > 1:  # the ComfyUI node refuses it at validation
             context["active"] = False
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: its blocks group their "
@@ -452,7 +471,7 @@ class ToMeDiTPatch(CallPatch):
                           f"tokens into {groups} equal groups, not one per latent frame ({tokens.grid[0]}), which "
                           f"merged frames would not keep.")
             return
-        tiles = self._tiles(run, tokens.grid, call)
+        tiles = kept.tiles if kept is not None else self._tiles(run, tokens.grid, call)
         r = merged_count(tiles, self.settings.ratio, self._frames(tokens.grid))
         if r == 0:
             context["active"] = False  # nothing merges at this size: the blocks run as they are
@@ -465,7 +484,9 @@ class ToMeDiTPatch(CallPatch):
         if shortfall is not None:  # said once per run and grid (the same text)
             run.warn_once(f"{self.label}: {shortfall}")
         context.update(layout=tokens, tiles=tiles, r=r, left=left)
-        context[SHARED_PLAN] = None
+        context[SHARED_PLAN] = kept  # None: the first merged block plans (and with share_plans, keeps it here)
+        if every > 1 and kept is None:
+            run.keep_plans(key, step, context)  # the plan its blocks make serves the next every - 1 steps
 
     # --- reduce_when auto ----------------------------------------------------------------------
     def call_key(self, call: ModelCall) -> tuple:
@@ -490,7 +511,7 @@ class ToMeDiTPatch(CallPatch):
         length = self.merge.args[kind].in_tokens(tokens)
         signature = ("tome dit", self.family.name, kind, self._width(kind), length[0] if length else 0, *tokens.grid,
                      r, s.ratio, *self.strides, s.share_plans, str(compute_dtype(call)),
-                     backend_of(call, call.options.get(OVERRIDE)))
+                     backend_of(call, call.options.get(OVERRIDE)), *reuse_signature(s))
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
@@ -514,7 +535,7 @@ class ToMeDiTPatch(CallPatch):
         rehearsal of this model call), through ours: unmerged (our context off), and merged
         (planned, merged, run, restored). With share_plans one plan serves every merged block of a
         model call: the block is timed with its plan made once, and the plan's own time, shared by
-        the merged blocks, is added."""
+        the merged blocks (and with plan_every by that many steps), is added."""
         keys = self.replace_keys()
         key = keys[min(i for i, k in keys.items() if k[0] == kind)]
         ((block, args, extra),) = captured_blocks(call, {kind: key}).values()
@@ -530,7 +551,8 @@ class ToMeDiTPatch(CallPatch):
         grid = sequence_of(spec, args[spec.tokens]).narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
         runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid),
                                           shared=spec.pe_shared and args.get(spec.pe) is not None)
-        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / len(keys))
+        shared_by = len(keys) * getattr(self.settings, "plan_every", 1)
+        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / shared_by)
 
     def _tiles(self, run: RunState, grid: tuple[int, int, int], call: ModelCall) -> Tiles:
         device = call.x.device

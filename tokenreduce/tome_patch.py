@@ -13,7 +13,8 @@ model calls at once, each device's in its own thread).
 Per block call the self-attention patch plans the merge once on ``n`` (ComfyUI's built-in
 does the same; tomesd plans on the block input ``x``) and every stage of that block reuses
 the plan, as tomesd does. With ``share_plans`` the first block of each grid in a model call
-plans and the other blocks of that grid reuse its plan.
+plans and the other blocks of that grid reuse its plan; with ``plan_every`` n those plans also
+serve the calls like it (``run.plan_key``) of the next n - 1 steps (decided in ``prepare_call``).
 
 Compile-friendly: the random partitions are drawn before each model call (``prepare_call``,
 outside a compiled region, from seeds that hash the noise level); in the call the patches only
@@ -34,9 +35,9 @@ from .layout import unet_call_grid, unet_call_key
 from .measure import UNetLevels, sample, compute_dtype
 from .methods import MODE_QUERIES, tile_matching, tome_reach
 from .pays import AutoRule, Work
-from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped, plan_key
 from .seeding import derive_seed
-from .tome_dit import BlockPlan, Tiles, make_tiles, merge, plan_block, restore
+from .tome_dit import BlockPlan, Tiles, reuse_signature, make_tiles, merge, plan_block, restore
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
 SHARED = ("shared",)  # the key shared plans are drawn under
@@ -119,14 +120,23 @@ class ToMePatch(CallPatch):
                                                  lambda level: self._pays(run, call, level, latent_hw))
         if not context["active"]:  # every level left alone
             return
+        shared = {}  # share_plans: grid -> the plan of this call
+        every = getattr(s, "plan_every", 1)
+        if every > 1:  # plan reuse across steps: the plans of an earlier step's call like this one
+            reuse, step = plan_key(call), run.step(sigmas)
+            kept = run.kept_plans(reuse, step, every)
+            if kept is None:
+                run.keep_plans(reuse, step, shared)  # filled by this call's first block of each grid
+            else:
+                shared = dict(kept)  # a copy: a grid planned anew here is this call's own
         keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
-                if site.level in levels and site.level not in left}
+                if site.level in levels and site.level not in left and grid_at(latent_hw, site.level) not in shared}
         sigma = run.sigma(sigmas) if s.use_rand and keys else None  # nothing to draw: no read (a device sync)
         context["partitions"] = {key: self._partition(run, key[0], key[1], device, sigma) for key in keys}
         # A grid the latent does not predict (a model that rescales inside, Kohya Deep Shrink)
         # is drawn when met: correct everywhere, a graph break under torch.compile.
         context["draw_partition"] = lambda key, grid: self._partition(run, key, grid, device, sigma)
-        context["shared"] = {}  # share_plans: grid -> the plan of this call
+        context["shared"] = shared
 
     # --- reduce_when auto ----------------------------------------------------------------------
     def call_key(self, call: ModelCall) -> tuple:
@@ -138,7 +148,7 @@ class ToMePatch(CallPatch):
         s = self.settings
         grid = grid_at(latent_hw, level)
         reduction = ("ToMe", s.ratio, s.stride_x, s.stride_y, s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp,
-                     s.matching, s.share_plans)
+                     s.matching, s.share_plans, *reuse_signature(s))
         kind = self.unet.kind(call, level, grid, reduction)
         return self.pays(run, call.x.device, kind,
                          lambda: (level_text(level, grid), lambda: self._work(call, level, grid)))
@@ -146,7 +156,8 @@ class ToMePatch(CallPatch):
     def _work(self, call: ModelCall, level: int, grid: tuple[int, int]) -> Work:
         """A block of the level unmerged and merged (plan, merge, the smaller calls, unmerge).
         With share_plans one plan serves the level's blocks: the block is timed with its plan
-        made once, and the plan's own time, shared by the level's blocks, is added."""
+        made once, and the plan's own time, shared by the level's blocks (and with plan_every by
+        that many steps), is added."""
         s = self.settings
         h, w = grid
         context = self.timing_context(grid, call.x.device)
@@ -154,7 +165,7 @@ class ToMePatch(CallPatch):
         if not s.share_plans:
             return block
         tokens = sample((call.x.shape[0], h * w, self.unet.block_dim(call, level)), call.x.device, compute_dtype(call))
-        blocks = sum(1 for site in self.sites if site.level == level)
+        blocks = sum(1 for site in self.sites if site.level == level) * getattr(s, "plan_every", 1)
         r = int(h * w * s.ratio)
         partition = context["draw_partition"](None, grid)
         plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731

@@ -25,6 +25,9 @@ DEFAULT_ON = {"ToDo": True, "ToMe": False}  # ToDo at its defaults is what the R
 # Inputs that act on DiTs only; the WebUI does not show them, so they keep their defaults (on
 # Forge's Flux.1, the one DiT the extension patches: its first and last blocks are left alone).
 DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks", "stride_t"})
+# Not shown either, so they keep their defaults: ToMe's plan_every (reusing plans across steps), not
+# in the accordion yet, which keeps the API's positional arguments as they are.
+NOT_SHOWN = DIT_ONLY | {"plan_every"}
 
 FIRST, HIRES = "first", "hires"  # the sampling passes of a generation (hires: the hires. fix pass)
 STAGE_WORDS = {FIRST: "first pass", HIRES: "hires pass"}
@@ -34,7 +37,7 @@ HIRES_MODES = (HIRES_SAME, HIRES_OWN, HIRES_OFF)
 
 def webui_inputs(method: Method) -> tuple[Input, ...]:
     """The inputs of a method the WebUI shows."""
-    return tuple(spec for spec in method.inputs if spec.name not in DIT_ONLY)
+    return tuple(spec for spec in method.inputs if spec.name not in NOT_SHOWN)
 
 
 @dataclass(frozen=True)
@@ -133,7 +136,7 @@ def method_settings(method: str, stage: str, values: dict):
         if problem is not None:
             raise Refusal(f"{label(stage, method)}: {problem}")
         checked[spec.name] = value
-    complete = {**{spec.name: spec.default for spec in declared.inputs if spec.name in DIT_ONLY}, **checked}
+    complete = {**{spec.name: spec.default for spec in declared.inputs if spec.name in NOT_SHOWN}, **checked}
     for spec in webui_inputs(declared):
         complete.setdefault(spec.name, spec.default)
     try:

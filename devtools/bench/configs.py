@@ -173,6 +173,11 @@ CONFIGS: tuple[Config, ...] = (
                                                              merge_crossattn=True),)),
     Config("ToMe 0.5 to downsample 4", "tome", (tome(ratio=0.5, max_downsample="4"),)),
     Config("ToMe 0.5 queries + ToDo 4", "combined", (tome(ratio=0.5, **QUERIES), todo(factor=4.0))),
+    # Issue #38: a plan reused across steps (one plan per 4 steps, shared by the blocks): Flux.1, and
+    # SDXL with tile matching
+    Config("ToMe 0.5 shared plans every 4", "tome-shared", (tome(ratio=0.5, share_plans=True, plan_every=4),)),
+    Config("ToMe 0.5 tile shared plans every 4", "tome-shared",
+           (tome(ratio=0.5, matching=MATCH_TILE, share_plans=True, plan_every=4),)),
 )
 BY_NAME: dict[str, Config] = {config.name: config for config in CONFIGS}
 UNPATCHED = BY_NAME["unpatched"]

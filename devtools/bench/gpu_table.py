@@ -175,6 +175,8 @@ TOME_TODO = "ToMe 0.5 + ToDo 2"  # both at their defaults, ToMe first
 # ToMe's candidates on the UNets at 1024 px (issue #38): tile matching, with the MLP and
 # cross-attention merged too, and down to downsample 4
 UNET_TOME = ("ToMe 0.5 tile", "ToMe 0.5 tile + MLP + cross", "ToMe 0.5 to downsample 4")
+# A plan reused across steps (plan_every 4 with share_plans): Flux.1 and SDXL at 1024 px
+TOME_REUSE, UNET_TOME_REUSE = "ToMe 0.5 shared plans every 4", "ToMe 0.5 tile shared plans every 4"
 ROWS: tuple[RowSpec, ...] = (
     RowSpec("wan21-81f", "wan21", "832x480", (TODO, "ToDo 3", "ToDo 2 + time 2"), frames=81, h200_seconds=4.44,
             speedups=(1.74, 2.03, 1.99), budget=75),
@@ -214,11 +216,12 @@ ROWS: tuple[RowSpec, ...] = (
     # The ToMe preset (--gpu-table-tome, issue #38), the most important rows first. Expected seconds:
     # gpu-h200.md's unpatched s/run (Qwen-Image: an estimate from the FLOPs, ~1.1e15 a run of 4 CFG
     # steps at 6,889 image tokens, at the ~650 TFLOP/s Flux 1024 px reached); the speed-ups are guesses.
-    RowSpec("flux-1024-tome", "flux_dev", "1024", (TODO, "ToDo 3", TOME, TOME_TODO), preset=TOME_PRESET,
-            h200_seconds=0.64, speedups=(1.09, 1.15, 1.3, 1.35), budget=50, timed=15.0,
+    RowSpec("flux-1024-tome", "flux_dev", "1024", (TODO, "ToDo 3", TOME, TOME_TODO, TOME_REUSE), preset=TOME_PRESET,
+            h200_seconds=0.64, speedups=(1.09, 1.15, 1.3, 1.35, 1.35), budget=50, timed=15.0,
             note="issue #38: ToMe defaults >= 1.3x, on the Pareto front at no more error than ToDo 3"),
-    RowSpec("sdxl-1024-tome", "sdxl", "1024", (TODO, "ToDo 3", TOME) + UNET_TOME, preset=TOME_PRESET,
-            h200_seconds=0.232, speedups=(1.02, 1.05, 1.0, 1.1, 1.2, 1.0), budget=45, timed=15.0, max_rounds=40,
+    RowSpec("sdxl-1024-tome", "sdxl", "1024", (TODO, "ToDo 3", TOME) + UNET_TOME + (UNET_TOME_REUSE,),
+            preset=TOME_PRESET, h200_seconds=0.232, speedups=(1.02, 1.05, 1.0, 1.1, 1.2, 1.0, 1.15), budget=45,
+            timed=15.0, max_rounds=40,
             note="issue #38: ToMe >= 1.3x at 1024 px, on the Pareto front at no more error than ToDo 3"),
     RowSpec("qwen-image-1328-tome", "qwen_image", "1328", (TODO, "ToDo 3", TOME, TOME_TODO), preset=TOME_PRESET,
             h200_seconds=1.7, speedups=(1.1, 1.15, 1.3, 1.35), budget=80, timed=20.0, min_rounds=3,

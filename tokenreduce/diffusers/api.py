@@ -151,6 +151,9 @@ def _refuse_foreign_tome(model: torch.nn.Module, label: str) -> None:
 
 def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule, scheduler=None) -> ModelPatch:
     """Patch one model (``given``: it, or its torch.compile wrapper)."""
+    if method == "ToMe" and settings.plan_every > 1:  # never a silent no-op
+        raise ValueError(f"{label}: plan_every {settings.plan_every} (reusing a plan across steps) works in the "
+                         f"ComfyUI node and Forge, not yet in the diffusers adapter: set plan_every to 1.")
     model = unwrapped(given)
     name, layout = model_layout(model)
     kinds = (UNET, DIT) if method != "ToMe" or merges(layout and layout.family) else (UNET,)
