@@ -240,20 +240,24 @@ def test_plan_every_reuses_the_shared_plans_across_steps(comfy, models, monkeypa
                             made.append(n.shape[0]) or original(n, *a))
     base = models["SD15"]
     settings = dict(max_downsample="2", share_plans=True, matching="tile (fast)")
-    every_step = sample(comfy, patched(comfy, "tome", base, **settings), steps=3)
+
+    def run(model):
+        return sample(comfy, model, steps=3, size=(16, 16))
+
+    every_step = run(patched(comfy, "tome", base, **settings))
     assert made == [2] * 6
-    assert torch.equal(sample(comfy, patched(comfy, "tome", base, plan_every=1, **settings), steps=3), every_step)
+    assert torch.equal(run(patched(comfy, "tome", base, plan_every=1, **settings)), every_step)
     output = apply(comfy, "tome", base, plan_every=2, **settings)
     assert "one plan per level and model call, reused by the calls like it of the next step. " in output.result[1]
     reusing = output.result[0]
     for model in (patched(comfy, "tome", base, plan_every=2, **{**settings, "matching": "whole grid (tomesd)"}),
                   reusing):
         made.clear()
-        first = sample(comfy, model, steps=3)
+        first = run(model)
         assert made == [2] * 4
     assert 0 < rel_error(first, every_step) < 0.5
     made.clear()
-    split = sample(comfy, split_cond_uncond(reusing), steps=3)
+    split = run(split_cond_uncond(reusing))
     assert made == [1] * 8
-    tolerance = batching_tolerance(sample(comfy, split_cond_uncond(base), steps=3), sample(comfy, base, steps=3))
+    tolerance = batching_tolerance(run(split_cond_uncond(base)), run(base))
     assert rel_error(split, first) < tolerance
