@@ -253,3 +253,24 @@ def test_a_run_auto_leaves_alone_reads_no_noise_level_and_builds_no_kind_after_i
         assert counts["sigma"] == []
     assert all(not session.last_report.levels for session in sys.modules["tokenreduce_pack.nodes.session"]
                .sessions_of(model))
+
+
+def test_auto_shares_the_plans_time_over_plan_every_steps(comfy, models, measuring):
+    """share_plans: a downsample-1 block of SD1.5 (5 share the plan) timed 10 ms unmerged, 9 ms merged
+    with its plan made, the plan 10 ms: 9 + 10 / 5 = 11 ms, slower, left alone; with plan_every 4
+    the plan serves 4 steps too: 9 + 10 / 20 = 9.5 ms, merged."""
+    from comfy_helpers import ScriptedClock
+
+    class WithPlan(ScriptedClock):
+        def __call__(self, device):
+            stopwatch = super().__call__(device)
+            return lambda name, work: 0.010 if name == "plan" and work() is not False else stopwatch(name, work)
+
+    decisions = {}
+    for every in (1, 4):
+        measuring((10.0, 9.0)).stopwatch = WithPlan((10.0, 9.0))
+        model = patched(comfy, "tome", models["SD15"], share_plans=True, plan_every=every)
+        sample(comfy, model, steps=1, size=(16, 16))
+        (decision,) = [d for _, d in session_of(model).last_report.decisions]
+        decisions[every] = (decision.reduce, round(decision.reduced_ms, 3))
+    assert decisions == {1: (False, 11.0), 4: (True, 9.5)}
