@@ -46,7 +46,9 @@ def render() -> str:
               "|---|---|---|---|---|"]
     for family in FAMILIES:
         configs = ", ".join(f"`{c}`" for c in family.configs)
-        tome = ("yes" if family.merge is not None else
+        merge = family.merge
+        tome = ("yes" + (f"; left alone, with a warning: {merge.leaves_alone}" if merge.leaves_alone else "")
+                if merge is not None else
                 f"refused (use ToDo): {family.merge_refusal}" if family.merge_refusal else "refused (use ToDo)")
         lines.append(f"| {family.name} | {configs} | {'yes' if family.video else 'no'} | "
                      f"{'yes (nearest only)' if family.rope else 'no (nearest or average)'} | {tome} |")

@@ -70,3 +70,15 @@ def test_every_dit_family_is_merged_by_tome_or_says_why_not():
     # the refusal and the model table's ToMe column give the reason (issue #38)
     unexplained = [f.name for f in FAMILIES if f.merge is None and not (f.merge_refusal or "").strip()]
     assert not unexplained, f"DiT families ToMe neither merges nor explains: {unexplained}"
+
+
+def test_a_merge_that_can_leave_calls_alone_says_which_in_the_model_table():
+    # a family whose merge check can leave a call alone (with a warning) names those calls, so that
+    # the table's "yes" does not claim merging where it never happens (Wan HuMo with the stock node)
+    silent = [f.name for f in FAMILIES if f.merge is not None and f.merge.check is not None
+              and not (f.merge.leaves_alone or "").strip()]
+    assert not silent, f"ToMe merges with a check but no leaves_alone: {silent}"
+    claimed = [f.name for f in FAMILIES if f.merge is not None and f.merge.check is None and f.merge.leaves_alone]
+    assert not claimed, f"leaves_alone without a check that leaves calls alone: {claimed}"
+    humo = next(f for f in FAMILIES if f.name == "Wan HuMo")
+    assert "WanHuMoImageToVideo" in humo.merge.leaves_alone

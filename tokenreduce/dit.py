@@ -103,6 +103,9 @@ class DiTMerge(NamedTuple):
     # kind -> the names of the tuple a block of that kind returns (HiDream's double blocks: (img,
     # txt)); a kind not named returns the tokens alone
     layer_returns: dict | None = None
+    # the calls ``check`` leaves alone, said in a few words for the model table ("calls with ..."):
+    # required wherever ``check`` can refuse a call (tests/test_core_families.py)
+    leaves_alone: str | None = None
     # True: something inside the blocks splits their tokens into equal groups, one per frame in
     # frame order (Wan HuMo's audio cross-attention): each frame merges the same count and the
     # merged tokens stay frame by frame (``tome_dit.plan_block``); tiles within frames only (stride_t 1)

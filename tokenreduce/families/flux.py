@@ -63,7 +63,7 @@ MERGE = DiTMerge(merge_keys, {
                               in_pe=lambda lay: lay.joint, mask="attn_mask"),
     "single_block": BlockArgs("img", lambda lay: lay.joint, pe="pe", pe_dim=2, in_pe=lambda lay: lay.joint,
                               mask="attn_mask"),
-}, merge_check)
+}, merge_check, leaves_alone="calls with reference images modulated apart (ref_latents_method index_timestep_zero)")
 
 FAMILIES = (
     Family("Flux.1", ("Flux", "FluxSchnell", "FluxInpaint"), ("Flux",), True, False,

@@ -62,7 +62,8 @@ MERGE = DiTMerge(merge_keys, {
                               in_pe=lambda lay: lay.joint, mask="attention_mask"),
     "single_block": BlockArgs("img", lambda lay: lay.joint, pe="pe", pe_dim=2, in_pe=lambda lay: lay.joint,
                               mask="attention_mask"),
-}, merge_check)
+}, merge_check, leaves_alone="image-to-video calls whose first frame is modulated apart (v2 replace: "
+                             "guiding_frame_index) and calls with a reference latent (ref_latent)")
 
 FAMILIES = (
     # SkyReels i2v and 1.5 SR only concatenate image channels to the latent: no token of their own.

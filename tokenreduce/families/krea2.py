@@ -46,7 +46,8 @@ def merge_check(model, kwargs) -> str | None:
 MERGE = DiTMerge(lambda m: {i: ("single_block", i) for i in range(len(m.blocks))}, {
     "single_block": BlockArgs("img", lambda lay: lay.joint, pe="pe", pe_dim=2, in_pe=lambda lay: lay.joint,
                               mask="mask"),
-}, merge_check, layer_args=("img", "vec", "pe", "mask"))
+}, merge_check, layer_args=("img", "vec", "pe", "mask"),
+   leaves_alone="calls with references modulated apart (ref_latents_method index_timestep_zero)")
 
 FAMILIES = (
     Family("Krea 2", ("Krea2",), ("SingleStreamDiT",), True, False, lambda m: block_paths(m, "blocks"), plan,

@@ -57,7 +57,8 @@ MERGE = DiTMerge(merge_keys, {
     "noise_refiner": BlockArgs("img", lambda lay: lay.image, pe="pe", pe_dim=1, in_pe=lambda lay: lay.image,
                                mask="mask"),
     "layer": BlockArgs("img", lambda lay: lay.joint, pe="pe", pe_dim=1, in_pe=lambda lay: lay.joint, mask="mask"),
-}, merge_check, layer_args=("img", "mask", "pe", "vec"))
+}, merge_check, layer_args=("img", "mask", "pe", "vec"),
+   leaves_alone="calls with reference images (ref_latents, Z-Image Omni)")
 
 FAMILIES = (
     Family("Lumina 2 / Z-Image", ("Lumina2", "ZImage"), ("NextDiT",), True, False,

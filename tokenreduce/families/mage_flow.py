@@ -15,5 +15,5 @@ from .qwen import MERGE, geometry, plan
 FAMILIES = (
     Family("Mage-Flow", ("MageFlow",), ("MageFlowTransformer2DModel",), True, False,
            lambda m: block_paths(m, "transformer_blocks"), plan, lambda m: (1, m.patch_size, m.patch_size),
-           text_first_tokens, geometry, merge=MERGE._replace(check=None)),
+           text_first_tokens, geometry, merge=MERGE._replace(check=None, leaves_alone=None)),
 )

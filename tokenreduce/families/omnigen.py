@@ -35,7 +35,7 @@ def merge_check(model, kwargs) -> str | None:
     return None
 
 
-MERGE = LUMINA_MERGE._replace(check=merge_check)
+MERGE = LUMINA_MERGE._replace(check=merge_check, leaves_alone="calls with reference images (ref_latents)")
 
 FAMILIES = (
     Family("OmniGen2", ("Omnigen2",), ("OmniGen2Transformer2DModel",), True, False,

@@ -29,7 +29,7 @@ def merge_check(model, kwargs) -> str | None:
 MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.transformer_blocks))}, {
     "double_block": BlockArgs("img", lambda lay: (lay.joint[0] - lay.joint[1], 0), pe="pe", pe_dim=2,
                               in_pe=lambda lay: lay.joint),
-}, merge_check)
+}, merge_check, leaves_alone="calls with reference images modulated apart (ref_latents_method index_timestep_zero)")
 
 FAMILIES = (
     Family("Qwen-Image", ("QwenImage",), ("QwenImageTransformer2DModel",), True, False,

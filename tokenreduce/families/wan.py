@@ -148,7 +148,10 @@ def humo_groups(kwargs) -> int | None:
     return audio.shape[1] + (reference.shape[-3] if reference is not None else 0)
 
 
-HUMO_MERGE = MERGE._replace(check=humo_merge_check, frame_grouped=True, frame_groups=humo_groups)
+HUMO_MERGE = MERGE._replace(check=humo_merge_check, frame_grouped=True, frame_groups=humo_groups,
+                            leaves_alone="calls with a reference latent, which ComfyUI's WanHuMoImageToVideo always "
+                                         "adds (zeros without a reference image): with that node no call merges; and "
+                                         "calls whose audio frames are not their latent frames")
 
 FAMILIES = (
     Family("Wan 2.1 / 2.2", ("WAN21_T2V", "WAN21_I2V", "WAN22_T2V", "WAN21_FunControl2V", "WAN21_Camera",
