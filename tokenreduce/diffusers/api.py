@@ -153,7 +153,7 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     """Patch one model (``given``: it, or its torch.compile wrapper)."""
     if method == "ToMe" and settings.plan_every > 1:  # never a silent no-op
         raise ValueError(f"{label}: plan_every {settings.plan_every} (reusing a plan across steps) works in the "
-                         f"ComfyUI node and Forge, not yet in the diffusers adapter: set plan_every to 1.")
+                         f"ComfyUI node, not yet in the diffusers adapter: set plan_every to 1.")
     model = unwrapped(given)
     name, layout = model_layout(model)
     kinds = (UNET, DIT) if method != "ToMe" or merges(layout and layout.family) else (UNET,)
