@@ -148,8 +148,8 @@ MERGE = DiTMerge(lambda m: {i: ("double_block", i) for i in range(len(m.transfor
                               pe_also=("v_cross_pe",), tokens_item=0,
                               modulation_also=("v_cross_scale_shift_timestep", "v_cross_gate_timestep"),
                               modulation_rows=_timestep_rows),
-}, check=_merge_check, leaves_alone="calls whose guides weight the video's attention to them (a guide strength "
-                                                    "other than 1, or a pixel mask)")
+}, check=_merge_check,
+   leaves_alone="calls whose guides weight the video's attention to them (a guide strength other than 1, or a pixel mask)")
 
 FAMILIES = (
     Family("LTX-2", ("LTXAV",), ("LTXAVModel",), True, True,
