@@ -6,6 +6,7 @@
     python3 devtools/benchmark.py --gpu-table OUT        # the GPU table of the issues, row by row, in 8 minutes
     python3 devtools/benchmark.py --gpu-table-video OUT  # its video preset: Wan 2.1 14B 720p, LTX-2, one step each
     python3 devtools/benchmark.py --gpu-table-tome OUT   # its ToMe preset (#38): ToMe vs ToDo at ~1 MP, Pareto fronts
+    python3 devtools/benchmark.py --quality OUT          # trained photo fixtures: LPIPS, SSIM, PSNR per setting
     python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
         [--families Flux Wan21] [--size 512] [--repeats N] [--threads N]
     python3 devtools/benchmark.py --diffusers            # diffusers pipelines: the table of diffusers' ToMe docs
@@ -62,6 +63,15 @@ def main() -> int:
         pinned = None if other else host.run_inside_host(__file__)
         from bench import tome_dit_table
         return tome_dit_table.main(sys.argv[1:], pinned and pinned.comfyui)
+    if "--quality" in sys.argv[1:]:  # the trained photo fixtures: LPIPS, SSIM, PSNR per setting (bench/quality_table.py)
+        other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
+        pinned = None if other else host.run_inside_host(__file__)
+        from bench import quality_table
+        return quality_table.main(sys.argv[1:], pinned and pinned.comfyui)
+    if "--peakedness" in sys.argv[1:]:  # attention peakedness per layer of the photo fixtures (bench/peakedness.py)
+        pinned = host.run_inside_host(__file__)
+        from bench import peakedness
+        return peakedness.main(sys.argv[1:], pinned.comfyui)
     pinned = None
     if {"--gpu-table", "--gpu-table-video", "--gpu-table-tome"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
         sys.argv[1:1] = ["--comfyui", os.environ["TOKENREDUCE_COMFYUI"]]  # a lent GPU: its tree, this Python

@@ -341,7 +341,7 @@ def denoise_gain(name: str, folder: Path | None = None, px: int | None = None, s
 
 # --- sampling, as KSampler does ----------------------------------------------------------------
 
-CFG = {"flux": 1.0, "sd15": 5.0}  # Flux.1 [schnell] samples without CFG; the UNet with it
+CFG = {"flux": 1.0, "sd15": 2.0}  # Flux.1 [schnell] samples without CFG; the UNet with it
 
 
 @torch.no_grad()
