@@ -37,7 +37,7 @@ import custom_packs  # noqa: E402
 import host  # noqa: E402
 
 TEST_TOOLS = {"pytest": "pytest", "playwright": "playwright", "tomesd": "tomesd", "matplotlib": "matplotlib",
-              "requests": "requests"}  # import name -> what pip installs
+              "requests": "requests", "skimage": "scikit-image==0.26.0"}  # import name -> what pip installs
 
 
 def _pinned(name: str) -> str:

@@ -60,19 +60,32 @@ ONLY = {
              Config("ToMe 0.5 shared plans every 4", "tome-shared",
                     (tome(share_plans=True, plan_every=4, **ALWAYS),))),
     "sd15": (Config("ToMe 0.5 + ToDo 2", "combined", (todo(**ALWAYS), tome(**ALWAYS))),
-             Config("ToMe 0.3", "tome", (tome(ratio=0.3, **ALWAYS),)),
-             Config("ToMe 0.5 fixed targets", "tome", (tome(use_rand=False, **ALWAYS),)),
              Config("ToMe 0.5 tile", "tome-tile", (tome(matching=MATCH_TILE, **ALWAYS),)),
              Config("built-in ToMe 0.3 (its default)", "builtin", (builtin(),))),
 }
+# Candidates for other defaults (``--candidates``: a quick look, e.g. 4 steps, text to image): which
+# steps to reduce (start_percent / end_percent, in noise level: 0 is the first step), how much, how
+# ToMe picks its merge targets, and which blocks ToDo leaves whole.
+CANDIDATES = (
+    Config("ToDo 2", "todo", (todo(**ALWAYS),)),
+    Config("ToDo 2 late (start 0.4)", "todo", (todo(start_percent=0.4, **ALWAYS),)),
+    Config("ToDo 2 early (end 0.6)", "todo", (todo(end_percent=0.6, **ALWAYS),)),
+    Config("ToDo 1.5", "todo", (todo(factor=1.5, **ALWAYS),)),
+    Config("ToDo 2 skip 2 + 2 blocks", "todo", (todo(skip_first_blocks=2, skip_last_blocks=2, **ALWAYS),)),
+    Config("ToMe 0.5", "tome", (tome(**ALWAYS),)),
+    Config("ToMe 0.3", "tome", (tome(ratio=0.3, **ALWAYS),)),
+    Config("ToMe 0.5 late (start 0.5)", "tome", (tome(start_percent=0.5, **ALWAYS),)),
+    Config("ToMe 0.5 fixed targets", "tome", (tome(use_rand=False, **ALWAYS),)),
+    Config("ToMe 0.5 tile", "tome-tile", (tome(matching=MATCH_TILE, **ALWAYS),)),
+)
 GRID = ("unpatched", "ToDo 2", "ToMe 0.5", "ToMe 0.5 + ToDo 2", "built-in ToMe 0.3 (its default)")
 GRID_LABELS = {"unpatched": "unpatched", "ToDo 2": "ToDo", "ToMe 0.5": "ToMe", "ToMe 0.5 + ToDo 2": "ToMe + ToDo",
                "built-in ToMe 0.3 (its default)": "built-in ToMe"}
 I2I_DENOISE = 0.6
 
 
-def configs(fixture: str) -> tuple[Config, ...]:
-    return COMMON + ONLY[fixture]
+def configs(fixture: str, candidates: bool = False) -> tuple[Config, ...]:
+    return COMMON[:1] + CANDIDATES if candidates else COMMON + ONLY[fixture]
 
 
 @dataclass
@@ -105,6 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", nargs="+", default=["t2i", "i2i"], choices=["t2i", "i2i"])
     p.add_argument("--random-seeds", type=int, default=4, help="images per caption on random weights")
     p.add_argument("--configs", nargs="+", help="a subset by name (unpatched always)")
+    p.add_argument("--candidates", action="store_true", help="the candidates for other defaults instead")
     p.add_argument("--comfyui", type=Path)
 
 
@@ -157,7 +171,7 @@ def run_fixture(host, name: str, args, log=print) -> dict:
     from quality import metrics
 
     fx = pf.load(name)
-    chosen = [c for c in configs(name) if not args.configs or c.name == UNPATCHED or c.name in args.configs]
+    chosen = [c for c in configs(name, args.candidates) if not args.configs or c.name == UNPATCHED or c.name in args.configs]
     patched = {c.name: c.apply(fx.patcher, host.appliers) for c in chosen}
     cells = {c.name: Cell([], [], [], []) for c in chosen}
     per_cell = {}
