@@ -7,6 +7,8 @@
     python3 devtools/benchmark.py --gpu-table-video OUT  # its video preset: Wan 2.1 14B 720p, LTX-2, one step each
     python3 devtools/benchmark.py --gpu-table-tome OUT   # its ToMe preset (#38): ToMe vs ToDo at ~1 MP, Pareto fronts
     python3 devtools/benchmark.py --quality OUT          # trained photo fixtures: LPIPS, SSIM, PSNR per setting
+        [--fixtures sd15 flux] [--seeds 16] [--long-seeds N] [--steps 20 4] [--modes t2i i2i] [--candidates]
+    python3 devtools/benchmark.py --peakedness           # attention peakedness per layer of the photo fixtures
     python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
         [--families Flux Wan21] [--size 512] [--repeats N] [--threads N]
     python3 devtools/benchmark.py --diffusers            # diffusers pipelines: the table of diffusers' ToMe docs
