@@ -605,13 +605,14 @@ class ToMeDiTPatch(CallPatch):
             out[spec.tokens] = with_sequence(spec, out[spec.tokens], restored(spec, layout, plan, x, merged_x,
                                                                               sequence_of(spec, out[spec.tokens])))
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
-            note_reduced(call, grid, 1, lambda: self._stages(plan))
+            note_reduced(call, grid, 1, lambda: self._stages(plan, call["left"]))
             return out
 
         run_block.tokenreduce_block = (kind, block)
         return run_block
 
-    def _stages(self, plan: BlockPlan) -> dict:
-        """Grid tokens before and after, per kind of block it merges (for the run's report)."""
-        keys = self.replace_keys().values()
-        return {f"{kind.replace('_', ' ')}s": (plan.tokens, plan.merged_tokens) for kind in dict.fromkeys(k[0] for k in keys)}
+    def _stages(self, plan: BlockPlan, left: frozenset) -> dict:
+        """Grid tokens before and after, per kind of block this call merged (for the run's report):
+        the kinds reduce_when auto ``left`` alone ran whole and are not listed."""
+        kinds = dict.fromkeys(kind for kind, _ in self.replace_keys().values() if kind not in left)
+        return {f"{kind.replace('_', ' ')}s": (plan.tokens, plan.merged_tokens) for kind in kinds}
