@@ -2,7 +2,7 @@
 SDXL with each patch node between the checkpoint loader and the sampler, and ToDo on the DiTs
 most users run: Wan 2.1 text to video, Wan 2.1 VACE (1.3B), Wan 2.2 A14B text to video (two
 experts, a ToDo node on each, lightx2v's 4-step LoRAs), LTX-Video text to video, LTX-2 text to
-video with audio (ComfyUI 0.33: ``NEWER_HOST_NODES``) and Flux.1 [dev] text to image, with the
+video with audio (ComfyUI 0.33: ``NEEDS``, said in a Note in the example) and Flux.1 [dev] text to image, with the
 loaders, file names and sizes of ComfyUI's own templates for them, and a long Wan 2.1 clip
 sampled in ComfyUI's context windows.
 
@@ -15,6 +15,7 @@ type in them exists and that their widget values fit the nodes' current inputs.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -314,18 +315,57 @@ def ltxv_workflow() -> dict:
 # templates, the 19B dev checkpoint in fp8 (model, video VAE and audio VAE) and Gemma 3 12B.
 LTX2_CHECKPOINT = "ltx-2-19b-dev-fp8.safetensors"
 LTX2_FPS = 24.0
-# The node types only a ComfyUI with LTX-2 has: an example using one needs that ComfyUI (the
-# tests skip it elsewhere, saying so).
-NEWER_HOST_NODES = {"ltx2_t2v_audio_todo.json": ("LTXVConcatAVLatent", "ComfyUI 0.33 (LTXAV)")}
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an example needs beyond the pinned ComfyUI (0.3.75): ``what`` (a ComfyUI version or a
+    package), why, and the node types that are missing without it. The example carries it as a
+    Note node (``NEEDS_TITLE``), so that a user who opens it where those nodes are missing reads
+    why; the tests check every example's node types against the ComfyUI they run on: known
+    there, or named by such a Note."""
+
+    what: str
+    why: str
+    nodes: tuple[str, ...]
+
+    def note(self) -> str:
+        return (f"Needs {self.what}: {self.why}. Without it these nodes show as missing: "
+                f"{', '.join(self.nodes)}.")
+
+
+NEEDS_TITLE = "Needs"  # the title of the Note nodes that say what an example needs
+NEEDS = {
+    "ltx2_t2v_audio_todo.json": (
+        Needs("ComfyUI 0.33 (tested; 0.3.75 has no LTX-2)",
+              "LTX-2 (ComfyUI's LTXAV model) and its text, audio and audio-video latent nodes came after ComfyUI "
+              "0.3.75; update ComfyUI to use this example (every other example runs on 0.3.75)",
+              ("LTXAVTextEncoderLoader", "LTXVAudioVAELoader", "LTXVEmptyLatentAudio", "LTXVConcatAVLatent",
+               "LTXVSeparateAVLatent", "LTXVAudioVAEDecode")),
+        Needs("torchaudio", "PreviewAudio is one of ComfyUI's audio nodes, which ComfyUI leaves out where torchaudio "
+              "is not installed (ComfyUI's requirements.txt installs it)", ("PreviewAudio",)),
+    ),
+}
 
 
 def lacking_nodes(file_name: str, has_node) -> str | None:
     """Why the example ``file_name`` (``<name>.json``) cannot be used on a ComfyUI where
     ``has_node(type)`` tells which node types exist (None: it can): the tests' skip reason."""
-    node, host = NEWER_HOST_NODES.get(file_name, (None, None))
-    if node is None or has_node(node):
-        return None
-    return f"this ComfyUI has no {node}: the example needs {host}; run with --comfyui of that tree"
+    for needs in NEEDS.get(file_name, ()):
+        missing = [node for node in needs.nodes if not has_node(node)]
+        if missing:
+            return (f"this ComfyUI has no {', '.join(missing)}: the example needs {needs.what}; run with --comfyui "
+                    f"of such a tree")
+    return None
+
+
+def add_needs_notes(g: "Graph", file_name: str, first_id: int, pos) -> None:
+    """The example's Note nodes saying what it needs (``NEEDS``), one under the other from ``pos``."""
+    x, y = pos
+    for offset, needs in enumerate(NEEDS.get(file_name, ())):
+        g.add(first_id + offset, "Note", [x, y], [340, 150], [needs.note()], title=NEEDS_TITLE, color="#432",
+              bgcolor="#653")
+        y += 180
 
 
 def ltx2_workflow() -> dict:
@@ -372,6 +412,7 @@ def ltx2_workflow() -> dict:
     g.add(9, "SaveAnimatedWEBP", [1560, 60], [480, 420], ["TokenReduce_ltx2_t2v_audio_todo", LTX2_FPS, False, 90,
                                                           "default"], [], [("images", "IMAGE", (decode, 0))])
     g.add(18, "PreviewAudio", [1560, 520], [480, 100], [], [], [("audio", "AUDIO", (sound, 0))])
+    add_needs_notes(g, "ltx2_t2v_audio_todo.json", 19, (880, 340))
     return g.flow("LTX-2 text to video with audio with ToDo")
 
 

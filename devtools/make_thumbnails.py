@@ -10,7 +10,7 @@ Serves the pinned ComfyUI with this pack (or, with ``--comfyui``, that tree with
 ``--python``, by default as devtools/run_tests.py finds it), loads each example in headless
 Chromium (see browser.py), fits the view and saves a JPEG. ComfyUI's template browser shows
 ``<name>.jpg`` beside ``<name>.json`` for custom-node templates. An example whose nodes only a
-newer ComfyUI has (make_examples.NEWER_HOST_NODES) is drawn on such a tree: on the pinned one
+newer ComfyUI has (make_examples.NEEDS) is drawn on such a tree: on the pinned one
 its nodes would be drawn as missing.
 """
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 ACTIVE_MODE = 0  # 2 = muted, 4 = bypassed
+# Node types only the frontend has (never in /object_info, never sent with a prompt): notes.
+FRONTEND_ONLY = {"Note", "MarkdownNote"}
 _MISSING = object()
 
 
@@ -17,7 +19,8 @@ def load(path: str | Path) -> dict:
 
 
 def node_types(workflow: dict) -> set[str]:
-    return {node["type"] for node in workflow["nodes"]}
+    """The node types a server must have to run the workflow (notes are the frontend's own)."""
+    return {node["type"] for node in workflow["nodes"]} - FRONTEND_ONLY
 
 
 def _is_widget(spec: list) -> bool:
@@ -47,7 +50,7 @@ def to_api(workflow: dict, object_info: dict) -> dict:
     links = {link[0]: link for link in workflow.get("links", [])}
     prompt = {}
     for node in workflow["nodes"]:
-        if node.get("mode", ACTIVE_MODE) != ACTIVE_MODE:
+        if node.get("mode", ACTIVE_MODE) != ACTIVE_MODE or node["type"] in FRONTEND_ONLY:
             continue
         info = object_info[node["type"]]
         linked = {inp["name"]: inp["link"] for inp in node.get("inputs", []) if inp.get("link") is not None}
