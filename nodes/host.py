@@ -13,7 +13,9 @@
 - Wan 2.2 S2V's blocks: 0.3.75 calls them (and a block replacement's original block) without
   transformer_options, so their attention calls carry no call context; there the clone gets an
   object patch of the model's ``forward_orig`` that hands each call's options to its blocks
-  (``hand_options_to_blocks``: for ToDo's override and ToMe's block replacements). 0.33 passes them.
+  (``hand_options_to_blocks``: for ToDo's override and ToMe's block replacements, one patch that
+  both share). ComfyUI's "[BlockInfo] Wan" change (PR #10845) passes them: 0.33 does; decided by
+  the host's version, once.
 - The dtype a model computes in: 0.33 names it (``BaseModel.get_dtype_inference``); 0.3.75
   computes it inline in ``_apply_model`` (the manual-cast dtype, else the weights' dtype).
 """
@@ -22,8 +24,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import sys
-import types
 from pathlib import Path
 
 import torch
@@ -72,25 +74,40 @@ def decisions_file() -> Path:
     return Path(folder_paths.get_user_directory()) / "tokenreduce" / "auto_decisions.json"
 
 
+# The first ComfyUI version known to call Wan S2V's blocks (and the original block it hands a block
+# replacement) with transformer_options (ComfyUI PR #10845, "[BlockInfo] Wan", merged after
+# 0.3.75, which calls them without). Versions before it, and one that does not say its version, get
+# the object patch: where such a version passes the options already it is redundant, never wrong.
+S2V_BLOCKS_GET_OPTIONS = (0, 33, 0)
+FORWARD_ORIG = "diffusion_model.forward_orig"
+
+
 def hand_options_to_blocks(patcher, diffusion_model) -> bool:
     """Where a Wan S2V model's ``forward_orig`` calls its blocks without transformer_options (0.3.75:
     its block wrapper passes none), give the clone an object patch of ``forward_orig`` (undone with
     the clone) that hands each model call's options to every block through the host's own hook: a
-    block replacement per block, chained to one found in the call's options. Whether it did."""
-    if type(diffusion_model).__name__ != "WanModel_S2V" or _block_wrap_passes_options(type(diffusion_model)):
+    block replacement per block, chained to one found in the call's options. One patch serves ToDo
+    and ToMe both (it reads each call's options): the second node keeps the first's. Whether the
+    clone has it."""
+    if type(diffusion_model).__name__ != "WanModel_S2V" or s2v_blocks_get_options(host_version()):
         return False
-    key = "diffusion_model.forward_orig"
-    patcher.add_object_patch(key, functools.partial(_forward_handing_options, patcher.get_model_object(key),
-                                                    diffusion_model.blocks))
+    current = patcher.get_model_object(FORWARD_ORIG)
+    if not _hands_options(current):
+        patcher.add_object_patch(FORWARD_ORIG, functools.partial(_forward_handing_options, current,
+                                                                 diffusion_model.blocks))
     return True
 
 
-def _block_wrap_passes_options(model_class) -> bool:
-    """Whether ``forward_orig``'s block wrapper (the original block it hands a block replacement)
-    reads transformer_options from its arguments; True where there is none to tell."""
-    wraps = [c for c in model_class.forward_orig.__code__.co_consts
-             if isinstance(c, types.CodeType) and c.co_name == "block_wrap"]
-    return not wraps or any("transformer_options" in c.co_consts for c in wraps)
+@functools.cache
+def s2v_blocks_get_options(version: str) -> bool:
+    """Whether ComfyUI ``version`` ("0.3.75") calls Wan S2V's blocks with transformer_options."""
+    numbers = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    return numbers is not None and tuple(int(n or 0) for n in numbers.groups()) >= S2V_BLOCKS_GET_OPTIONS
+
+
+def _hands_options(forward) -> bool:
+    """Whether ``forward`` (a clone's forward_orig) is already our object patch (another node's)."""
+    return isinstance(forward, functools.partial) and forward.func is _forward_handing_options
 
 
 def _forward_handing_options(original, blocks, *args, transformer_options=None, **kwargs):
@@ -117,8 +134,8 @@ def _block_with_options(block, options, inner, args, extra):
     return inner({**args, "transformer_options": options}, {**extra, "original_block": original_block})
 
 
-def host_environment() -> tuple:
-    """What of ComfyUI decides how fast a call runs, for the auto rule's keys: its version."""
+def host_version() -> str:
+    """ComfyUI's version ("0.3.75"), "unknown" for one too old to name it."""
     version = getattr(sys.modules.get("comfyui_version"), "__version__", None)
     if version is None:
         try:
@@ -127,7 +144,12 @@ def host_environment() -> tuple:
             version = comfyui_version.__version__
         except ImportError:  # a ComfyUI too old to name its version
             version = "unknown"
-    return (f"ComfyUI {version}",)
+    return version
+
+
+def host_environment() -> tuple:
+    """What of ComfyUI decides how fast a call runs, for the auto rule's keys: its version."""
+    return (f"ComfyUI {host_version()}",)
 
 
 def compiled(options: dict) -> bool:

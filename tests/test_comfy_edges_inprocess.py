@@ -4,9 +4,12 @@ full grid, and the host glue that patches ``forward_orig`` and wraps the blocks.
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 import random_dits
 from comfy_helpers import apply, session_of
-from test_comfy_dit_inprocess import run
+from test_comfy_dit_inprocess import run, todo
 from test_comfy_tome_dit_inprocess import VARIANTS
 
 run_lines = __import__("tokenreduce.describe", fromlist=["run_lines"]).run_lines
@@ -27,3 +30,34 @@ def test_a_kind_of_block_auto_left_alone_is_not_listed_as_merged(comfy, measurin
     lines = run_lines("ToMe", report, timing=False)
     assert not any("single blocks 48→" in line for line in lines), lines
     assert any("double blocks 48→" in line for line in lines), lines
+
+
+def test_the_host_version_decides_whether_wan_s2v_blocks_get_the_options(comfy):
+    host = __import__("sys").modules["tokenreduce_pack.nodes.host"]
+    assert not host.s2v_blocks_get_options("0.3.75") and not host.s2v_blocks_get_options("unknown")
+    assert host.s2v_blocks_get_options("0.33.0") and host.s2v_blocks_get_options("1.0")
+    assert not host.s2v_blocks_get_options("0.8.1")  # between the two: the patch, redundant at worst
+
+
+def test_todo_and_tome_on_wan_s2v_share_one_forward_orig_patch(comfy):
+    """Where the host drops the blocks' options (0.3.75), ToDo and ToMe on one Wan S2V clone share
+    one object patch of forward_orig, in either order, and sample as they do stacked."""
+    if not random_dits.available("wan22_s2v"):
+        pytest.skip("this ComfyUI has no WAN22_S2V")
+    host = __import__("sys").modules["tokenreduce_pack.nodes.host"]
+    model = random_dits.make_dit("wan22_s2v", **VARIANTS["wan22_s2v"][0])
+    todo_first = apply(comfy, "tome", todo(comfy, model).result[0], ratio=0.5, reduce_when="always").result[0]
+    tome_first = todo(comfy, apply(comfy, "tome", model, ratio=0.5, reduce_when="always").result[0]).result[0]
+    if host.s2v_blocks_get_options(host.host_version()):
+        assert not todo_first.object_patches and not tome_first.object_patches
+        return
+    for patched in (todo_first, tome_first):
+        (key,) = patched.object_patches
+        forward = patched.object_patches[key]
+        assert forward.func is host._forward_handing_options
+        assert forward.args[0] == model.get_model_object(key)  # the model's own forward_orig: one layer
+    assert not model.object_patches
+    out = run(comfy, todo_first, "wan22_s2v")
+    assert torch.equal(out, run(comfy, tome_first, "wan22_s2v"))
+    sessions = __import__("sys").modules["tokenreduce_pack.nodes.session"].sessions_of(todo_first)
+    assert len(sessions) == 2 and all(session.last_report.levels for session in sessions)
