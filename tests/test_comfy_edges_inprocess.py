@@ -61,3 +61,41 @@ def test_todo_and_tome_on_wan_s2v_share_one_forward_orig_patch(comfy):
     assert torch.equal(out, run(comfy, tome_first, "wan22_s2v"))
     sessions = __import__("sys").modules["tokenreduce_pack.nodes.session"].sessions_of(todo_first)
     assert len(sessions) == 2 and all(session.last_report.levels for session in sessions)
+
+
+class GridAudioPatch:
+    """An attn2_patch of the shape ComfyUI's MultiTalkCrossAttnPatch has (model_multitalk.py, in
+    ComfyUI after 0.3.75): handed the block's tokens, it views them frame by frame by the call's
+    whole grid (``transformer_options["grid_sizes"]``), which merged tokens do not fill."""
+
+    def __call__(self, kwargs):
+        x, (frames, height, width) = kwargs["x"], kwargs["transformer_options"]["grid_sizes"]
+        per_frame = x.view(x.shape[0] * frames, height * width, x.shape[-1])
+        return x + 0.0 * per_frame.reshape(x.shape)
+
+
+@pytest.mark.parametrize("order", ["patch then ToMe", "ToMe then patch"])
+def test_patches_that_read_the_whole_grid_inside_the_blocks_leave_the_call_alone(comfy, order):
+    """A Wan clone with an in-block patch that reshapes by the full grid (set before ToMe, or
+    after it on its output): ToMe leaves those calls whole, bit for bit the unmerged model, and
+    says why; without the patch the same clone merges."""
+    model = random_dits.make_dit("wan21_t2v", **VARIANTS["wan21_t2v"][0])
+
+    def with_patch(patcher):
+        clone = patcher.clone()
+        clone.set_model_patch(GridAudioPatch(), "attn2_patch")
+        return clone
+
+    if order == "patch then ToMe":
+        patched = apply(comfy, "tome", with_patch(model), ratio=0.5, reduce_when="always").result[0]
+    else:
+        patched = with_patch(apply(comfy, "tome", model, ratio=0.5, reduce_when="always").result[0])
+    out = run(comfy, patched, "wan21_t2v")
+    assert torch.equal(out, run(comfy, with_patch(model), "wan21_t2v"))
+    report = session_of(patched).last_report
+    assert not report.levels
+    assert any("left alone" in w and "attn2_patch: GridAudioPatch" in w and "InfiniteTalk" in w
+               for w in report.warnings), report.warnings
+    merged = apply(comfy, "tome", model, ratio=0.5, reduce_when="always").result[0]
+    run(comfy, merged, "wan21_t2v")
+    assert session_of(merged).last_report.levels

@@ -43,6 +43,7 @@ import torch
 
 from .describe import grid_text
 from .dit import BlockArgs, TokenLayout
+from .grid_patches import grid_reading_patches
 from .measure import backend_of, compute_dtype, measuring_options
 from .pays import AutoRule, Work
 from .run import (MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped,
@@ -446,6 +447,7 @@ class ToMeDiTPatch(CallPatch):
             return
         tokens = self.family.tokens(self.model, self.patch, call.x, call.context, call.kwargs)
         problem = self.merge.check(self.model, call.kwargs) if self.merge.check is not None else None
+        problem = problem or grid_reading_patches(call.options)  # InfiniteTalk / MultiTalk's
         if tokens is None or isinstance(tokens, str) or problem:
             context["active"] = False
             reason = problem or tokens or "its inputs hold tokens whose layout ToMe does not know"
