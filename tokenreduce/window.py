@@ -37,14 +37,16 @@ def flow_sigma(percent: float, shift: float = 1.0) -> float:
 
 
 def steps_of(schedule: list[float], sigmas) -> tuple[int, ...]:
-    """The 1-based steps of a sampling schedule (sigmas, highest first, ending with the final
-    sigma) that the given noise levels were evaluated in. A step runs at its schedule sigma and,
-    in multi-evaluation samplers, at levels between it and the next one; those count for it."""
+    """The 1-based steps of a sampling schedule (sigmas or timesteps, highest first, ending with
+    the final one; timesteps may be negative) that the given noise levels were evaluated in. A
+    step runs at its schedule sigma and, in multi-evaluation samplers, at levels between it and
+    the next one; those count for it."""
     starts = schedule[:-1]
     steps = set()
     for sigma in sigmas:
-        # The last step whose sigma is at or above this one (a relative tolerance for rounding).
-        inside = [i for i, start in enumerate(starts) if start >= sigma * (1 - 1e-6) - 1e-9]
+        # The last step whose sigma is at or above this one, with a tolerance for rounding relative
+        # to its size: below it whatever its sign (timesteps such as 250 * ln(sigma) go negative).
+        inside = [i for i, start in enumerate(starts) if start >= sigma - abs(sigma) * 1e-6 - 1e-9]
         if inside:
             steps.add(inside[-1] + 1)
     return tuple(sorted(steps))

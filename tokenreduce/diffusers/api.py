@@ -138,9 +138,14 @@ def _refusal(method: str, name: str, layout, cls: str) -> str:
         return (f"{method} cannot patch this {name} model: it has no UNet transformer blocks. {method} works on UNet "
                 f"models (SD1.x, SD2.x, SDXL). For this model use ToDo (apply_patch(model, \"ToDo\")), which "
                 f"supports {name}.")
+    if layout is not None:  # a UNet with no self-attention either method reaches
+        return (f"{method} cannot patch this {name} model: it has no self-attention {method} reaches. {method} works "
+                f"on UNet2DConditionModel's transformer blocks (SD1.x, SD2.x, SDXL) and on the plain self-attentions "
+                f"of UNet2DModel's AttnDownBlock2D, AttnUpBlock2D and UNetMidBlock2D (DDPM, consistency models); "
+                f"this {cls} has none.")
     return (f"{method} cannot patch this {name} model. It works on diffusers' UNet2DConditionModel (SD1.x, SD2.x, "
-            f"SDXL) and on these DiT transformers: {', '.join(sorted(MERGES)) if method == 'ToMe' else supported()}"
-            f"; {name} is not one of them.")
+            f"SDXL), UNet2DModel with attention blocks (DDPM, consistency models) and on these DiT transformers: "
+            f"{', '.join(sorted(MERGES)) if method == 'ToMe' else supported()}; {name} is not one of them.")
 
 
 def _refuse_foreign_tome(model: torch.nn.Module, label: str) -> None:

@@ -13,6 +13,9 @@ from .families import DiffusersFamily, family_of
 
 DENOISERS = ("unet", "transformer", "transformer_2")  # pipeline attributes, in the order they run
 UNET_BLOCK = "BasicTransformerBlock"
+# UNet blocks whose ``attentions`` are plain self-attention ``Attention`` modules, called on the
+# [B, C, H, W] feature map (UNet2DModel: DDPM, consistency models; its mid block)
+PLAIN_ATTENTION_BLOCKS = ("AttnDownBlock2D", "AttnUpBlock2D", "UNetMidBlock2D")
 
 
 def is_pipeline(obj) -> bool:
@@ -49,13 +52,27 @@ def _unet_level(path: str, levels: int) -> int:
 
 
 def unet2d_layout(unet: torch.nn.Module) -> Layout | None:
-    """A UNet2DConditionModel's transformer blocks as sites, or None for another model."""
+    """A diffusers UNet's self-attention sites, or None for another model: a UNet2DConditionModel's
+    transformer blocks, and the plain self-attentions of UNet2DModel's attention blocks."""
     if not hasattr(unet, "down_blocks") or not hasattr(unet, "up_blocks"):
         return None
     levels = len(unet.down_blocks)
     sites = tuple(Site(path, _unet_level(path, levels), path) for path, module in unet.named_modules()
-                  if type(module).__name__ == UNET_BLOCK)
+                  if type(module).__name__ == UNET_BLOCK or _plain_attention(unet, path, module))
     return Layout(UNET, sites)
+
+
+def _plain_attention(unet: torch.nn.Module, path: str, module: torch.nn.Module) -> bool:
+    """Whether ``module`` (at ``path``) is one of a plain attention block's self-attentions."""
+    block, _, rest = path.rpartition(".attentions.")
+    return (type(module).__name__ == "Attention" and rest.isdigit() and block != ""
+            and type(unet.get_submodule(block)).__name__ in PLAIN_ATTENTION_BLOCKS)
+
+
+def self_attention(block: torch.nn.Module) -> torch.nn.Module:
+    """The self-attention of a site's module: a transformer block's ``attn1``, or the plain
+    attention itself (a UNet2DModel's, called on the feature map)."""
+    return getattr(block, "attn1", block)
 
 
 def transformer_layout(model: torch.nn.Module, family: DiffusersFamily) -> Layout:
@@ -70,7 +87,7 @@ def model_layout(model: torch.nn.Module) -> tuple[str, Layout | None]:
     if family is not None:
         return family.name, transformer_layout(model, family)
     layout = unet2d_layout(model)
-    if layout is None:
-        return type(model).__name__, None
+    if layout is None or not any(type(m).__name__ == UNET_BLOCK for m in model.modules()):
+        return type(model).__name__, layout  # UNet2DModel (DDPM, consistency models): not an SD UNet
     sdxl = getattr(getattr(model, "config", None), "addition_embed_type", None) == "text_time"
     return ("SDXL" if sdxl else "SD") + f" {type(model).__name__}", layout

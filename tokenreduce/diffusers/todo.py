@@ -3,7 +3,10 @@ on the image or video grid.
 
 UNets: a pre-hook on each selected block's ``attn1`` passes the normed tokens, pooled on the
 block's grid, as ``encoder_hidden_states``: the processor projects keys and values from them,
-as ComfyUI's ``attn1_patch`` does (any processor, any attention backend).
+as ComfyUI's ``attn1_patch`` does (any processor, any attention backend). UNet2DModel's plain
+self-attentions are called on the feature map [B, C, H, W] and norm it inside the processor
+(its ``spatial_norm``, then ``group_norm``, which it does not apply to ``encoder_hidden_states``):
+their pre-hook norms the tokens as the processor does and passes those, pooled, the same way.
 
 DiTs: keys carry rotary positions and are concatenated with the text inside the processor, so
 the reduction has to happen where the processor hands q, k and v to the attention: its call to
@@ -22,6 +25,7 @@ change, so a compiled block sees the same objects every step.
 from __future__ import annotations
 
 import copy
+import math
 import types
 
 import torch
@@ -34,13 +38,15 @@ from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys
 from .hooks import Hooks, Switch, UNetCalls, attention_backend
+from .models import self_attention
 from .session import Session
 
 DISPATCH = "dispatch_attention_fn"
 
 
 class UNetToDo(UNetCalls, CallPatch):
-    """ToDo on the ``attn1`` of the selected BasicTransformerBlocks of one UNet."""
+    """ToDo on the self-attention of the selected sites of one UNet: the ``attn1`` of its
+    BasicTransformerBlocks, or UNet2DModel's plain attentions."""
 
     def __init__(self, factors: dict, method: str, sites, label: str, session: Session, rule=None):
         super().__init__("tokenreduce.diffusers", label, rule)
@@ -59,12 +65,13 @@ class UNetToDo(UNetCalls, CallPatch):
                 return None
             x = args[0] if args else kwargs["hidden_states"]
             h, w = grid_at(self.session.latent_hw, level)
-            if x.shape[1] != h * w:
+            tokens = x.shape[1] if x.ndim == 3 else math.prod(x.shape[2:])
+            if tokens != h * w or x.ndim not in (3, 4):
                 note_skipped(context)  # tokens that are not the block's grid (another patch reshaped them)
                 return None
             if not self._reduces(context, module, level, (h, w), x, args, kwargs):
                 return None
-            keys = downsample_tokens(x, h, w, factor, self.method)
+            keys = downsample_tokens(x if x.ndim == 3 else normed_tokens(module, x, kwargs), h, w, factor, self.method)
             note_reduced(context, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, keys.shape[1])})
             return args, {**kwargs, "encoder_hidden_states": keys}
         return before
@@ -81,7 +88,20 @@ class UNetToDo(UNetCalls, CallPatch):
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         for site in self.sites:
-            hooks.pre(model.get_submodule(site.path).attn1, self.attn1(site.level))
+            hooks.pre(self_attention(model.get_submodule(site.path)), self.attn1(site.level))
+
+
+def normed_tokens(attention: torch.nn.Module, feature_map: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """The tokens [B, H*W, C] a plain attention's processor projects its keys from, made from the
+    feature map [B, C, H, W] it is called on as the processor makes them (diffusers' Attention:
+    ``spatial_norm`` with ``temb``, then ``group_norm`` over the channels)."""
+    x = feature_map
+    if getattr(attention, "spatial_norm", None) is not None:
+        x = attention.spatial_norm(x, kwargs.get("temb"))
+    x = x.flatten(2).transpose(1, 2)
+    if getattr(attention, "group_norm", None) is not None:
+        x = attention.group_norm(x.transpose(1, 2)).transpose(1, 2)
+    return x
 
 
 class DiTToDo(CallPatch):

@@ -7,6 +7,14 @@ hooks: the block's pre-hook plans on ``x``; the pre-hooks of ``attn1``, ``attn2`
 merge what they are given and their hooks unmerge what they return. Same computation, whatever
 the block's norm type, and nothing of diffusers' code is copied or replaced.
 
+UNet2DModel's plain self-attentions (DDPM, consistency models) are called on the feature map
+[B, C, H, W] and norm, project, attend and add their residual inside the processor: the
+attention's pre-hook plans on its input's tokens, the pre-hooks of its ``to_q`` (and ``to_k``,
+``to_v`` unless only the queries merge) merge the normed tokens they are given, and the hook of
+``to_out[0]`` unmerges the attention's output before the processor reshapes it and adds the
+residual: ToMe's "merge the normed input, unmerge the output before the residual", with any
+processor that projects through those modules (diffusers' own all do).
+
 The plan itself is the core's (``ToMePatch``: the same partitions, drawn from a private
 generator seeded from the seed, the timestep and the block, the same matching and modes) so a
 diffusers pipeline merges as the ComfyUI node does; tomesd differs only where it is not
@@ -25,17 +33,19 @@ from ..grid import grid_at
 from ..run import note_reduced, note_skipped
 from ..tome_patch import ToMePatch
 from .hooks import Hooks, Switch, UNetCalls, attention_backend, unet_sample
+from .models import self_attention
 from .session import Session
 
 
 class DiffusersToMe(UNetCalls, ToMePatch):
-    """ToMe on the selected BasicTransformerBlocks of one UNet."""
+    """ToMe on the selected BasicTransformerBlocks (or UNet2DModel's plain attentions) of one UNet."""
 
     def __init__(self, settings, target, label: str, session: Session, rule=None):
         super().__init__(settings, target, "tokenreduce.diffusers", label, unet=None, rule=rule)
         self.session = session
         self.switch = Switch(session)
         self.current = None  # the plan of the block call running now (blocks run one at a time)
+        self._merged_input = None  # (tokens, merged) of a plain attention's projections: merged once
 
     def prepare(self, context: dict, arguments) -> None:
         """Before a model call: where its partitions come from (drawn when first needed)."""
@@ -61,7 +71,9 @@ class DiffusersToMe(UNetCalls, ToMePatch):
     def block(self, site):
         def before(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
-            self.current = self._plan_block(site, module, x, args, kwargs)
+            if x.ndim == 4:  # a plain attention's feature map [B, C, H, W]: plan on its tokens
+                x = x.flatten(2).transpose(1, 2)
+            self.current, self._merged_input = self._plan_block(site, module, x, args, kwargs), None
         return before
 
     def _plan_block(self, site, module, x: torch.Tensor, args, kwargs):
@@ -93,7 +105,7 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         x = args[0] if args else kwargs["hidden_states"]
         kind = ("diffusers ToMe", level, grid, tuple(x.shape), str(x.dtype), s.ratio, s.stride_x, s.stride_y,
                 s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp, s.matching, s.share_plans,
-                attention_backend(module.attn1.processor))
+                attention_backend(self_attention(module).processor))
 
         def describe():  # timed in a context of its own (the core's), as the ComfyUI path times
             return level_text(level, grid), lambda: self.switch.work(
@@ -101,7 +113,19 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe))
 
     def end_block(self, module, args, kwargs, output):
-        self.current = None
+        self.current = self._merged_input = None
+
+    def merge_projection_input(self, module, args, kwargs):
+        """Pre-hook of a plain attention's ``to_q`` / ``to_k`` / ``to_v``: their input merged
+        (the same normed tokens for the three: merged once)."""
+        plan = self.current
+        x = args[0] if args else kwargs.get("input")
+        if plan is None or x is None or x.ndim != 3 or x.shape[1] != plan.tokens:
+            return None
+        if self._merged_input is None or self._merged_input[0] is not x:
+            self._merged_input = (x, plan.merge(x))
+        merged = self._merged_input[1]
+        return ((merged, *args[1:]), kwargs) if args else (args, {**kwargs, "input": merged})
 
     def merge_input(self, stage: bool, keep_keys: bool = False):
         """Pre-hook of attn1 / attn2 / ff: merge the tokens it is given (``keep_keys``: the
@@ -134,6 +158,9 @@ class DiffusersToMe(UNetCalls, ToMePatch):
             block = model.get_submodule(site.path)
             hooks.pre(block, self.block(site))
             hooks.post(block, self.end_block)
+            if self_attention(block) is block:  # a plain attention (UNet2DModel)
+                self._install_plain(hooks, block)
+                continue
             for name, stage, keep_keys in (("attn1", s.merge_attn, self.queries_only),
                                            ("attn2", s.merge_crossattn, False), ("ff", s.merge_mlp, False)):
                 module = getattr(block, name, None)
@@ -141,3 +168,11 @@ class DiffusersToMe(UNetCalls, ToMePatch):
                     continue
                 hooks.pre(module, self.merge_input(stage, keep_keys))
                 hooks.post(module, self.unmerge_output)
+
+    def _install_plain(self, hooks: Hooks, attention: torch.nn.Module) -> None:
+        """Merge a plain attention's projections' input, unmerge its output projection's output."""
+        if not self.settings.merge_attn:
+            return
+        for name in ("to_q",) if self.queries_only else ("to_q", "to_k", "to_v"):
+            hooks.pre(getattr(attention, name), self.merge_projection_input)
+        hooks.post(attention.to_out[0], self.unmerge_output)
