@@ -16,7 +16,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
-const OUR_NODES = new Set(["TokenReduceToMe", "TokenReduceToDo"]);
+const OUR_NODES = new Set(["TokenReduceToMe", "TokenReduceToDo", "TokenReduceImageCompare"]);
 const SETTING_SHOW = "TokenReduce.Overlay.Show";
 const RUN_EVENT = "tokenreduce.run";
 const REPORT_WIDGET = "tokenreduce_report"; // the DOM widget that carries the report in Nodes 2.0

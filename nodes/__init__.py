@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from comfy_api.latest import ComfyExtension, io
 
+from .compare_node import ImageCompareNode
 from .todo_node import ToDoPatchNode
 from .tome_node import ToMePatchNode
 
 
 class TokenReduceExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [ToMePatchNode, ToDoPatchNode]
+        return [ToMePatchNode, ToDoPatchNode, ImageCompareNode]
 
 
 async def comfy_entrypoint() -> TokenReduceExtension:

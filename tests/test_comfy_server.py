@@ -211,3 +211,52 @@ def test_interrupt_during_sampling_then_the_same_prompt_matches_an_uninterrupted
     assert "execution_interrupted" in [m[0] for m in interrupted["status"]["messages"]]
     (again,) = server.images(server.run(copy.deepcopy(prompt)))  # queued as is: cached nodes stay cached
     assert np.array_equal(pixels(again), pixels(reference))
+
+
+def _compare_prompt(size_b: int = 64, batch_b: int = 2) -> dict:
+    """Two EmptyImage batches (black, and grey 0x404040) into the Image Compare node, its heat map
+    into a Preview Image: no model, a second or so."""
+    return {
+        "1": {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 64, "batch_size": 2, "color": 0}},
+        "2": {"class_type": "EmptyImage", "inputs": {"width": size_b, "height": 64, "batch_size": batch_b,
+                                                     "color": 0x404040}},
+        "3": {"class_type": "TokenReduceImageCompare", "inputs": {"image_a": ["1", 0], "image_b": ["2", 0],
+                                                                 "gain": 4.0}},
+        "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}},
+    }
+
+
+def _previewed(server, image: dict) -> np.ndarray:
+    """An image a Preview Image node showed, fetched as the browser does (it lives in the temp folder)."""
+    import io
+
+    import requests
+    from PIL import Image
+
+    response = requests.get(f"{server.url}/view", params={k: image[k] for k in ("filename", "subfolder", "type")},
+                            timeout=60)
+    response.raise_for_status()
+    return np.asarray(Image.open(io.BytesIO(response.content)).convert("RGB"))
+
+
+def test_the_image_compare_node_reports_and_previews_its_heat_map(server, object_info):
+    info = object_info["TokenReduceImageCompare"]
+    assert info["output"] == ["IMAGE", "STRING"] and info["output_name"] == ["difference", "report"]
+    assert all(spec[1].get("tooltip") for spec in info["input"]["required"].values())
+    entry = server.run(_compare_prompt())
+    (text,) = entry["outputs"]["3"]["text"]
+    psnr = -10 * np.log10((0x40 / 255) ** 2)  # the two differ by 64/255 in every pixel and channel
+    lines = text.splitlines()
+    assert [line.split(" · SSIM ")[0] for line in lines[:3]] == [
+        f"image 1: PSNR {psnr:.2f} dB", f"image 2: PSNR {psnr:.2f} dB", f"mean of 2: PSNR {psnr:.2f} dB"]
+    assert entry["outputs"]["3"]["tokenreduce"] == [{"lines": lines, "warnings": []}]
+    heat = [_previewed(server, image) for image in entry["outputs"]["4"]["images"]]
+    assert len(heat) == 2 and all(h.shape == (64, 64, 3) and (h == h[0, 0]).all() for h in heat)
+
+
+def test_the_image_compare_node_refuses_batches_that_do_not_pair_up(server):
+    entry = server.wait(server.queue(_compare_prompt(size_b=48, batch_b=1)))
+    assert entry["status"]["status_str"] == "error"
+    (error,) = [m[1] for m in entry["status"]["messages"] if m[0] == "execution_error"]
+    assert error["node_type"] == "TokenReduceImageCompare"
+    assert "image_a is 64x64 px and image_b 48x64 px: compare images of one size" in error["exception_message"]

@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     import asyncio
     extension = asyncio.run(sys.modules["tokenreduce_pack"].comfy_entrypoint())
     nodes = asyncio.run(extension.get_node_list())
-    assert {{n.define_schema().node_id for n in nodes}} == {{"TokenReduceToMe", "TokenReduceToDo"}}, nodes
+    assert {{n.define_schema().node_id for n in nodes}} == {{"TokenReduceToMe", "TokenReduceToDo", "TokenReduceImageCompare"}}, nodes
     model = comfy.models.make_model("SD15", tiny=True, seed=0)
     patched = comfy.todo.ToDoPatchNode.execute(model, **comfy.todo.ToDoPatchNode.METHOD.defaults()).result[0]
     assert patched is not model

