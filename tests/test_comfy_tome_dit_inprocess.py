@@ -101,6 +101,9 @@ POSITIONS_IMAGE_FIRST = {"lens", "joyimage", "hidream", *ARG_NAMES, *COGVIDEOX}
 # its own); CogVideoX's (merged too: one plan for the batch)
 PE_WITHOUT_BATCH = {"mochi": 3, **dict.fromkeys(COGVIDEOX, 2)}
 NEXTDIT = ("lumina2", "z_image", "zimage_pixel", "omnigen2")  # NextDiT-like layers reached by object patches
+# tokens merged where ratio 0.5 asks more than the tiles hold: Wan 2.2 TI2V's clean first frame
+# (image to video) stays whole, so its 2 other frames' 2 tiles of 2x2 (3 sources each) merge
+MERGED = {"wan22_ti2v_5b": 12}
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +194,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     patched = tome(comfy, spy_inside(model, keys, inside), ratio=0.5).result[0]
     out = run(comfy, spy_around(patched, keys, outside), variant, steps=1)
     assert torch.isfinite(out).all()
-    r = int(n * 0.5)
+    r = MERGED.get(variant, int(n * 0.5))
     refs = REFERENCE_TOKENS.get(variant, 0)
     for key in keys:
         assert len(inside[key]) == len(outside[key]) == 1  # one model call (cond and uncond batched)
@@ -839,25 +842,25 @@ def test_stride_t_raises_the_ratio_cap_on_video_only(comfy, dits):
 
 
 def test_stride_t_partial_frame_tiles_warn_once(comfy, dits):
-    """Wan's tiny grid has 3 latent frames: with stride_t 2 the first stays whole, so ratio 0.875
-    merges 84 of the 126 tokens it asks: the run's report says so once (two steps, cond and uncond),
-    with why and what to set; stride_t 3 (dividing the 3 frames) merges all 126, unwarned, and
-    ratio 0.5 at stride_t 2 (72 asked, 84 can merge) is not warned either."""
+    """Wan's tiny grid has 3 latent frames: with stride_t 2 or 3 the first stays whole (in no tile of
+    frames), so ratio 0.875 merges 84 of the 126 tokens it asks: the run's report says so once (two
+    steps, cond and uncond), with why and, as no frame count or stride_t would merge 126, the ratio
+    that merges what it can; ratio 0.5 (72 asked, 84 can merge) is not warned."""
     model = dits("wan21_t2v")
     capped = tome(comfy, model, ratio=0.875, stride_t=2).result[0]
     run(comfy, capped, "wan21_t2v", steps=2)
     (warning,) = session_of(capped).last_report.warnings
     assert warning.startswith("TokenReduceToMe: ratio 0.875 asks 126 of the 144 grid tokens of this Wan 2.1 / 2.2 call "
-                              "(3 frames × 6×8) to merge, but 84 merge: with stride_t 2")
-    assert "so the first of its 3 latent frames stays whole" in warning
-    assert "a number of latent frames that is a multiple of 2 (2 or 4)" in warning and "stride_t 3" in warning
-    assert "ratio 0.58 or lower" in warning
-    for settings, merged in (({"ratio": 0.875, "stride_t": 3}, 126), ({"ratio": 0.5, "stride_t": 2}, 72)):
+                              "(3 frames × 6×8) to merge, but 84 merge: with stride_t 2 its first latent frame is kept "
+                              "whole")
+    assert warning.endswith("Set ratio 0.58 or lower, which merges what this call can.")
+    for settings, merged in (({"ratio": 0.875, "stride_t": 3}, 84), ({"ratio": 0.5, "stride_t": 2}, 72),
+                             ({"ratio": 0.5, "stride_t": 3}, 72)):
         patched = tome(comfy, model, **settings).result[0]
         run(comfy, patched, "wan21_t2v", steps=1)
         report = session_of(patched).last_report
-        assert not report.warnings and {t for level in report.levels for t in level.tokens.values()} == {
-            (144, 144 - merged)}
+        assert len(report.warnings) == (merged < int(144 * settings["ratio"]))
+        assert {t for level in report.levels for t in level.tokens.values()} == {(144, 144 - merged)}
 
 
 # --- plan_every: the shared plan reused across steps ---------------------------------------------

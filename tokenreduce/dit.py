@@ -48,6 +48,10 @@ class TokenLayout(NamedTuple):
     grid: tuple[int, int, int]  # (t, h, w) of the main image/video tokens
     joint: tuple[int, int] | None  # (key sequence length, start of the grid) of joint calls
     image: tuple[int, int] | None  # the same for image-only calls
+    # the grid's first frames that are conditioning and that ToMe keeps whole (never merged, nor
+    # merged into): the clean first frame of an image-to-video call whose frames have timesteps of
+    # their own. Reference and subject frames that are not the video's sit outside the grid instead
+    whole_frames: int = 0
 
 
 class BlockArgs(NamedTuple):
@@ -192,3 +196,12 @@ def video_grid(x, patch, frames: int | None = None) -> tuple[int, int, int]:
     """The token grid of a video latent [B, C, T, H, W] at (pt, ph, pw)."""
     pt, ph, pw = patch
     return (ceil_div(x.shape[2] if frames is None else frames, pt), ceil_div(x.shape[3], ph), ceil_div(x.shape[4], pw))
+
+
+def clean_frames(kwargs) -> int:
+    """``TokenLayout.whole_frames`` of a video call: 1 where the call has a denoise mask (the
+    latent's noise mask: Wan 2.2 TI2V's Wan22ImageToVideoLatent, LTXVImgToVideo), with which the
+    model gives each frame (or token) a timestep of its own and the first latent frame is the
+    clean start image; else 0. Which frames are clean is in the mask's values, which are not read
+    (no host sync): the start image is taken to be the first latent frame alone."""
+    return 1 if kwargs.get("denoise_mask") is not None else 0

@@ -178,8 +178,9 @@ TOME = Method("ToMe", (
     reduce_when_input(),
     Input("stride_t", INT, 1, low=1, high=8, optional=True,
           tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video): the number of latent frames per tile, each tile "
-                  "keeping one token as merge target, so tokens also merge across this many frames (the first "
-                  "frames stay whole where the frame count is not a multiple). 1 = each frame on its own. Image "
+                  "keeping one token as merge target, so tokens also merge across this many frames (never the first "
+                  "latent frame: it is in no tile, nor are the frames left over after it where the others are not "
+                  "a multiple). 1 = each frame on its own. Image "
                   "models and UNets have no frames: there it does nothing (a value above 1 is reported)."),
     Input("plan_every", INT, 1, low=1, high=50, optional=True,
           tooltip="Reuse the shared merge plan across steps: a plan is made at one step and reused by the next "

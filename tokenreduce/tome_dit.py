@@ -11,8 +11,9 @@ GPU-friendly, with no scatter and no host sync:
 
 - *Tiles*: the grid ``(t, h, w)`` is cut into ``st x sy x sx`` tiles; each full tile keeps one
   destination (drawn per tile from a private seeded generator before the model call, or the
-  first token), tokens of the partial tiles at the edges are kept as they are (of a video whose
-  frame count is not a multiple of ``st``, the first frames).
+  first token), tokens of the partial tiles at the edges are kept as they are, and so are a
+  video's conditioning frames (``TokenLayout.whole_frames``) and, with ``st`` above 1, its first
+  frame (never in a tile with later frames) and the frames left over after it (``frame_tiling``).
 - *Plan*: each source is compared (cosine) with its own tile's destination only; the ``r`` most
   similar sources of the whole grid merge (one stable sort on the device, no ``.item()``).
 - *Merge*: a dense masked sum per tile (reshape, multiply, sum), the kept sources gathered.
@@ -64,29 +65,72 @@ class Tiles(NamedTuple):
         return self.tile_index.shape[0] * (self.tile_index.shape[1] - 1)
 
 
-def make_tiles(grid: tuple[int, int, int], strides: tuple[int, int, int], generator: torch.Generator | None,
-               device) -> Tiles:
-    """Tiles of ``strides`` (st, sy, sx) over ``grid`` (t, h, w, frame-major raster order), one
-    destination per full tile: at a position drawn from ``generator`` (a private one), or the
-    first token of the tile where it is None. Tokens outside full tiles stay whole: the last
-    rows and columns, and the first ``t % st`` frames (a causal video VAE's first latent frame
-    stands for one picture alone, the clean one of an image-to-video model's)."""
+def frame_tiling(t: int, st: int, whole_frames: int = 0) -> tuple[int, int, int]:
+    """How ``t`` latent frames are cut into tiles of ``st`` frames: (frames kept out of every tile
+    at the start, frames per tile, tiles along time). The first ``whole_frames`` (the layout's
+    conditioning frames) are kept out, and with ``st`` above 1 always the first frame: a causal
+    video VAE's first latent frame stands for one picture alone, in image to video the clean one
+    with a timestep of its own, so it never shares a tile with later frames. The tiles are counted
+    from the last frame back; frames left over before them stay whole too."""
+    lead = min(t, whole_frames)
+    if st > 1 and t > 1:
+        lead = max(lead, 1)
+    span = max(1, min(st, t - lead))
+    return lead, span, (t - lead) // span
+
+
+def tile_structure(grid: tuple[int, int, int], strides: tuple[int, int, int], device,
+                   whole_frames: int = 0) -> Tiles:
+    """The tiles of ``strides`` (st, sy, sx) over ``grid`` (t, h, w, frame-major raster order),
+    each with its first token as destination (``rotated`` draws others). Built on ``device`` from
+    index arithmetic: no host tensor, no copy, no sync. Tokens outside full tiles stay whole: the
+    last rows and columns, and the frames ``frame_tiling`` keeps out of tiles."""
     t, h, w = grid
-    st, sy, sx = (max(1, min(s, n)) for s, n in zip(strides, grid))
-    nt, ny, nx = t // st, h // sy, w // sx
-    positions = torch.arange(t * h * w).view(t, h, w)
-    full = positions[t - nt * st:, :ny * sy, :nx * sx]
+    _, sy, sx = (max(1, min(s, n)) for s, n in zip(strides, grid))
+    _, st, nt = frame_tiling(t, strides[0], whole_frames)
+    ny, nx = h // sy, w // sx
+    first = t - nt * st  # the first frame in a tile
+    positions = torch.arange(t * h * w, device=device).view(t, h, w)
+    full = positions[first:, :ny * sy, :nx * sx]
     tiles = full.reshape(nt, st, ny, sy, nx, sx).permute(0, 2, 4, 1, 3, 5).reshape(nt * ny * nx, st * sy * sx)
-    k = tiles.shape[1]
-    in_tiles = torch.zeros(t * h * w, dtype=torch.bool)
-    in_tiles[tiles.flatten()] = True
-    extra = positions.flatten()[~in_tiles].to(device)
-    tiles = tiles.to(device)
-    if generator is not None and k > 1:  # drawn where the generator lives (no host round trip on CUDA)
-        offset = torch.randint(0, k, (tiles.shape[0], 1), generator=generator, device=generator.device).to(device)
-        tiles = tiles.gather(1, (torch.arange(k, device=device)[None] + offset) % k)  # a rotation: the drawn one first
+    outside = torch.ones(t, h, w, dtype=torch.uint8, device=device)
+    outside[first:, :ny * sy, :nx * sx] = 0
+    # the positions outside tiles in ascending order, without a boolean index (which would sync):
+    # a stable sort puts the ones first; how many there are is known here
+    extra = torch.argsort(outside.flatten(), descending=True, stable=True)[:t * h * w - tiles.numel()]
     inverse = torch.argsort(torch.cat([extra, tiles.flatten()]))
     return Tiles(grid, tiles, extra, inverse)
+
+
+def rotated(tiles: Tiles, generator: torch.Generator) -> Tiles:
+    """``tiles`` with each tile's destination drawn from ``generator`` (a private one): each tile's
+    tokens rotated so that the drawn one comes first. Tensor work on the tiles' device: the draw is
+    made where the generator lives (on CUDA the device: no host round trip) and the map back is
+    rotated with it (no sort)."""
+    n_tiles, k = tiles.tile_index.shape
+    if k <= 1:
+        return tiles
+    device = tiles.tile_index.device
+    offset = torch.randint(0, k, (n_tiles, 1), generator=generator, device=generator.device).to(device)
+    members = torch.arange(k, device=device)
+    tile_index = tiles.tile_index.gather(1, (members[None] + offset) % k)  # a rotation: the drawn one first
+    extra = tiles.extra_index.shape[0]
+    slot = tiles.inverse - extra  # each position's place among the tiles' tokens (negative: outside them)
+    tile = slot.clamp_min(0) // k
+    moved = extra + tile * k + (slot.clamp_min(0) % k - offset[tile, 0]) % k
+    return tiles._replace(tile_index=tile_index, inverse=torch.where(slot >= 0, moved, tiles.inverse))
+
+
+def make_tiles(grid: tuple[int, int, int], strides: tuple[int, int, int], generator: torch.Generator | None,
+               device, whole_frames: int = 0) -> Tiles:
+    """Tiles of ``strides`` (st, sy, sx) over ``grid`` (t, h, w, frame-major raster order), one
+    destination per full tile: at a position drawn from ``generator`` (a private one), or the
+    first token of the tile where it is None (``tile_structure``, ``rotated``). Tokens outside full
+    tiles stay whole: the last rows and columns, the first ``whole_frames`` frames (conditioning),
+    the first frame wherever ``st`` is above 1, and the frames before the first whole tile of
+    ``st`` frames counted from the last frame back (``frame_tiling``)."""
+    tiles = tile_structure(grid, strides, device, whole_frames)
+    return rotated(tiles, generator) if generator is not None else tiles
 
 
 def merged_count(tiles: Tiles, ratio: float, frames: int = 1) -> int:
@@ -96,36 +140,62 @@ def merged_count(tiles: Tiles, ratio: float, frames: int = 1) -> int:
     return r - r % frames
 
 
+def _tile_sources(grid: tuple[int, int, int], strides: tuple[int, int, int], whole_frames: int) -> int:
+    """The sources of the full tiles ``make_tiles`` cuts (their tokens but the destinations)."""
+    t, h, w = grid
+    _, sy, sx = (max(1, min(s, n)) for s, n in zip(strides, grid))
+    _, st, nt = frame_tiling(t, strides[0], whole_frames)
+    return nt * (h // sy) * (w // sx) * (st * sy * sx - 1)
+
+
 def frame_shortfall(name: str, grid: tuple[int, int, int], strides: tuple[int, int, int], ratio: float,
-                    r: int) -> str | None:
-    """Why a video call merges fewer tokens (``r``) than ``ratio`` asks of its ``grid``, where
-    stride_t's partial frame tiles are the cause (the first ``t % stride_t`` frames stay whole, or
-    stride_t is more than the frames), and what to set instead; None where it merges as asked or
-    the frames are not the cause."""
+                    r: int, whole_frames: int = 0) -> str | None:
+    """Why a video call merges fewer tokens (``r``) than ``ratio`` asks of its ``grid`` where
+    frames kept whole are the cause (the conditioning frames, the first frame with stride_t above
+    1, the frames before the first whole tile of stride_t frames, or stride_t more than the frames
+    after the first), and what to set instead (only settings that merge as asked); None where it
+    merges as asked or no frame is kept whole."""
     t, h, w = grid
     st, sy, sx = strides
     n = t * h * w
     asked = int(n * ratio)
-    if st <= 1 or r >= asked or (st <= t and t % st == 0):
+    lead, span, nt = frame_tiling(t, st, whole_frames)
+    left = t - lead - nt * span  # frames after the first ones that no tile reaches
+    if r >= asked or lead + left == 0:
         return None
-    if st > t:
-        cause = f"stride_t {st} is more than its {t} latent frames, so each tile spans only {t}"
-        multiples = (st, 2 * st)
-    else:
-        first = "first" if t % st == 1 else f"first {t % st}"
-        cause = (f"with stride_t {st} the tiles of {st} latent frames are counted from the last frame back, so the "
-                 f"{first} of its {t} latent frames {'stays' if t % st == 1 else 'stay'} whole (their tokens never "
-                 f"merge)")
-        below = t - t % st
-        multiples = (below, below + st)
-    lengths = " or ".join(str(m) for m in multiples if m > 0)
-    divisors = [str(d) for d in range(2, 9) if d != st and t % d == 0
-                and (t // d) * (h // sy) * (w // sx) * (d * sy * sx - 1) >= asked]
-    instead = f", or stride_t {' or '.join(divisors)}" if divisors else ""
+    causes = []
+    if whole_frames > 0:
+        first = "first latent frame is" if whole_frames == 1 else f"first {whole_frames} latent frames are"
+        causes.append(f"its {first} conditioning (the clean image it starts from, with a timestep of its own), "
+                      f"kept whole")
+    elif lead:
+        causes.append(f"with stride_t {st} its first latent frame is kept whole (it never shares a tile with later "
+                      f"frames: a causal video VAE's first latent frame stands for one picture alone, and in image to "
+                      f"video it is the clean image, with a timestep of its own)")
+    if st > 1 and t - lead < st:
+        after = f"{t - lead} latent frame{'s' if t - lead != 1 else ''}"
+        causes.append(f"stride_t {st} is more than the {after} after {'it' if lead == 1 else f'the first {lead}'}, "
+                      f"so each tile spans only {span}")
+    elif left:
+        causes.append(f"the tiles of {st} latent frames are counted from the last frame back, so the "
+                      f"{'next frame stays' if left == 1 else f'next {left} frames stay'} whole too")
+    advice = []
+    if st > 1:  # frame counts whose frames after the first fill whole tiles of stride_t, where they merge as asked
+        below = lead + (t - lead) // st * st
+        lengths = [m for m in (below, below + st) if m > lead and m != t
+                   and _tile_sources((m, h, w), strides, whole_frames) >= int(m * h * w * ratio)]
+        if lengths:
+            advice.append(f"sample a number of latent frames that is {lead} more than a multiple of {st} "
+                          f"({' or '.join(map(str, lengths))})")
+    # stride_t values up to the frames after the first (beyond, tiles span no more frames)
+    others = [str(d) for d in range(1, min(8, max(1, t - lead)) + 1)
+              if d != st and _tile_sources(grid, (d, sy, sx), whole_frames) >= asked]
+    if others:
+        advice.append(f"set stride_t {' or '.join(others)}")
+    merge_as_asked = f"To merge as asked, {', or '.join(advice)}; or set" if advice else "Set"
     return (f"ratio {ratio:g} asks {asked} of the {n} grid tokens of this {name} call ({grid_text(grid)}) to merge, "
-            f"but {r} merge: {cause}. To merge as asked, sample a number of latent frames that is a multiple of "
-            f"{st} ({lengths}){instead}; or set ratio {math.floor(r / n * 100) / 100:.2f} or lower, which merges what "
-            f"this call can.")
+            f"but {r} merge: {'; '.join(causes)}. {merge_as_asked} ratio {math.floor(r / n * 100) / 100:.2f} or lower, "
+            f"which merges what this call can.")
 
 
 class BlockPlan(NamedTuple):
@@ -473,7 +543,7 @@ class ToMeDiTPatch(CallPatch):
                           f"tokens into {groups} equal groups, not one per latent frame ({tokens.grid[0]}), which "
                           f"merged frames would not keep.")
             return
-        tiles = kept.tiles if kept is not None else self._tiles(run, tokens.grid, call)
+        tiles = kept.tiles if kept is not None else self._tiles(run, tokens, call)
         r = merged_count(tiles, self.settings.ratio, self._frames(tokens.grid))
         if r == 0:
             context["active"] = False  # nothing merges at this size: the blocks run as they are
@@ -482,7 +552,8 @@ class ToMeDiTPatch(CallPatch):
         left = self.left_alone(context, run, call, kinds, lambda kind: self._pays(run, call, tokens, kind, r))
         if not context["active"]:  # reduce_when auto left every kind of block alone
             return
-        shortfall = frame_shortfall(self.family.name, tokens.grid, self.strides, self.settings.ratio, r)
+        shortfall = frame_shortfall(self.family.name, tokens.grid, self.strides, self.settings.ratio, r,
+                                    tokens.whole_frames)
         if shortfall is not None:  # said once per run and grid (the same text)
             run.warn_once(f"{self.label}: {shortfall}")
         context.update(layout=tokens, tiles=tiles, r=r, left=left)
@@ -556,17 +627,20 @@ class ToMeDiTPatch(CallPatch):
         shared_by = len(keys) * getattr(self.settings, "plan_every", 1)
         return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / shared_by)
 
-    def _tiles(self, run: RunState, grid: tuple[int, int, int], call: ModelCall) -> Tiles:
-        device = call.x.device
+    def _tiles(self, run: RunState, layout: TokenLayout, call: ModelCall) -> Tiles:
+        """This call's tiles: their structure (the first token of each tile the destination) made
+        once per run, grid, strides and device; with use_rand the destinations drawn per call, on
+        the device (``rotated``)."""
+        device, grid, whole = call.x.device, layout.grid, layout.whole_frames
+        key = ("tome dit tiles", grid, self.strides, whole, device)
+        tiles = run.cache.get(key)
+        if tiles is None:
+            tiles = run.cache[key] = tile_structure(grid, self.strides, device, whole)
         if not self.settings.use_rand:  # the first token of every tile: the same for the whole run
-            key = ("tome dit tiles", grid, self.strides, device)
-            tiles = run.cache.get(key)
-            if tiles is None:
-                tiles = run.cache[key] = make_tiles(grid, self.strides, None, device)
             return tiles
         # Keyed by when and what, not by call order: cond and uncond draw the same destinations.
         seed = derive_seed(self.settings.seed, run.sigma(call.sigmas), "dit", *grid, *self.strides)
-        return make_tiles(grid, self.strides, run.generator(device, seed), device)
+        return rotated(tiles, run.generator(device, seed))
 
     # --- in the model call ----------------------------------------------------------------
     def replacement(self, kind: str, block: int, previous: Callable | None) -> Callable:

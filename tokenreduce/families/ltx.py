@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ..dit import IMAGE, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import (IMAGE, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, clean_frames,
+                   video_grid)
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -31,7 +32,7 @@ def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     if keyframes is not None and keyframes.shape[2] > 0:  # guide tokens after the video: not placed
         return None
     grid = video_grid(x, patch)
-    return TokenLayout(grid, joint=None, image=(math.prod(grid), 0))
+    return TokenLayout(grid, joint=None, image=(math.prod(grid), 0), whole_frames=clean_frames(kwargs))
 
 
 # ToMe: each block is handed img (the video tokens alone), txt (the text, with its mask

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 
-from ..dit import IMAGE, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, video_grid
+from ..dit import (IMAGE, OTHER, BlockArgs, DiTMerge, Family, Geometry, Slot, TokenLayout, block_paths, clean_frames,
+                   video_grid)
 
 
 def plan(model) -> tuple[Slot, ...]:
@@ -36,29 +37,42 @@ def geometry(model) -> Geometry:
     return Geometry(attention.num_heads, attention.head_dim, False)
 
 
+def subject_tokens(patch, kwargs) -> int:
+    """Tokens of the frames a call appends to the video in time (Wan Phantom's subject images,
+    WanPhantomSubjectToVideo's ``time_dim_concat``): patchified like the video, after it in x and
+    in the positions, and not its frames: outside the grid, never merged."""
+    concat = kwargs.get("time_dim_concat")
+    return math.prod(video_grid(concat, patch)) if concat is not None else 0
+
+
 def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     if kwargs.get("context_latents") is not None:  # in-context reference streams (0.33): not handled
         return None
-    concat = kwargs.get("time_dim_concat")
-    grid = video_grid(x, patch, x.shape[2] + (concat.shape[2] if concat is not None else 0))
-    # Fun models put a reference frame's tokens before the video.
+    grid = video_grid(x, patch)
+    # Fun models put a reference frame's tokens before the video. Wan Animate's first latent
+    # frame is its reference image (WanAnimateToVideo puts it there; the model adds the pose to
+    # the frames after it): not the video's, so before the grid too.
     prefix = grid[1] * grid[2] if (getattr(model, "ref_conv", None) is not None
                                    and kwargs.get("reference_latent") is not None) else 0
-    return TokenLayout(grid, joint=None, image=(prefix + math.prod(grid), prefix))
+    if type(model).__name__ == "AnimateWanModel" and grid[0] > 1:
+        prefix, grid = prefix + grid[1] * grid[2], (grid[0] - 1, *grid[1:])
+    length = prefix + math.prod(grid) + subject_tokens(patch, kwargs)
+    return TokenLayout(grid, joint=None, image=(length, prefix), whole_frames=clean_frames(kwargs))
 
 
 def scail_tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     """SCAIL / SCAIL-2 (0.33): self-attention over [reference frames, video, pose frames]. The
     reference latents are put before the video in time and the pose latent (often at half the
-    size) is patchified on its own and appended after it; neither is mixed into the grid."""
+    size) is patchified on its own and appended after it; neither is mixed into the grid, nor are
+    frames appended to the video in time (``subject_tokens``)."""
     if kwargs.get("context_latents") is not None:
         return None
-    concat = kwargs.get("time_dim_concat")
-    grid = video_grid(x, patch, x.shape[2] + (concat.shape[2] if concat is not None else 0))
+    grid = video_grid(x, patch)
     reference, pose = kwargs.get("reference_latent"), kwargs.get("pose_latents")
     before = math.prod(video_grid(reference, patch)) if reference is not None else 0
     after = math.prod(video_grid(pose, patch)) if pose is not None else 0
-    return TokenLayout(grid, joint=None, image=(before + math.prod(grid) + after, before))
+    return TokenLayout(grid, joint=None, image=(before + math.prod(grid) + subject_tokens(patch, kwargs) + after,
+                                                before))
 
 
 def vace_plan(model) -> tuple[Slot, ...]:

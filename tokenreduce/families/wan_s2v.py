@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from ..dit import Family, TokenLayout, block_paths, video_grid
-from .wan import MERGE, geometry, patch, plan
+from .wan import MERGE, geometry, patch, plan, subject_tokens
 
 
 def _conv_tokens(shape, kernel) -> int:
@@ -44,10 +44,10 @@ def motion_tokens(model, motion) -> int:
 def tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     if kwargs.get("context_latents") is not None:  # the Wan forward's in-context streams: not S2V's
         return None
-    concat = kwargs.get("time_dim_concat")
-    grid = video_grid(x, patch, x.shape[2] + (concat.shape[2] if concat is not None else 0))
+    grid = video_grid(x, patch)
     reference, motion = kwargs.get("reference_latent"), kwargs.get("reference_motion")
-    extra = _conv_tokens(reference.shape, patch) if reference is not None else 0
+    extra = subject_tokens(patch, kwargs)  # frames appended to the video in time: after it, not its grid
+    extra += _conv_tokens(reference.shape, patch) if reference is not None else 0
     extra += motion_tokens(model, motion) if motion is not None else 0
     return TokenLayout(grid, joint=None, image=(math.prod(grid) + extra, 0))
 
