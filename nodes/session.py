@@ -31,11 +31,20 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str):
     return args[index] if len(args) > index else kwargs.get(name)
 
 
+# What ComfyUI puts into each call's transformer_options from the patcher (sampler_helpers): the
+# wrappers and callbacks of every kind, the diffusion model's own (DIFFUSION_MODEL) among them.
+HOST_HOOKS = ("wrappers", "callbacks")
+
+
 def _rehearsal(base_model, args: tuple, kwargs: dict):
     """options -> this apply_model call run once more with ``options`` as its transformer_options,
-    through ``BaseModel._apply_model`` (below the APPLY_MODEL wrappers: uncompiled, no sampler
-    wrapper of ours): the auto rule of whole-block ToMe captures a block's inputs there."""
+    below every wrapper: through ``BaseModel._apply_model`` (below the APPLY_MODEL wrappers:
+    uncompiled, no sampler wrapper of ours), with no wrapper or callback left in the options (the
+    diffusion model runs its DIFFUSION_MODEL wrappers from there: a cache such as ComfyUI's
+    EasyCache keeps state in its wrapper, and may skip the call). The auto rule of whole-block ToMe
+    captures a block's inputs there; no other pack's wrapper sees it."""
     def rehearse(options: dict):
+        options = {k: v for k, v in options.items() if k not in HOST_HOOKS}
         if len(args) > 5:
             return base_model._apply_model(*args[:5], options, *args[6:], **kwargs)
         return base_model._apply_model(*args, **{**kwargs, "transformer_options": options})

@@ -347,7 +347,7 @@ def test_the_cpu_reduces_without_measuring_unless_told():
     assert store(None, 10.0, 50.0, measure_cpu=True).decide(CPU, KIND, Built()).reduce is False
 
 
-def test_a_failed_measurement_reduces_as_set_says_why_and_is_not_kept(caplog):
+def test_a_failed_measurement_reduces_as_set_says_why_and_is_kept_for_the_process(caplog):
     def broken():
         raise RuntimeError("out of memory")
     decisions = store(None)
@@ -355,7 +355,9 @@ def test_a_failed_measurement_reduces_as_set_says_why_and_is_not_kept(caplog):
         decision = decisions.decide(GPU_LIKE, KIND, broken)
     assert (decision.reduce, decision.source, decision.error) == (True, pays.FAILED, "RuntimeError: out of memory")
     assert "could not measure" in caplog.text
-    assert decisions.decide(GPU_LIKE, KIND, Built()).source == pays.MEASURED
+    built = Built()  # not tried again (each run would pay the try), said again with its reason
+    assert decisions.decide(GPU_LIKE, KIND, built) == decision._replace(seconds=0.0) and built.builds == 0
+    assert decisions.decide(GPU_LIKE, KIND, built, fresh=True).source == pays.MEASURED  # measure again tries anew
 
 
 def test_a_kind_met_by_several_threads_at_once_is_measured_once(tmp_path):

@@ -23,9 +23,13 @@ file (keyed by device name, pack version, the runtime: torch, its CUDA/ROCm buil
 attention libraries where knowable, what the host adds: its version; and the kind, which names
 the attention backend and whether the model is compiled), so the same workflow on the same machine
 gives the same images on every run and after a restart; removing the file (or ``reduce_when``
-"auto (measure again)") measures anew. Measuring leaves no trace: the random number generators
-and the options other packs keep state in are as they were (see ``untouched_rng`` and
-``measure.measuring_options``).
+"auto (measure again)") measures anew. A measurement that fails (out of memory, say) reduces as
+set, is said in the report of every run that meets the kind, and is kept for the process: not
+tried again every run. Measuring leaves no trace: the random number generators and the options
+other packs keep state in are as they were (see ``untouched_rng`` and
+``measure.measuring_options``), and a model call run again to capture a DiT block's inputs
+(``tome_dit.captured_blocks``) runs below every host wrapper and every other pack's block
+replacement, where caches keep their state.
 
 CPUs are not measured by default: there a forward is bound by arithmetic, not by kernel launches,
 and every size we measured gained (SD1.5 512 px, 64x64 tokens: 1.13x-1.19x on 2 cores; DiTs
@@ -72,7 +76,7 @@ class Decision(NamedTuple):
     reduce: bool
     full_ms: float | None  # the unreduced work, per run (None: not measured)
     reduced_ms: float | None
-    source: str  # MEASURED (now), KEPT (earlier, from memory or the file), CPU, FAILED
+    source: str  # MEASURED (now), KEPT (earlier, from memory or the file), CPU, FAILED (now or earlier in the process)
     seconds: float = 0.0  # what measuring cost here (0 unless MEASURED)
     error: str = ""  # FAILED: why
 
@@ -278,6 +282,7 @@ class Decisions:
         self.environment = runtime() + tuple(environment)
         self._lock = threading.RLock()
         self._kept: dict = {}  # key -> stored entry (dict): what this process decided or read
+        self._failed: dict = {}  # key -> the Decision (FAILED) of a kind whose measuring failed, for the process
         self._file_state = None  # (mtime_ns, size) of the file as last read or written; None: none
         self._memory_only = False  # the file cannot be used or written: said once, never touched
         self._said: set = set()
@@ -314,7 +319,10 @@ class Decisions:
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str = "",
                fresh: bool = False) -> Decision:
         """Whether to reduce calls of ``kind`` on ``device``: kept, or measured now with the work
-        ``work()`` builds (only built when measuring). ``fresh``: measure even if kept."""
+        ``work()`` builds (only built when measuring). ``fresh``: measure even if kept. A kind whose
+        measuring failed is not measured again in this process (a failure is not worth a try per
+        run, and a try may cost a model call): its FAILED decision, reducing as set, is handed out
+        again with its reason for each run to say; ``fresh`` or removing the file tries anew."""
         if not self.measures(device):
             return Decision(True, None, None, CPU)
         key = self.key(device, kind)
@@ -323,15 +331,21 @@ class Decisions:
             entry = None if fresh else self._kept.get(key)
             if entry is not None:
                 return Decision(entry["reduce"], entry["full_ms"], entry["reduced_ms"], KEPT)
+            failed = None if fresh else self._failed.get(key)
+            if failed is not None:  # tried once in this process: said again, not measured again
+                return failed._replace(seconds=0.0)
             decision = self._measure(device, work)
-            if decision.source == MEASURED:
-                self.log.append((site, decision))
-                self._kept[key] = {"reduce": decision.reduce, "full_ms": decision.full_ms,
-                                   "reduced_ms": decision.reduced_ms, "site": site,
-                                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-                kept = self._save(key, replace=fresh)
-                if kept is not None:  # another process decided this kind first: its decision, from this run on
-                    return Decision(kept["reduce"], kept["full_ms"], kept["reduced_ms"], KEPT)
+            if decision.source == FAILED:
+                self._failed[key] = decision
+                return decision
+            self._failed.pop(key, None)
+            self.log.append((site, decision))
+            self._kept[key] = {"reduce": decision.reduce, "full_ms": decision.full_ms,
+                               "reduced_ms": decision.reduced_ms, "site": site,
+                               "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            kept = self._save(key, replace=fresh)
+            if kept is not None:  # another process decided this kind first: its decision, from this run on
+                return Decision(kept["reduce"], kept["full_ms"], kept["reduced_ms"], KEPT)
             return decision
 
     def _measure(self, device: torch.device, build: Callable[[], Work]) -> Decision:
@@ -342,8 +356,9 @@ class Decisions:
                 times = time_work(work, self.stopwatch(device), self.warmup, self.repeats)
             full, reduced = work.full_ms(times), work.reduced_ms(times)
         except Exception as problem:  # noqa: BLE001 - a failed measurement must not fail the run
-            LOG.warning("TokenReduce: could not measure whether reduction pays (%s: %s); reducing as set.",
-                        type(problem).__name__, problem)
+            LOG.warning("TokenReduce: could not measure whether reduction pays (%s: %s); reducing as set. Not "
+                        "measured again in this process (restart, remove the decisions file or set reduce_when "
+                        "'auto (measure again)' to try again).", type(problem).__name__, problem)
             return Decision(True, None, None, FAILED, time.perf_counter() - start, f"{type(problem).__name__}: {problem}")
         # Rounded as the file keeps them: a kept decision reads the same as when it was measured.
         return Decision(reduced < full * (1.0 - self.margin), round(full, 4), round(reduced, 4), MEASURED,
@@ -374,8 +389,8 @@ class Decisions:
         state = self._stat()
         if state == self._file_state:
             return
-        if state is None:  # removed: measure anew
-            self._file_state, self._kept = None, {}
+        if state is None:  # removed: measure anew (what failed too)
+            self._file_state, self._kept, self._failed = None, {}, {}
             return
         entries = self._read()
         if entries is None:

@@ -467,28 +467,40 @@ class _Captured(Exception):
 
 def captured_blocks(call: ModelCall, wanted: dict) -> dict:
     """{kind: (the block-replace function at its key, the arguments and extras the model handed it)}
-    for ``wanted`` ({kind: block-replace key}): the model call rehearsed (``ModelCall.rehearse``) with
-    measuring options (no call context: every TokenReduce patch passes through) in which the
-    function at each wanted key is wrapped to keep what it is given; the rehearsal stops at the last
-    of them (the blocks after it never run)."""
+    for ``wanted`` ({kind: block-replace key}): the model call rehearsed (``ModelCall.rehearse``:
+    below every host wrapper) with measuring options (no call context: every TokenReduce patch
+    passes through) in which the block-replace functions are only ours at the wanted keys, each
+    wrapped to keep what it is given; the rehearsal stops at the last of them (the blocks after it
+    never run). Nothing that may keep state between model calls runs in it: the host leaves its
+    wrappers out, the blocks before run as the model's own (no other pack's block replacement),
+    so the run that measures gives what later runs give."""
     if call.rehearse is None:
         raise RuntimeError("this host cannot run a model call again to time a block")
     options = measuring_options(call)
-    found_replace = options.setdefault("patches_replace", {}).setdefault("dit", {})
+    replace = options.setdefault("patches_replace", {})
+    installed = replace.get("dit", {})
     found = {}
-    for kind, key in wanted.items():
-        def keep(args, extra, kind=kind, block=found_replace.get(key)):
-            block = block if block is not None else (lambda a, e: e["original_block"](a))
-            found[kind] = (block, args, extra)
+
+    def keeper(kind, block):
+        def keep(args, extra):
+            found[kind] = (block if block is not None else _original_block, args, extra)
             if len(found) == len(wanted):
                 raise _Captured
-            return block(args, extra)
-        found_replace[key] = keep
+            return extra["original_block"](args)
+        return keep
+
+    replace["dit"] = {key: keeper(kind, installed.get(key)) for kind, key in wanted.items()}
     try:
         call.rehearse(options)
     except _Captured:
-        pass
-    return found
+        return found
+    missing = ", ".join(f"{kind} ({key})" for kind, key in wanted.items() if kind not in found)
+    raise RuntimeError(f"the model call, run again to time its blocks, never reached the block of {missing} "
+                       f"(something in the model skipped or replaced it)")
+
+
+def _original_block(args: dict, extra: dict) -> dict:
+    return extra["original_block"](args)
 
 
 class ToMeDiTPatch(CallPatch):
