@@ -102,33 +102,31 @@ def test_rotary_positions_mask_and_modulation_follow_the_tokens():
     assert torch.equal(new["mask"], positions[:, :, None] * length + positions[:, None, :])
 
 
-def test_one_table_for_the_batch_is_merged_with_one_plan_for_the_batch():
+def test_one_table_for_the_batch_is_merged_for_a_plan_of_one_row():
     """BlockArgs.pe_shared (CogVideoX: a (cos, sin) pair [N, D] the block broadcasts over the
-    batch): the plan is one for the batch (the sources most similar over its samples), both tables
-    of the pair are handed on merged without a batch dimension; merge and restore as per sample."""
+    batch): both tables of the pair are handed on merged without a batch dimension, for a plan of
+    one row (``run_merged_block`` runs such a block once per row: tests/test_core_tome_dit_plan.py);
+    a plan of several rows has no one table: left alone."""
     grid = (2, 4, 6)
     n = math.prod(grid)
     layout = TokenLayout(grid, (n + 5, 5), None)
     spec = BlockArgs("img", lambda lay: (n, 0), pe="pe", pe_dim=1, in_pe=lambda lay: (n, 0), pe_batch=False,
                      pe_items=2, pe_shared=True)
-    x = _tokens(grid, b=3)
+    x = _tokens(grid, b=1)
     tiles = make_tiles(grid, (1, 2, 2), torch.Generator().manual_seed(0), "cpu")
-    plan = plan_block(x, tiles, 20, shared=True)
-    assert plan.shared and plan.restore_map.shape == (3, n) and all(
-        torch.equal(t, t[:1].expand_as(t)) for t in (plan.mask, plan.kept, plan.positions, plan.restore_map))
-    same = x[:1].expand_as(x)  # samples alike (cond and uncond at a first block): the per-sample plan
-    assert torch.equal(plan_block(same, tiles, 20, shared=True).kept, plan_block(same, tiles, 20).kept)
+    plan = plan_block(x, tiles, 20)
     cos = torch.arange(n, dtype=torch.float32)[:, None].expand(n, 4)
     flag = object()
-    new, merged_x = merged_args(spec, layout, plan, {"img": x, "pe": (cos, -cos, flag)})
-    assert torch.equal(merged_x, merge(plan, x)) and merged_x.shape == (3, n - 20, 8)
+    new, merged_grid = merged_args(spec, layout, plan, {"img": x, "pe": (cos, -cos, flag)})
+    assert torch.equal(merged_grid, merge(plan, x)) and merged_grid.shape == (1, n - 20, 8)
     merged_cos, merged_sin, kept_flag = new["pe"]
     assert kept_flag is flag and merged_cos.shape == (n - 20, 4) and torch.equal(merged_sin, -merged_cos)
     assert torch.equal(merged_cos[:, 0], plan.positions[0].float())
-    assert torch.equal(restored(spec, layout, plan, x, merged_x, merged_x.clone()), x)
-    per_sample = plan_block(x, tiles, 20)  # a plan of its own per sample: no one table fits; left alone
-    assert merged_args(spec, layout, per_sample, {"img": x, "pe": (cos, -cos)}) is None
-    assert merged_args(spec, layout, per_sample, {"img": x, "pe": None}) is not None  # no table (CogVideoX 2B)
+    assert torch.equal(restored(spec, layout, plan, x, merged_grid, new["img"].clone()), x)
+    rows = _tokens(grid, b=3)
+    per_sample = plan_block(rows, tiles, 20)  # a plan of its own per sample: no one table fits; left alone
+    assert merged_args(spec, layout, per_sample, {"img": rows, "pe": (cos, -cos)}) is None
+    assert merged_args(spec, layout, per_sample, {"img": rows, "pe": None}) is not None  # no table (CogVideoX 2B)
 
 
 def test_a_stream_of_a_pair_merges_and_host_held_modulations_follow_per_frame():
@@ -152,9 +150,11 @@ def test_a_stream_of_a_pair_merges_and_host_held_modulations_follow_per_frame():
     per_sample = Held(torch.ones(2, 1, 3))
     tiles = make_tiles(grid, (1, 2, 2), None, "cpu")
     plan = plan_block(video[:, :n], tiles, 8)
-    new, merged_x = merged_args(spec, layout, plan, {"img": (video, audio), "pe": torch.arange(float(length)).view(1, length, 1),
-                                                     "t": Held(frames), "t2": Held(frames), "t3": per_sample})
-    assert isinstance(new["img"], tuple) and new["img"][1] is audio and new["img"][0] is merged_x
+    new, merged_grid = merged_args(spec, layout, plan, {"img": (video, audio), "pe": torch.arange(float(length)).view(1, length, 1),
+                                                        "t": Held(frames), "t2": Held(frames), "t3": per_sample})
+    assert isinstance(new["img"], tuple) and new["img"][1] is audio
+    merged_x = new["img"][0]  # the merged grid, then the guide's tokens as they are
+    assert torch.equal(merged_x[:, :n - 8], merged_grid)
     assert merged_x.shape == (2, length - 8, 4) and torch.equal(merged_x[:, -guides:], video[:, -guides:])
     positions = new["pe"][..., 0].long()  # the grid position each merged token stands for
     for name in ("t", "t2"):

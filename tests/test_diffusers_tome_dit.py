@@ -7,6 +7,7 @@ a small ratio stays close to it; transformers without a seam are refused, naming
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -344,3 +345,113 @@ def test_compiled_without_graph_breaks_or_recompiles_per_step():
                     compiled(**{**inputs, "timestep": torch.tensor([step])}, return_dict=False)
             assert "blocks 128→64" in " ".join(patch.report_lines())
     torch.testing.assert_close(first, eager, rtol=1e-5, atol=1e-5)
+
+
+# --- one implementation of a merged block with the ComfyUI node's (issue #45, point 9) -------------
+def _kinds(model, monkeypatch, **settings) -> list[tuple]:
+    """The kinds reduce_when auto decides for, one model call (merged as it decides: yes)."""
+    from tokenreduce.diffusers import tome_dit as diffusers_tome_dit
+
+    kinds = []
+    monkeypatch.setattr(diffusers_tome_dit.DiffusersToMeDiT, "pays",
+                        lambda self, run, device, kind, describe: kinds.append(kind) or True)
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="auto", **settings):
+        _call(model)
+    return kinds
+
+
+def test_auto_kind_names_the_attention_backend_compiled_and_share_plans(flux, monkeypatch):
+    """As the ComfyUI node's: decisions never cross attention backends, compiled and eager, or
+    share_plans on and off."""
+    from tokenreduce.diffusers.hooks import attention_backend
+
+    kinds = _kinds(flux, monkeypatch, share_plans=True)
+    backend = attention_backend(flux.single_transformer_blocks[0].attn.processor)
+    assert backend and all(backend in kind for kind in kinds) and len(kinds) == 2  # double and single blocks
+    assert set(_kinds(flux, monkeypatch, share_plans=False)).isdisjoint(kinds)
+    with apply_patch(flux, "ToMe", ratio=0.5, reduce_when="auto") as applied:
+        patch = applied.patches[0]
+        patch.patch.wrapped = True  # under a torch.compile wrapper
+        seen = []
+        monkeypatch.setattr(type(patch.patch), "pays", lambda self, run, device, kind, describe: seen.append(kind) or True)
+        _call(flux)
+    assert all("compiled" in kind for kind in seen) and seen
+
+
+def test_plan_time_is_timed_where_the_run_profiles(flux):
+    with apply_patch(flux, "ToMe", ratio=0.5, reduce_when="always") as applied:
+        patch = applied.patches[0]
+        _call(flux)
+        run = patch.session.run
+        assert run.plan_seconds == 0.0
+        run.profile = True  # as benchmarks set it: the calls after it time their planning
+        _call(flux)
+        assert patch.session.run is run and run.plan_seconds > 0
+
+
+def test_a_block_editing_its_input_in_place_restores_as_one_that_does_not(flux, monkeypatch):
+    """The block's change is taken from merged tokens it was not handed: a block that edits its
+    input in place after using it gives what one that leaves it gives."""
+    block_class = type(flux.single_transformer_blocks[0])
+    with apply_patch(flux, "ToMe", ratio=0.5, reduce_when="always", use_rand=False):
+        expected = _call(flux)
+    original = block_class.forward
+
+    @functools.wraps(original)  # its parameters, as the adapter reads them
+    def editing(self, hidden_states, *args, **kwargs):
+        out = original(self, hidden_states, *args, **kwargs)
+        hidden_states.mul_(3)
+        return out
+    monkeypatch.setattr(block_class, "forward", editing)
+    with apply_patch(flux, "ToMe", ratio=0.5, reduce_when="always", use_rand=False):
+        assert torch.equal(_call(flux), expected)
+
+
+@pytest.mark.parametrize("use_rand", [False, True])
+def test_tiles_are_made_once_per_run_and_timestep(flux, monkeypatch, use_rand):
+    from tokenreduce.diffusers import tome_dit as diffusers_tome_dit
+
+    made, make_tiles = [], diffusers_tome_dit.make_tiles
+    monkeypatch.setattr(diffusers_tome_dit, "make_tiles", lambda *a: made.append(a) or make_tiles(*a))
+    with apply_patch(flux, "ToMe", ratio=0.5, reduce_when="always", use_rand=use_rand):
+        first = [_call(flux) for _ in range(3)]  # three calls at one timestep (cond and uncond apart, say)
+    assert len(made) == 1 and all(torch.equal(out, first[0]) for out in first)
+
+
+def test_a_pipeline_run_reads_no_timestep_per_call_to_draw(monkeypatch):
+    """use_rand on, under a pipeline: the draw's timestep is the scheduler's, read once per run,
+    not each call's from the device; the same latents on every run."""
+    from tokenreduce.run import RunState
+
+    pipe = tiny.flux_pipeline()
+    reads = []
+    original = RunState.sigma
+    monkeypatch.setattr(RunState, "sigma", lambda self, sigmas: reads.append(sigmas) or original(self, sigmas))
+    apply_patch(pipe, "ToMe", ratio=0.5, reduce_when="always", use_rand=True)
+    first = tiny.generate(pipe, steps=3)
+    assert not reads
+    assert torch.equal(tiny.generate(pipe, steps=3), first)
+    remove_patch(pipe)
+    assert not torch.equal(tiny.generate(pipe, steps=3), first)  # it merged
+
+
+def test_merged_blocks_run_through_the_cores_run_merged_block(monkeypatch):
+    """One implementation: diffusers' merged blocks run through ``tome_dit.run_merged_block``, as
+    the ComfyUI node's (and Forge's) block replacement; a block given a rotary with a batch
+    dimension (Wan's) runs once for the batch."""
+    import tokenreduce.tome_dit as core
+    from tokenreduce.diffusers import tome_dit as diffusers_tome_dit
+
+    assert diffusers_tome_dit.run_merged_block is core.run_merged_block
+    model = tiny.transformer("Wan")
+    inputs = tiny.transformer_inputs("Wan", model, batch=2, h=H, w=W)
+    runs, blocks = [], []
+    monkeypatch.setattr(diffusers_tome_dit, "run_merged_block",
+                        lambda *a, **k: runs.append(a) or core.run_merged_block(*a, **k))
+    block_class = type(model.blocks[0])
+    original = block_class.forward
+    monkeypatch.setattr(block_class, "forward", functools.wraps(original)(lambda self, hidden_states, *a, **k: blocks.append(
+        hidden_states.shape[0]) or original(self, hidden_states, *a, **k)))
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always"):
+        _run(model, inputs)
+    assert len(runs) == 1 and blocks == [2, 2, 2]  # the middle block merged, the batch at once

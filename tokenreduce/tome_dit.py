@@ -199,16 +199,19 @@ def frame_shortfall(name: str, grid: tuple[int, int, int], strides: tuple[int, i
 
 
 class BlockPlan(NamedTuple):
-    """One merge of a grid's tokens, for a batch: which sources merge, and the maps back."""
+    """One merge of a grid's tokens, for a batch: which sources merge, and the maps back. Each
+    row is the plan of its sample alone (a row's merge never depends on what it is batched with)."""
 
     tiles: Tiles
     r: int
-    mask: torch.Tensor  # [B, T, k-1] 1 where a source merges into its tile's destination (compute dtype)
+    mask: torch.Tensor  # [B, T, k-1, 1] float32: 1 where a source merges into its tile's destination
     kept: torch.Tensor  # [B, S - r] kept sources (flat indices into the tiles' sources)
     positions: torch.Tensor  # [B, M] the grid position each merged token stands for (its destination's)
     restore_map: torch.Tensor  # [B, N] the merged row each grid position reads back
     frames: int = 1  # > 1: grouped by frame (the merged tokens frame by frame, the same count each)
-    shared: bool = False  # one plan for the whole batch (its rows the same for every sample)
+    # what every block merged with this plan takes alike (sequence indices, the rotary, mask and
+    # modulation gathers, each row's plan), made by the first of them: ``gathered``; None: nothing kept
+    gathers: dict | None = None
 
     @property
     def tokens(self) -> int:
@@ -219,26 +222,23 @@ class BlockPlan(NamedTuple):
         return self.tokens - self.r
 
 
-def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1, shared: bool = False) -> BlockPlan:
+def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1) -> BlockPlan:
     """The merge of ``grid_tokens`` [B, N, C]: the ``r`` sources most similar (cosine) to their own
-    tile's destination merge into it. Tensor work only: no host sync, no scatter. ``frames`` > 1
-    (the grid's frame count, tiles within frames: stride_t 1, ``r`` a multiple of it): grouped by
-    frame, each frame's ``r / frames`` most similar sources merge and the merged tokens are frame
-    by frame, each frame's as a plan of that frame alone orders them (``_plan_frames``). ``shared``:
-    one plan for the whole batch, the sources most similar over its samples (their similarities
-    summed), for a block that takes one rotary table for the batch (``BlockArgs.pe_shared``)."""
+    tile's destination merge into it, per sample. Tensor work only: no host sync, no scatter.
+    ``frames`` > 1 (the grid's frame count, tiles within frames: stride_t 1, ``r`` a multiple of
+    it): grouped by frame, each frame's ``r / frames`` most similar sources merge and the merged
+    tokens are frame by frame, each frame's as a plan of that frame alone orders them
+    (``_plan_frames``). In float32 whatever the tokens' dtype: an fp16 token's norm passes 65504
+    (inf, every similarity 0) long before its values do."""
     b, _, c = grid_tokens.shape
-    batch = b
     n_tiles, k = tiles.tile_index.shape
     extra = tiles.extra_index.shape[0]
-    members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
+    members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c).float()
     normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     similarity = (normed[:, :, 1:] * normed[:, :, :1]).sum(-1).flatten(1)  # [B, S]
-    if shared:
-        similarity, b = similarity.float().sum(0, keepdim=True), 1
     if frames > 1:
-        return _for_batch(_plan_frames(similarity, tiles, r, frames, grid_tokens.dtype), batch, shared)
-    order = torch.argsort(similarity.float(), dim=1, descending=True, stable=True)
+        return _plan_frames(similarity, tiles, r, frames)
+    order = torch.argsort(similarity, dim=1, descending=True, stable=True)
     rank = torch.argsort(order, dim=1)  # each source's place in that order (the inverse permutation)
     merges = rank < r
     kept = order[:, r:]
@@ -250,20 +250,10 @@ def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1,
     sources = tiles.tile_index[:, 1:].flatten()
     positions = torch.cat([tiles.extra_index.expand(b, extra), tiles.tile_index[:, 0].expand(b, n_tiles),
                            sources[kept]], 1)
-    return _for_batch(BlockPlan(tiles, r, merges.view(b, n_tiles, k - 1, 1).to(grid_tokens.dtype), kept, positions,
-                                restore_map), batch, shared)
+    return BlockPlan(tiles, r, merges.view(b, n_tiles, k - 1, 1).float(), kept, positions, restore_map, gathers={})
 
 
-def _for_batch(plan: BlockPlan, batch: int, shared: bool) -> BlockPlan:
-    """A plan made once for the batch (``shared``), its rows expanded (not copied) to ``batch``."""
-    if not shared:
-        return plan
-    return plan._replace(mask=plan.mask.expand(batch, *plan.mask.shape[1:]), kept=plan.kept.expand(batch, -1),
-                         positions=plan.positions.expand(batch, -1), restore_map=plan.restore_map.expand(batch, -1),
-                         shared=True)
-
-
-def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int, dtype) -> BlockPlan:
+def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int) -> BlockPlan:
     """``plan_block`` grouped by frame. The tiles, the edge tokens outside them and the sources
     are frame-major with the same count in every frame (stride_t 1), so each frame is ranked
     apart (one sort over [B, frames, S / frames]) and the merged rows, numbered as ``merge``
@@ -273,7 +263,7 @@ def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int, dt
     n_tiles, k = tiles.tile_index.shape
     extra, device = tiles.extra_index.shape[0], similarity.device
     per_frame, r_frame = s // frames, r // frames
-    order = torch.argsort(similarity.float().view(b, frames, per_frame), dim=2, descending=True, stable=True)
+    order = torch.argsort(similarity.view(b, frames, per_frame), dim=2, descending=True, stable=True)
     rank = torch.argsort(order, dim=2)
     merges = (rank < r_frame).view(b, n_tiles, k - 1)
     frame_start = torch.arange(frames, device=device).view(1, frames, 1)
@@ -292,18 +282,44 @@ def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int, dt
     positions = torch.cat([tiles.extra_index.view(1, frames, counts[0]).expand(b, -1, -1),
                            tiles.tile_index[:, 0].view(1, frames, -1).expand(b, -1, -1),
                            sources[kept].view(b, frames, -1)], 2).flatten(1)
-    return BlockPlan(tiles, r, merges.unsqueeze(-1).to(dtype), kept, positions, restore_map, frames)
+    return BlockPlan(tiles, r, merges.unsqueeze(-1).float(), kept, positions, restore_map, frames, gathers={})
+
+
+def gathered(plan: BlockPlan, key: tuple, source, compute: Callable[[], object]):
+    """``compute()``, what every block merged with ``plan`` takes alike (``source``: the argument
+    it reads, the same object in each block of a model call; None: the plan alone), made by the
+    first of them and kept with the plan under ``key``; made again where the source is another
+    (a later call's, the plan kept by plan_every). Not kept for a plan without ``gathers``."""
+    cache = plan.gathers
+    if cache is None:
+        return compute()
+    hit = cache.get(key)
+    if hit is not None and hit[0] is source:
+        return hit[1]
+    value = compute()
+    cache[key] = (source, value)
+    return value
+
+
+def plan_row(plan: BlockPlan, i: int) -> BlockPlan:
+    """Row ``i`` of ``plan``: the plan of that sample alone (a batch of 1), kept with the plan."""
+    return gathered(plan, ("row", i), None, lambda: plan._replace(
+        mask=plan.mask[i:i + 1], kept=plan.kept[i:i + 1], positions=plan.positions[i:i + 1],
+        restore_map=plan.restore_map[i:i + 1], gathers={}))
 
 
 def merge(plan: BlockPlan, grid_tokens: torch.Tensor) -> torch.Tensor:
     """[B, N, C] -> [B, M, C]: [kept edge tokens, each destination averaged with its merged
-    sources, the kept sources]: a dense per-tile masked sum and one gather."""
+    sources, the kept sources]: a dense per-tile masked sum and one gather. The average is taken
+    in float32 (a tile's sum of fp16 tokens overflows before it is divided) and handed back in the
+    tokens' dtype."""
     b, _, c = grid_tokens.shape
     tiles = plan.tiles
     n_tiles, k = tiles.tile_index.shape
     members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
     sources = members[:, :, 1:]
-    destinations = (members[:, :, 0] + (sources * plan.mask).sum(2)) / (1 + plan.mask.sum(2))
+    total = members[:, :, 0].float() + (sources.float() * plan.mask).sum(2)
+    destinations = (total / (1 + plan.mask.sum(2))).to(grid_tokens.dtype)
     kept = sources.reshape(b, -1, c).gather(1, plan.kept.unsqueeze(-1).expand(-1, -1, c))
     if plan.frames > 1:  # frame by frame: [edge tokens, destinations, kept sources] of each frame
         t = plan.frames
@@ -357,73 +373,257 @@ def with_sequence(spec: BlockArgs, value, x: torch.Tensor):
 
 
 def merged_args(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dict) -> tuple[dict, torch.Tensor] | None:
-    """The block's arguments with the grid merged, and the merged tokens (to take the block's
-    change from), or None where the arguments are not the predicted layout (left alone)."""
+    """The block's arguments with the grid merged (its rotary positions, per-token modulations and
+    attention mask taken at the merged tokens), and the merged grid tokens (a tensor of their own,
+    not handed to the block: its change is taken from them whatever the block does to its input),
+    or None where the arguments are not the predicted layout (left alone)."""
     where = spec.in_tokens(layout)
     x = sequence_of(spec, args.get(spec.tokens))
     if where is None or x is None or x.ndim != 3 or x.shape[1] != where[0]:
         return None
     length, start = where
-    index = sequence_index(plan, length, start)
-    grid = x.narrow(1, start, plan.tokens)
-    merged_grid = merge(plan, grid)
-    merged_x = torch.cat([x.narrow(1, 0, start), merged_grid, x.narrow(1, start + plan.tokens, length - start - plan.tokens)], 1)
+    merged_grid = merge(plan, x.narrow(1, start, plan.tokens))
+    end = start + plan.tokens
+    merged_x = torch.cat([x.narrow(1, 0, start), merged_grid, x.narrow(1, end, length - end)], 1)
     new = {**args, spec.tokens: with_sequence(spec, args[spec.tokens], merged_x)}
-    for name in (spec.modulation, *spec.modulation_also) if spec.modulation is not None else ():
-        modulation = args.get(name)
-        if modulation is not None and not torch.is_tensor(modulation) and spec.modulation_rows is not None:
-            modulation = spec.modulation_rows(modulation)  # the host's object: its rows, taken in its place
-        if torch.is_tensor(modulation) and modulation.ndim >= spec.modulation_ndim and modulation.shape[1] != 1:
-            rows = modulation.shape[1]
-            if rows == length:
-                new[name] = take(modulation, 1, index)
-            elif spec.modulation_runs and rows < length:
-                # one row per run of consecutive tokens (Wan's per-frame timesteps), spread as the
-                # block would spread them (runs of length // rows, or one more, the last cut short)
-                run = length // rows + (0 if length % rows == 0 else 1)
-                new[name] = take(modulation, 1, torch.div(index, run, rounding_mode="floor"))
-            else:
-                return None  # grouped otherwise: not placed
-    if spec.pe is not None and args.get(spec.pe) is not None:
-        pe_where = spec.in_pe(layout)
-        if pe_where is None:
+    for taken in (_merged_modulations(spec, plan, args, where), _merged_positions(spec, layout, plan, args),
+                  _merged_mask(spec, layout, plan, args)):
+        if taken is None:
             return None
-        pe_index = sequence_index(plan, *pe_where)
-        for name in (spec.pe, *spec.pe_also):
-            pe = args.get(name)
-            if pe is None:
-                continue
-            # a tuple: its first pe_items tables, then what goes with them (LTX-Video's on ComfyUI 0.33)
-            pair = isinstance(pe, tuple)
-            pe_dim = spec.pe_dim(pe) if callable(spec.pe_dim) else spec.pe_dim
-            tables = []
-            for positions in pe[:spec.pe_items] if pair else (pe,):
-                positions = positions if spec.pe_batch else positions.unsqueeze(0)
-                if positions.shape[pe_dim] != pe_where[0] or (spec.pe_shared and not plan.shared):
-                    return None
-                # one table for the batch (its plan shared): the first sample's rows, no batch dimension
-                tables.append(take(positions, pe_dim, pe_index[:1]).squeeze(0) if spec.pe_shared
-                              else take(positions, pe_dim, pe_index))
-            new[name] = (*tables, *pe[spec.pe_items:]) if pair else tables[0]
-        if spec.mask is not None and args.get(spec.mask) is not None:
-            mask = args[spec.mask]
-            if not torch.is_tensor(mask) or mask.shape[-1] != pe_where[0] or mask.shape[-2] not in (1, pe_where[0]):
-                return None
-            mask = take(mask, -1, pe_index)
-            new[spec.mask] = take(mask, -2, pe_index) if mask.shape[-2] != 1 else mask
-    return new, merged_x
+        new.update(taken)
+    return new, merged_grid
 
 
-def restored(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, x: torch.Tensor, merged_x: torch.Tensor,
+def plan_sequence_index(plan: BlockPlan, where: tuple[int, int]) -> torch.Tensor:
+    """``sequence_index`` of the sequence ``where`` (length, grid start), made once per plan."""
+    return gathered(plan, ("sequence", *where), None, lambda: sequence_index(plan, *where))
+
+
+_AS_GIVEN = object()  # a modulation that is not per token: the block is given it as it is
+
+
+def _merged_modulations(spec: BlockArgs, plan: BlockPlan, args: dict, where: tuple[int, int]) -> dict | None:
+    """{name: the modulation at the merged tokens} of the per-token modulations (``spec.modulation``
+    and ``modulation_also``, over the tokens' sequence ``where``); those per sample are left as
+    given. None: one whose rows are grouped otherwise (not placed: the block is left alone)."""
+    names = (spec.modulation, *spec.modulation_also) if spec.modulation is not None else ()
+    taken = {}
+    for name in names:
+        given = args.get(name)
+        merged = gathered(plan, ("modulation", name), given, lambda: _merged_modulation(spec, plan, given, where))
+        if merged is None:
+            return None
+        if merged is not _AS_GIVEN:
+            taken[name] = merged
+    return taken
+
+
+def _merged_modulation(spec: BlockArgs, plan: BlockPlan, modulation, where: tuple[int, int]):
+    """One modulation at the merged tokens: a row per token read at each merged token's, a row per
+    run of consecutive tokens (Wan's per-frame timesteps) at its run's; ``_AS_GIVEN`` where it is
+    per sample; None where its rows are grouped otherwise."""
+    if modulation is not None and not torch.is_tensor(modulation) and spec.modulation_rows is not None:
+        modulation = spec.modulation_rows(modulation)  # the host's object: its rows, taken in its place
+    if not torch.is_tensor(modulation) or modulation.ndim < spec.modulation_ndim or modulation.shape[1] == 1:
+        return _AS_GIVEN
+    length = where[0]
+    rows, index = modulation.shape[1], plan_sequence_index(plan, where)
+    if rows == length:
+        return take(modulation, 1, index)
+    if spec.modulation_runs and rows < length:
+        # one row per run of consecutive tokens, spread as the block would spread them (runs of
+        # length // rows, or one more, the last cut short)
+        run = length // rows + (0 if length % rows == 0 else 1)
+        return take(modulation, 1, torch.div(index, run, rounding_mode="floor"))
+    return None
+
+
+def _merged_positions(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dict) -> dict | None:
+    """{name: the rotary table at the merged tokens} of ``spec.pe`` and ``pe_also`` where given;
+    None where a table is not over the predicted sequence."""
+    if spec.pe is None or args.get(spec.pe) is None:
+        return {}
+    where = spec.in_pe(layout)
+    if where is None:
+        return None
+    taken = {}
+    for name in (spec.pe, *spec.pe_also):
+        pe = args.get(name)
+        if pe is None:
+            continue
+        merged = gathered(plan, ("positions", name), pe, lambda: _merged_table(spec, plan, pe, where))
+        if merged is None:
+            return None
+        taken[name] = merged
+    return taken
+
+
+def _merged_table(spec: BlockArgs, plan: BlockPlan, pe, where: tuple[int, int]):
+    """One rotary argument at the merged tokens: a table, or a tuple of its first ``pe_items``
+    tables and what goes with them (LTX-Video's on ComfyUI 0.33). A table the block takes for the
+    whole batch (``pe_shared``) only for a plan of one row (``run_merged_block`` runs such a block
+    once per row), handed on without a batch dimension. None: not over the sequence ``where``."""
+    pair = isinstance(pe, tuple)
+    pe_dim = spec.pe_dim(pe) if callable(spec.pe_dim) else spec.pe_dim
+    index = plan_sequence_index(plan, where)
+    tables = []
+    for positions in pe[:spec.pe_items] if pair else (pe,):
+        positions = positions if spec.pe_batch else positions.unsqueeze(0)
+        if positions.shape[pe_dim] != where[0] or (spec.pe_shared and index.shape[0] != 1):
+            return None
+        tables.append(take(positions, pe_dim, index).squeeze(0) if spec.pe_shared else take(positions, pe_dim, index))
+    return (*tables, *pe[spec.pe_items:]) if pair else tables[0]
+
+
+def _merged_mask(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dict) -> dict | None:
+    """{name: the attention mask at the merged tokens} (over the positions' sequence, its last one
+    or two dimensions), whether or not rotary positions are given; None where it is not over
+    that sequence."""
+    mask = args.get(spec.mask) if spec.mask is not None else None
+    if mask is None:
+        return {}
+    where = spec.in_pe(layout) if spec.in_pe is not None else spec.in_tokens(layout)
+    if where is None or not torch.is_tensor(mask) or mask.ndim < 2 or mask.shape[-1] != where[0] or \
+            mask.shape[-2] not in (1, where[0]):
+        return None
+
+    def columns_and_rows():
+        index = plan_sequence_index(plan, where)
+        merged = take(mask, -1, index)
+        return take(merged, -2, index) if merged.shape[-2] != 1 else merged
+    return {spec.mask: gathered(plan, ("mask", spec.mask), mask, columns_and_rows)}
+
+
+def restored(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, x: torch.Tensor, merged: torch.Tensor,
              out: torch.Tensor) -> torch.Tensor:
     """The block's output over the full sequence: every grid token its own input plus the change
     the block made to the merged token it was part of; the tokens around the grid as the block
-    left them."""
+    left them. ``merged``: the merged grid tokens (``merged_args``), or the merged sequence."""
     _, start = spec.in_tokens(layout)
     m = plan.merged_tokens
-    change = out.narrow(1, start, m) - merged_x.narrow(1, start, m)
+    merged_grid = merged if merged.shape[1] == m else merged.narrow(1, start, m)
+    change = out.narrow(1, start, m) - merged_grid
     grid = x.narrow(1, start, plan.tokens) + restore(plan, change)
     return torch.cat([out.narrow(1, 0, start), grid, out.narrow(1, start + m, out.shape[1] - start - m)], 1)
+
+
+SHARED_PLAN = "tome dit plan"  # the key of the plan all merged blocks of a model call share, in its plans
+
+
+def block_plan(plans: dict | None, x: torch.Tensor, where: tuple[int, int], layout: TokenLayout, tiles: Tiles,
+               r: int, frames: int = 1, timer=None) -> BlockPlan:
+    """The plan a merged block merges the sequence ``x`` (its grid at ``where``) with: the one kept
+    in ``plans`` (share_plans: made by the model call's first merged block, or an earlier step's
+    with plan_every) where it is for this batch, else made now and kept there (None: every block
+    makes its own). ``timer``: the run that profiles planning (``RunState.timed``), or None."""
+    plan = plans.get(SHARED_PLAN) if plans is not None else None
+    if plan is None or plan.restore_map.shape[0] != x.shape[0]:
+        grid = x.narrow(1, where[1], math.prod(layout.grid))
+        plan = plan_block(grid, tiles, r, frames) if timer is None else \
+            timer.timed(x.device, lambda: plan_block(grid, tiles, r, frames))
+        if plans is not None:
+            plans[SHARED_PLAN] = plan
+    return plan
+
+
+class _MergedCall(NamedTuple):
+    """A block call with its grid merged, before it runs."""
+
+    plan: BlockPlan
+    x: torch.Tensor  # the sequence with the grid, as the block was to be given it
+    args: dict  # the merged arguments
+    merged_grid: torch.Tensor  # the merged grid tokens (the block's change is taken from them)
+
+
+def run_merged_block(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dict, inner: Callable,
+                     out_at=None, per_row: bool = False, also: Callable | None = None):
+    """The block ``inner`` (its arguments -> its output) run on ``args`` with the grid merged by
+    ``plan``, and its output with the change restored: every grid token its own input plus the
+    change the block made to its merged token. The one way a merged block runs, whatever the host
+    (ComfyUI's and Forge's block replacements, diffusers' wrapped forwards).
+
+    ``out_at``: where the output holds the tokens' argument (a key of a dict, an index of a tuple;
+    None: the output is it). ``per_row``: the block takes one rotary table for the whole batch
+    (CogVideoX's, diffusers' Flux's), so each row runs apart with its own plan: a row's output
+    does not depend on what it was batched with. ``also(merged args, plan)``: the host's further
+    merges of the arguments ({name: value}, or None: left alone). In the block's options
+    (``transformer_options``) its plan goes under ``MERGED_GRID``, for an attention patch inside
+    it (ToDo). Returns None where the arguments are not the predicted layout (the caller runs the
+    block as it is)."""
+    x = sequence_of(spec, args.get(spec.tokens))
+    batch = x.shape[0] if torch.is_tensor(x) and x.ndim == 3 else 1
+    if per_row and batch > 1:
+        keep = {spec.pe, *spec.pe_also}  # tables without a batch dimension, given whole to every row
+        rows = [_merged_call(spec, layout, row, _row_args(spec, row, args, i, batch, keep), also)
+                for i, row in ((i, plan_row(plan, i)) for i in range(batch))]
+        if any(row is None for row in rows):
+            return None
+        return _joined([_run_merged(spec, layout, row, inner, out_at) for row in rows])
+    call = _merged_call(spec, layout, plan, args, also)
+    return None if call is None else _run_merged(spec, layout, call, inner, out_at)
+
+
+def _merged_call(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: dict,
+                 also: Callable | None) -> _MergedCall | None:
+    made = merged_args(spec, layout, plan, args)
+    if made is None:
+        return None
+    new, merged_grid = made
+    if also is not None:
+        more = also(new, plan)
+        if more is None:
+            return None
+        new.update(more)
+    options = args.get("transformer_options")
+    if isinstance(options, dict):  # the merge, for an attention patch inside the block (ToDo)
+        new["transformer_options"] = {**options, MERGED_GRID: plan}
+    return _MergedCall(plan, sequence_of(spec, args[spec.tokens]), new, merged_grid)
+
+
+def _run_merged(spec: BlockArgs, layout: TokenLayout, call: _MergedCall, inner: Callable, out_at):
+    out = inner(call.args)
+    held = out if out_at is None else out[out_at]
+    tokens = with_sequence(spec, held, restored(spec, layout, call.plan, call.x, call.merged_grid,
+                                                sequence_of(spec, held)))
+    if out_at is None:
+        return tokens
+    if isinstance(out, dict):
+        return {**out, out_at: tokens}
+    parts = list(out)
+    parts[out_at] = tokens
+    return tuple(parts) if isinstance(out, tuple) else parts
+
+
+def _row_args(spec: BlockArgs, row_plan: BlockPlan, args: dict, i: int, batch: int, keep: set) -> dict:
+    """Row ``i``'s arguments of a block call on ``batch`` rows: tensors batched on their first
+    dimension (or on a multiple of it, rows i, i + batch, ...: diffusers' Qwen-Image doubled
+    temb), the streams of a tokens tuple too; the tables ``keep`` and anything else as given. A
+    row of an argument every block is given alike is taken once per plan (``row_plan``'s), so
+    what is gathered from it is too."""
+    def row(value):
+        if torch.is_tensor(value) and value.ndim >= 1 and value.shape[0] >= batch and value.shape[0] % batch == 0:
+            return value[i::batch]
+        return value
+    # (the tokens are each block's own: not kept, which would keep the block's input alive)
+    taken = {name: value if name in keep else row(value) if name == spec.tokens else
+             gathered(row_plan, ("row of", name), value, lambda value=value: row(value)) for name, value in args.items()}
+    tokens = args.get(spec.tokens)
+    if spec.tokens_item is not None and isinstance(tokens, (tuple, list)):
+        taken[spec.tokens] = type(tokens)(row(stream) for stream in tokens)
+    return taken
+
+
+def _joined(outs: list):
+    """The outputs of a block run once per row, joined into the batch's (tensors concatenated, in
+    dicts, tuples and lists alike; anything else the first row's)."""
+    first = outs[0]
+    if torch.is_tensor(first):
+        return torch.cat(outs, 0)
+    if isinstance(first, dict):
+        return {key: _joined([out[key] for out in outs]) for key in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(_joined(list(parts)) for parts in zip(*outs))
+    return first
 
 
 def _shape_of(value):
@@ -450,9 +650,6 @@ def tome_refusal(target_family: str, family) -> str:
     return (f"ToMe cannot patch this {target_family} model: it has no UNet transformer blocks, and ToMe does not merge "
             f"whole blocks of {family.name}{why} (it does on {merged}). For this model use Token Downsampling (ToDo, "
             f"TokenReduce), which supports {family.name}. Remove this node for this model.")
-
-
-SHARED_PLAN = "tome dit plan"  # the call context's key of the plan all selected blocks share
 
 
 def reuse_signature(settings) -> tuple:
@@ -535,13 +732,7 @@ class ToMeDiTPatch(CallPatch):
             reason = problem or tokens or "its inputs hold tokens whose layout ToMe does not know"
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: {reason}.")
             return
-        every = getattr(self.settings, "plan_every", 1)
-        kept = None
-        if every > 1:  # plan reuse across steps: decided here, outside any compiled region
-            key, step = plan_key(call), run.step(call.sigmas)
-            kept = run.kept_plans(key, step, every)
-            kept = kept.get(SHARED_PLAN) if kept is not None else None
-            kept = kept if kept is not None and kept.tiles.grid == tokens.grid else None
+        reused = self._earlier_plan(run, call, tokens.grid)
         if self.merge.frame_grouped and self.strides[0] > 1:  # the ComfyUI node refuses it at validation
             context["active"] = False
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: its blocks group their "
@@ -555,7 +746,7 @@ class ToMeDiTPatch(CallPatch):
                           f"tokens into {groups} equal groups, not one per latent frame ({tokens.grid[0]}), which "
                           f"merged frames would not keep.")
             return
-        tiles = kept.tiles if kept is not None else self._tiles(run, tokens, call)
+        tiles = reused.tiles if reused is not None else self._tiles(run, tokens, call)
         r = merged_count(tiles, self.settings.ratio, self._frames(tokens.grid))
         if r == 0:
             context["active"] = False  # nothing merges at this size: the blocks run as they are
@@ -568,10 +759,22 @@ class ToMeDiTPatch(CallPatch):
                                     tokens.whole_frames)
         if shortfall is not None:  # said once per run and grid (the same text)
             run.warn_once(f"{self.label}: {shortfall}")
-        context.update(layout=tokens, tiles=tiles, r=r, left=left)
-        context[SHARED_PLAN] = kept  # None: the first merged block plans (and with share_plans, keeps it here)
-        if every > 1 and kept is None:
-            run.keep_plans(key, step, context)  # the plan its blocks make serves the next every - 1 steps
+        # this call's plans: an earlier step's, or none yet (its first merged block plans, and with
+        # share_plans keeps its plan here for the others: ``block_plan``)
+        plans = {SHARED_PLAN: reused} if reused is not None else {}
+        context.update(layout=tokens, tiles=tiles, r=r, left=left, plans=plans)
+        if reused is None and getattr(self.settings, "plan_every", 1) > 1:
+            run.keep_plans(plan_key(call), run.step(call.sigmas), plans)  # they serve the next every - 1 steps
+
+    def _earlier_plan(self, run: RunState, call: ModelCall, grid: tuple[int, int, int]) -> BlockPlan | None:
+        """plan_every: the plan an earlier step's call like this one made (fewer than plan_every steps
+        before) for this grid, or None: this call plans. Decided here, outside any compiled region."""
+        every = getattr(self.settings, "plan_every", 1)
+        if every <= 1:
+            return None
+        plans = run.kept_plans(plan_key(call), run.step(call.sigmas), every)
+        plan = plans.get(SHARED_PLAN) if plans is not None else None
+        return plan if plan is not None and plan.tiles.grid == grid else None
 
     # --- reduce_when auto ----------------------------------------------------------------------
     def call_key(self, call: ModelCall) -> tuple:
@@ -626,7 +829,7 @@ class ToMeDiTPatch(CallPatch):
         ((block, args, extra),) = captured_blocks(call, {kind: key}).values()
         options = args["transformer_options"]
         tiles = make_tiles(tokens.grid, self.strides, None, call.x.device)
-        merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(), **{SHARED_PLAN: None})
+        merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(), plans={})
         full = {**args, "transformer_options": {**options, self.context_key: call_context(False)}}
         reduced = {**args, "transformer_options": {**options, self.context_key: merging}}
         runs = {"full": lambda: block(full, extra), "reduced": lambda: block(reduced, extra)}
@@ -634,10 +837,11 @@ class ToMeDiTPatch(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         spec = self.merge.args[kind]
         grid = sequence_of(spec, args[spec.tokens]).narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid),
-                                          shared=spec.pe_shared and args.get(spec.pe) is not None)
-        shared_by = len(keys) * getattr(self.settings, "plan_every", 1)
-        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / shared_by)
+        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid))
+        # the block calls one plan serves: every merged block of every kind (those of a kind auto may
+        # still leave alone included: not decided yet), over plan_every steps
+        calls_per_plan = len(keys) * getattr(self.settings, "plan_every", 1)
+        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / calls_per_plan)
 
     def _tiles(self, run: RunState, layout: TokenLayout, call: ModelCall) -> Tiles:
         """This call's tiles: their structure (the first token of each tile the destination) made
@@ -674,24 +878,14 @@ class ToMeDiTPatch(CallPatch):
             if where is None or x is None or x.ndim != 3 or x.shape[1] != where[0]:
                 note_skipped(call)  # not the predicted layout (another patch changed the tokens): left alone
                 return inner(args)
-            plan = call[SHARED_PLAN] if self.settings.share_plans else None
-            shared = spec.pe_shared and args.get(spec.pe) is not None  # a block given one table for the batch
-            if plan is None or plan.restore_map.shape[0] != x.shape[0] or plan.shared != shared:
-                plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, call["r"],
-                                  self._frames(layout.grid), shared=shared)
-                if self.settings.share_plans:
-                    call[SHARED_PLAN] = plan
-            made = merged_args(spec, layout, plan, args)
-            if made is None:
-                note_skipped(call)
+            plan = block_plan(call["plans"] if self.settings.share_plans else None, x, where, layout, tiles,
+                              call["r"], self._frames(layout.grid), call["timer"])
+            # a block given one rotary table for the whole batch (CogVideoX's) runs once per row
+            per_row = spec.pe_shared and args.get(spec.pe) is not None
+            out = run_merged_block(spec, layout, plan, args, inner, spec.tokens, per_row)
+            if out is None:
+                note_skipped(call)  # not the predicted layout: left alone
                 return inner(args)
-            new_args, merged_x = made
-            if isinstance(options, dict):  # the merge, for an attention patch inside the block (ToDo)
-                new_args["transformer_options"] = {**options, MERGED_GRID: plan}
-            merged_x = merged_x.clone()  # what the block was given: blocks may add to their input in place (Flux)
-            out = dict(inner(new_args))
-            out[spec.tokens] = with_sequence(spec, out[spec.tokens], restored(spec, layout, plan, x, merged_x,
-                                                                              sequence_of(spec, out[spec.tokens])))
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
             note_reduced(call, grid, 1, lambda: self._stages(plan, call["left"]))
             return out

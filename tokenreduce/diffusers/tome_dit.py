@@ -1,8 +1,9 @@
 """ToMe on diffusers DiT transformers: whole-block token merging through the core (``tome_dit``).
 
-The core merges a block's grid tokens before the block and restores the block's change after it
-(``plan_block``, ``merged_args``, ``restored``: the same plan, merge and restore the ComfyUI node
-runs through the host's block-replace seam). diffusers has no such seam, so ``install`` wraps the
+The core merges a block's grid tokens before the block and restores the block's change after it:
+``block_plan`` and ``run_merged_block``, the very functions the ComfyUI node's block replacement
+(and Forge's) calls, so plans, gathers made once per plan, rows run apart and the input the block
+may edit in place are handled alike on every host. diffusers has no such seam, so ``install`` wraps the
 ``forward`` of each selected block (an attribute on the block instance, over the class's) and
 ``uninstall`` deletes it again: nothing is left on the model. Each family describes its blocks
 once, in a ``Seam`` (``MERGES``, by diffusers family name: Flux, SD3, Qwen-Image, Wan,
@@ -15,11 +16,14 @@ Rotary positions, per-token modulation and mask columns follow the tokens (each 
 takes its destination's). Where a family's rotary has no batch dimension (Flux's, Chroma's and
 HunyuanVideo's ``(cos, sin)`` [L, D], Qwen-Image's complex freqs) a merged call takes each
 sample's own rows, and a batch of several samples (each with its own plan) runs the block once
-per sample; Wan's [1, L, 1, D], LTX-Video's [B, L, D] and Lumina 2's [B, L, D/2] take a batch
+per sample (the core's rule for a block given one table for the batch, CogVideoX's in ComfyUI
+too: a sample's output never depends on what it is batched with); Wan's [1, L, 1, D], LTX-Video's [B, L, D] and Lumina 2's [B, L, D/2] take a batch
 at once.
 
-Tiles are drawn per model call from a private generator seeded from the seed and the timestep (as
-the ComfyUI node draws them), so reruns are bit for bit and the global RNG is untouched.
+Tiles are drawn from a private generator seeded from the seed and the timestep (as the ComfyUI
+node draws them), once per run and timestep (the calls of a step share them; under a pipeline the
+scheduler's timesteps are read once per run, not each call's), so reruns are bit for bit and the
+global RNG is untouched.
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ import torch
 
 from ..describe import grid_text
 from ..dit import BlockArgs
-from ..pays import pair
+from ..pays import Work
 from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
-from ..tome_dit import make_tiles, merged_args, merged_count, plan_block, restored, sequence_index, take
+from ..tome_dit import (Tiles, block_plan, gathered, make_tiles, merged_count, plan_block, plan_sequence_index,
+                        reuse_signature, run_merged_block, take)
+from .hooks import attention_backend
 from .session import Session
 
 PE = "tokenreduce positions"  # the key under which a block's rotary positions go through merged_args
+SCHEDULE = "tome dit schedule"  # run.cache: (the pipeline scheduler's timesteps, their values) of the run
 
 
 class Seam(NamedTuple):
@@ -155,20 +162,9 @@ def merges(family) -> bool:
     return family is not None and family.name in MERGES
 
 
-def _sample(value, i: int, batch: int):
-    """Sample ``i``'s part of a block argument: a tensor batched on its first dimension (or on a
-    multiple of it, Qwen's doubled ``temb``: rows i, i + batch, ...), anything else as it is."""
-    if torch.is_tensor(value) and value.ndim >= 1 and value.shape[0] % batch == 0:
-        return value[i::batch]
-    return value
-
-
-def _cat(parts):
-    return None if parts[0] is None else torch.cat(parts, 0)
-
-
 class DiffusersToMeDiT(CallPatch):
-    """ToMe on the selected blocks of one diffusers DiT (the core's plan, merge and restore)."""
+    """ToMe on the selected blocks of one diffusers DiT: the core's plan, merge, block run and
+    restore (``tome_dit.block_plan``, ``run_merged_block``), as the ComfyUI node runs them."""
 
     def __init__(self, settings, family, sites, label: str, session: Session, rule=None):
         super().__init__("tokenreduce.diffusers", label, rule)
@@ -180,13 +176,15 @@ class DiffusersToMeDiT(CallPatch):
         self.strides = (getattr(settings, "stride_t", 1) if family.video else 1, settings.stride_y, settings.stride_x)
         self.model = None
         self.state: dict = {}  # what the family's layout keeps between calls (Flux: its img_ids' grid)
-        self.current = None  # (layout, tiles, r) of the model call running now; None: blocks as they are
-        self.plan = None  # the call's shared plan (share_plans)
+        # the model call running now: (layout, tiles, r, its plans: with share_plans, the plan its first
+        # merged block makes for the others; None: each block plans), or None: blocks as they are
+        self.current = None
+        self.wrapped = False  # patched under a torch.compile wrapper (apply_patch sets it): the model runs compiled
         self._wrapped: list = []  # the blocks whose forward we set
 
     # --- before each model call ------------------------------------------------------------
     def prepare(self, context: dict, arguments) -> None:
-        self.current = self.plan = None
+        self.current = None
         if not context["active"]:
             return
         layout = self.family.layout(self.model, arguments, self.state)
@@ -194,17 +192,40 @@ class DiffusersToMeDiT(CallPatch):
             self.session.run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token "
                                        f"layout ToMe does not know; those calls were left alone.")
             return
-        device = arguments("hidden_states").device
-        s, run = self.settings, self.session.run
-        generator = None
-        if s.use_rand:  # keyed by when and what: the same destinations for the same timestep and grid
-            seed = derive_seed(s.seed, run.sigma(torch.as_tensor(context["timestep"])), "dit", *layout.grid,
-                               *self.strides)
-            generator = run.generator(device, seed)
-        tiles = make_tiles(layout.grid, self.strides, generator, device)
-        r = merged_count(tiles, s.ratio)
+        tiles = self._tiles(layout.grid, arguments("hidden_states").device, context)
+        r = merged_count(tiles, self.settings.ratio)
         if r > 0:
-            self.current = (layout, tiles, r)
+            self.current = (layout, tiles, r, {} if self.settings.share_plans else None)
+
+    def _tiles(self, grid: tuple[int, int, int], device, context: dict) -> Tiles:
+        """The call's tiles, made once per run and draw: the first token of every tile (use_rand
+        off), or drawn from a private generator seeded from the seed, the timestep and the grid (as
+        the ComfyUI node draws them): the calls of one step share them."""
+        s, run = self.settings, self.session.run
+        seed = derive_seed(s.seed, self._timestep(context), "dit", *grid, *self.strides) if s.use_rand else None
+        key = ("tome dit tiles", grid, self.strides, device, seed)
+        tiles = run.cache.get(key)
+        if tiles is None:
+            generator = run.generator(device, seed) if seed is not None else None
+            tiles = run.cache[key] = make_tiles(grid, self.strides, generator, device)
+        return tiles
+
+    def _timestep(self, context: dict) -> float:
+        """The call's timestep as a number (its draw's seed). Under a pipeline whose scheduler says
+        which of its timesteps the call is at (``step_index``, before the first step its
+        ``begin_index`` or 0) its timesteps are read from the device once per run; otherwise the
+        call's own, once per call (none where the session read it already)."""
+        run, scheduler = self.session.run, self.session.scheduler()
+        timesteps = getattr(scheduler, "timesteps", None)
+        if torch.is_tensor(timesteps) and timesteps.ndim == 1 and hasattr(type(scheduler), "step_index"):
+            index = scheduler.step_index
+            index = index if index is not None else (getattr(scheduler, "begin_index", None) or 0)
+            cached = run.cache.get(SCHEDULE)
+            if cached is None or cached[0] is not timesteps:
+                cached = run.cache[SCHEDULE] = (timesteps, timesteps.float().cpu().tolist())
+            if 0 <= index < len(cached[1]):
+                return cached[1][index]
+        return run.sigma(torch.as_tensor(context["timestep"]))
 
     # --- in the block ----------------------------------------------------------------------
     def _forward(self, block, original):
@@ -215,6 +236,9 @@ class DiffusersToMeDiT(CallPatch):
         # its positional parameters by name, read here: binding at call time (inspect) breaks compiled graphs
         positional = [name for name, p in signature.parameters.items()
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        processor = next((m.processor for m in block.modules() if getattr(m, "processor", None) is not None), None)
+        backend = attention_backend(processor) if processor is not None else ""
+        merged = (spec, rope, tokens_out)
 
         def forward(*args, **kwargs):
             current, context = self.current, self.session.context
@@ -222,81 +246,99 @@ class DiffusersToMeDiT(CallPatch):
                 return original(*args, **kwargs)
             # extra positional arguments (HunyuanVideo's, which its blocks ignore) are dropped
             call = {**dict(zip(positional, args)), **kwargs}
-            layout, tiles, r = current
-            if not self._pays(context, kind, layout, r, original, call, (spec, rope, tokens_out)):
+            if not self._pays(context, block, kind, backend, original, call, merged):
                 return original(*args, **kwargs)
-            out = self._merged(original, call, layout, tiles, r, (spec, rope, tokens_out))
+            out = self._merged(original, call, current, merged, context["timer"])
             if out is None:
                 note_skipped(context)  # not the predicted layout: left alone
                 return original(*args, **kwargs)
+            layout, _, r, _ = current
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
             n = math.prod(layout.grid)
             note_reduced(context, grid, 1, lambda: {"blocks": (n, n - r)})
             return out
         return forward
 
-    def _merged(self, original, call: dict, layout, tiles, r, block: tuple):
-        """The block's output with the grid merged through it and its change restored, or None
-        where its inputs are not the predicted layout. ``block``: its kind's (BlockArgs, rotary
-        argument name or None, tokens_out)."""
+    def _merged(self, original, call: dict, current: tuple, block: tuple, timer=None):
+        """The block's output with the grid merged through it and its change restored (the core's
+        ``run_merged_block``), or None where its inputs are not the predicted layout. ``block``: its
+        kind's (BlockArgs, rotary argument name or None, tokens_out); ``current``: the call's."""
         seam = self.seam
         spec, rope_name, tokens_out = block
+        layout, tiles, r, plans = current
         x = call.get(spec.tokens)
         where = spec.in_tokens(layout)
         rope = call.get(rope_name) if rope_name else None
         if x is None or x.ndim != 3 or where is None or x.shape[1] != where[0] or (rope_name and rope is None):
             return None
-        plan = self.plan if self.settings.share_plans else None
-        if plan is None or plan.restore_map.shape[0] != x.shape[0]:
-            plan = plan_block(x.narrow(1, where[1], math.prod(layout.grid)), tiles, r)
-            if self.settings.share_plans:
-                self.plan = plan
-        args = {**call, PE: seam.rope_in(rope)} if rope_name else call
-        made = merged_args(spec, layout, plan, args)
-        if made is None:
-            return None
-        new, merged_x = made
-        mask = new.get(seam.mask) if seam.mask else None
-        if torch.is_tensor(mask):  # over [.., grid, ..] of a joint sequence: its columns follow the tokens
-            length, start = seam.in_mask(layout)
-            if mask.ndim not in (2, 4) or mask.shape[-1] != length or (mask.ndim == 4 and mask.shape[-2] != 1):
-                return None
-            new[seam.mask] = take(mask, -1, sequence_index(plan, length, start))
-        if rope_name:
-            positions = new.pop(PE)  # [B, L', ...]: each sample's own
-            new.pop(rope_name)
-        if not rope_name:
-            out = original(**new)
-        elif not seam.per_sample or x.shape[0] == 1:
-            out = original(**new, **{rope_name: seam.rope_out(positions, rope)})
-        else:  # each sample has its own positions, and this rotary has no batch dimension
-            b = x.shape[0]
-            outs = [original(**{k: _sample(v, i, b) for k, v in new.items()},
-                             **{rope_name: seam.rope_out(positions[i:i + 1], rope)}) for i in range(b)]
-            out = _cat(outs) if tokens_out is None else tuple(_cat(parts) for parts in zip(*outs))
-        if tokens_out is None:
-            return restored(spec, layout, plan, x, merged_x, out)
-        out = list(out)
-        out[tokens_out] = restored(spec, layout, plan, x, merged_x, out[tokens_out])
-        return tuple(out)
+        plan = block_plan(plans, x, where, layout, tiles, r, timer=timer)
+        args = {name: value for name, value in call.items() if name != rope_name}
+        if rope_name:  # the rotary as positions [1, L, ...] (made once per plan), merged by the core as the tokens
+            args[PE] = gathered(plan, ("rotary", rope_name), rope, lambda: seam.rope_in(rope))
 
-    def _pays(self, context: dict, kind: str, layout, r: int, original, call: dict, block: tuple) -> bool:
+        def inner(new: dict):
+            if rope_name:
+                new = dict(new)
+                new[rope_name] = seam.rope_out(new.pop(PE), rope)
+            return original(**new)
+
+        # a rotary without a batch dimension (Flux's, HunyuanVideo's): each row runs with its own
+        return run_merged_block(spec, layout, plan, args, inner, tokens_out, seam.per_sample and rope_name is not None,
+                                (lambda new, plan: self._merged_mask(new, plan, layout)) if seam.mask else None)
+
+    def _merged_mask(self, new: dict, plan, layout) -> dict | None:
+        """The seam's attention mask [B, L] or [B, 1, 1, L] over a joint sequence holding the grid,
+        its columns at the merged tokens (made once per plan); None where it is not over that
+        sequence."""
+        mask = new.get(self.seam.mask)
+        if not torch.is_tensor(mask):
+            return {}
+        where = self.seam.in_mask(layout)
+        if mask.ndim not in (2, 4) or mask.shape[-1] != where[0] or (mask.ndim == 4 and mask.shape[-2] != 1):
+            return None
+        return {self.seam.mask: gathered(plan, ("mask", self.seam.mask), mask,
+                                         lambda: take(mask, -1, plan_sequence_index(plan, where)))}
+
+    def _compiled(self, block) -> bool:
+        """Whether the model (or this block) runs compiled: its own kind of call for the auto rule."""
+        return self.wrapped or torch.compiler.is_compiling() or \
+            getattr(self.model, "_compiled_call_impl", None) is not None or \
+            getattr(block, "_compiled_call_impl", None) is not None
+
+    def _pays(self, context: dict, block, kind: str, backend: str, original, call: dict, merged: tuple) -> bool:
         """reduce_when auto: the first block of each kind timed unmerged and merged (plan, merge,
-        block, restore) as the model hands it its inputs; on a CPU merged, untimed."""
+        block, restore) as the model hands it its inputs, under a kind that names everything the
+        ComfyUI node's does (the attention backend, compiled or not, share_plans); on a CPU merged,
+        untimed."""
         if self.rule is None:
             return True
-        x = call.get(block[0].tokens)
+        s = self.settings
+        layout, _, r, _ = self.current
+        x = call.get(merged[0].tokens)
         signature = ("diffusers ToMe DiT", self.family.name, kind, tuple(x.shape[1:]) if torch.is_tensor(x) else (),
-                     *layout.grid, r, self.settings.ratio, *self.strides, str(getattr(x, "dtype", "")))
+                     *layout.grid, r, s.ratio, *self.strides, s.share_plans, str(getattr(x, "dtype", "")), backend,
+                     *(("compiled",) if self._compiled(block) else ()), *reuse_signature(s))
 
         def describe():
             n = math.prod(layout.grid)
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
-            _, tiles, _ = self.current
             site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
-            return site, lambda: pair(lambda: original(**call),
-                                      lambda: self._merged(original, call, layout, tiles, r, block))
+            return site, lambda: self._work(original, call, merged)
         return self.pays(self.session.run, x.device, signature, describe)
+
+    def _work(self, original, call: dict, merged: tuple) -> Work:
+        """The block unmerged and merged, as the ComfyUI node times its blocks: with share_plans the
+        merged block with its plan made once, and the plan's own time shared by the merged blocks."""
+        layout, tiles, r, plans = self.current
+        reduced = (layout, tiles, r, {} if plans is not None else None)  # the call's own plans stay untouched
+        runs = {"full": lambda: original(**call), "reduced": lambda: self._merged(original, call, reduced, merged)}
+        if plans is None:
+            return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
+        x = call[merged[0].tokens]
+        grid = x.narrow(1, merged[0].in_tokens(layout)[1], math.prod(layout.grid))
+        runs["plan"] = lambda: plan_block(grid, tiles, r)
+        blocks = len(self.sites)
+        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / blocks)
 
     def replace_keys(self) -> dict:
         """{block index: (kind, index)} of the blocks it merges (the info text counts them by kind)."""
@@ -328,4 +370,4 @@ class DiffusersToMeDiT(CallPatch):
             block.__dict__.pop("forward", None)
         self._wrapped.clear()
         self.state.clear()
-        self.current = self.plan = None
+        self.current = None
