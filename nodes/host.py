@@ -18,6 +18,10 @@
   the host's version, once.
 - The dtype a model computes in: 0.33 names it (``BaseModel.get_dtype_inference``); 0.3.75
   computes it inline in ``_apply_model`` (the manual-cast dtype, else the weights' dtype).
+- Expert inputs: 0.33's V3 inputs take ``advanced=True`` (sent in object_info as
+  ``"advanced": true``; its frontend folds them behind the node's "Show advanced inputs");
+  0.3.75's refuse the keyword, so there every input shows as before
+  (``supports_advanced_inputs``, decided once by the signatures of the input classes).
 """
 
 from __future__ import annotations
@@ -132,6 +136,20 @@ def _block_with_options(block, options, inner, args, extra):
     if inner is None:
         return original_block(args)
     return inner({**args, "transformer_options": options}, {**extra, "original_block": original_block})
+
+
+# The V3 input classes our nodes build (nodes/schema.py): each must take ``advanced``.
+WIDGET_INPUTS = ("Float", "Int", "Boolean", "Combo")
+
+
+@functools.cache
+def supports_advanced_inputs() -> bool:
+    """Whether this ComfyUI's V3 widget inputs take ``advanced`` (0.33 does, 0.3.75 does not):
+    read from their signatures, not the version, so a build between the two is told right."""
+    from comfy_api.latest import io
+
+    return all("advanced" in inspect.signature(getattr(io, name).Input.__init__).parameters
+               for name in WIDGET_INPUTS)
 
 
 def host_version() -> str:

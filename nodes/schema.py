@@ -1,5 +1,6 @@
 """A method's declared inputs (``tokenreduce.methods``) as ComfyUI sees them: V3 schema
-inputs, and the ``validate_inputs`` that checks them when a prompt is queued.
+inputs, and the ``validate_inputs`` that checks them when a prompt is queued. Inputs declared
+``advanced`` are marked so where the host can fold them (``host.supports_advanced_inputs``).
 
 ComfyUI checks min/max itself only for the inputs a node's ``validate_inputs`` does not take,
 and this ComfyUI does not check V3 combo values at all: the generated ``validate_inputs``
@@ -15,27 +16,30 @@ import inspect
 from comfy_api.latest import io
 
 from ..tokenreduce.inputs import BOOL, CHOICE, FLOAT, INT, SEED, Input, Method
+from .host import supports_advanced_inputs
 
 
 def v3_input(spec: Input):
-    optional = {"optional": True} if spec.optional else {}
+    flags = {"optional": True} if spec.optional else {}
+    if spec.advanced and supports_advanced_inputs():  # elsewhere the input shows as it always did
+        flags["advanced"] = True
     if spec.kind == FLOAT:
         return io.Float.Input(spec.name, default=spec.default, min=spec.low, max=spec.high, step=spec.step,
-                              tooltip=spec.tooltip, **optional)
+                              tooltip=spec.tooltip, **flags)
     if spec.kind == INT:
         return io.Int.Input(spec.name, default=spec.default, min=spec.low, max=spec.high, tooltip=spec.tooltip,
-                            **optional)
+                            **flags)
     if spec.kind == SEED:
         # The frontend gives every INT input named "seed" a "control after generate" widget
         # (saved in workflows after the seed); declared so that the API says so too. Our
         # extension sets it to "fixed" on new nodes: a merge seed must not change per run.
         return io.Int.Input(spec.name, default=spec.default, min=spec.low, max=spec.high,
-                            control_after_generate=True, tooltip=spec.tooltip, **optional)
+                            control_after_generate=True, tooltip=spec.tooltip, **flags)
     if spec.kind == BOOL:
-        return io.Boolean.Input(spec.name, default=spec.default, tooltip=spec.tooltip, **optional)
+        return io.Boolean.Input(spec.name, default=spec.default, tooltip=spec.tooltip, **flags)
     if spec.kind == CHOICE:
         return io.Combo.Input(spec.name, options=list(spec.options), default=spec.default, tooltip=spec.tooltip,
-                              **optional)
+                              **flags)
     raise ValueError(f"unknown input kind {spec.kind!r}")
 
 

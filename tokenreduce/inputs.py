@@ -33,6 +33,11 @@ class Input:
     # The host checks its range itself (ComfyUI checks min/max of inputs a node does not
     # validate); our checks leave it alone.
     host_checked: bool = False
+    # An expert input: a host that can fold inputs shows it only on request (ComfyUI 0.33's
+    # "advanced" inputs; nodes/host.supports_advanced_inputs), the others show it as before. The
+    # design card's inputs (what a user sets first) are not advanced; where the input sits, its
+    # name and its value in saved workflows do not change with this.
+    advanced: bool = False
 
     def problem(self, value) -> str | None:
         """Why this value cannot be used, or None. None values (links, unknown yet) pass."""

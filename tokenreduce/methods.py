@@ -1,6 +1,11 @@
 """ToMe and ToDo as the hosts show them: every input declared once (name, kind, default,
-range or options, tooltip, whether it came later), and the rules across inputs. The ComfyUI
-nodes and the WebUI extension build their controls, validation and settings from these."""
+range or options, tooltip, whether it came later, whether it is an expert one), and the rules
+across inputs. The ComfyUI nodes and the WebUI extension build their controls, validation and
+settings from these.
+
+The design card's inputs come first: ToMe's ratio, strides and max_downsample, ToDo's factor,
+and both nodes' step window and reduce_when are shown; the rest are ``advanced`` (a host that
+folds inputs shows them on request)."""
 
 from __future__ import annotations
 
@@ -147,28 +152,29 @@ TOME = Method("ToMe", (
           tooltip="Patch transformer blocks whose feature map is downsampled at most this much from the latent. "
                   "auto: the finest level that has transformer blocks in this model (1 for SD1.x/2.x, 2 for "
                   "SDXL). A value that patches no block is reported." + UNETS_ONLY),
-    Input("mode", CHOICE, MODE_FULL, options=(MODE_FULL, MODE_QUERIES),
+    Input("mode", CHOICE, MODE_FULL, options=(MODE_FULL, MODE_QUERIES), advanced=True,
           tooltip="What self-attention computes from merged tokens: queries, keys and values (tomesd, fastest) "
                   "or only the queries with full keys and values (ComfyUI's built-in TomePatchModel, closer to "
                   "the unpatched model)." + UNETS_ONLY),
-    Input("merge_attn", BOOL, True, tooltip="Merge tokens for self-attention (the main speed-up)." + UNETS_ONLY),
-    Input("merge_crossattn", BOOL, False,
+    Input("merge_attn", BOOL, True, advanced=True,
+          tooltip="Merge tokens for self-attention (the main speed-up)." + UNETS_ONLY),
+    Input("merge_crossattn", BOOL, False, advanced=True,
           tooltip="Also merge the queries of cross-attention (text). Small gain, costs quality." + UNETS_ONLY),
-    Input("merge_mlp", BOOL, False,
+    Input("merge_mlp", BOOL, False, advanced=True,
           tooltip="Also merge the feed-forward input. Some gain at large sizes, costs quality." + UNETS_ONLY),
-    Input("use_rand", BOOL, True,
+    Input("use_rand", BOOL, True, advanced=True,
           tooltip="Pick the merge target in each cell at random (better quality) from a private generator "
                   "seeded by `seed`; off: always the top-left token."),
-    Input("seed", SEED, 0, low=0, high=SEED_MAX, host_checked=True,
+    Input("seed", SEED, 0, low=0, high=SEED_MAX, host_checked=True, advanced=True,
           tooltip="Seed of the random merge targets. The same seed gives bit-identical results on every run, "
                   "whatever sampler or noise node is used; the global RNG is untouched. Keep 'control after "
                   "generate' on fixed for repeatable images."),
     *window_inputs("Merging"),
-    Input("share_plans", BOOL, False, optional=True,
+    Input("share_plans", BOOL, False, optional=True, advanced=True,
           tooltip="Plan the merge once per level and model call (in the level's first block) and reuse it in "
                   "its other blocks, instead of once per block as tomesd does. Saves most of the planning time, "
                   "which matters at small sizes on fast attention; off plans per block, as tomesd does."),
-    Input("matching", CHOICE, MATCH_WHOLE_GRID, options=MATCHING_CHOICES, optional=True,
+    Input("matching", CHOICE, MATCH_WHOLE_GRID, options=MATCHING_CHOICES, optional=True, advanced=True,
           tooltip="Where each token looks for its merge target: in the whole grid (tomesd: its cost grows with "
                   "the square of the tokens, like the attention it saves), only in the nearby cells (cost "
                   "grows with the tokens; same quality in our benchmarks, much faster planning at large sizes), "
@@ -176,13 +182,13 @@ TOME = Method("ToMe", (
                   "per-cell sums and restored by one gather, no scatter operations). UNets only (DiTs always "
                   "match within the tile)."),
     reduce_when_input(),
-    Input("stride_t", INT, 1, low=1, high=8, optional=True,
+    Input("stride_t", INT, 1, low=1, high=8, optional=True, advanced=True,
           tooltip="Video DiTs (Wan, HunyuanVideo, LTX-Video): the number of latent frames per tile, each tile "
                   "keeping one token as merge target, so tokens also merge across this many frames (never the first "
                   "latent frame: it is in no tile, nor are the frames left over after it where the others are not "
                   "a multiple). 1 = each frame on its own. Image "
                   "models and UNets have no frames: there it does nothing (a value above 1 is reported)."),
-    Input("plan_every", INT, 1, low=1, high=50, optional=True,
+    Input("plan_every", INT, 1, low=1, high=50, optional=True, advanced=True,
           tooltip="Reuse the shared merge plan across steps: a plan is made at one step and reused by the next "
                   "plan_every - 1 steps (distinct noise levels) in the model calls of the same size and the same "
                   "conditioning rows (cond and uncond never share), then made anew. Needs share_plans. Saves "
@@ -194,23 +200,23 @@ TODO = Method("ToDo", (
     Input("factor", FLOAT, 2.0, low=1.0, high=8.0, step=0.1,
           tooltip="Pooling factor per side for keys/values at the first patched level: 2 gives 4x fewer keys. "
                   "Non-integer factors work (the grid is rounded up). 1 = off."),
-    Input("factor_next", FLOAT, 1.0, low=1.0, high=8.0, step=0.1,
+    Input("factor_next", FLOAT, 1.0, low=1.0, high=8.0, step=0.1, advanced=True,
           tooltip="Pooling factor per side at the next coarser level (twice the downsample of the first). 1 = off."),
-    Input("level", CHOICE, "auto", options=LEVEL_CHOICES,
+    Input("level", CHOICE, "auto", options=LEVEL_CHOICES, advanced=True,
           tooltip="The first patched level, as downsample of its feature map relative to the latent. auto: the "
                   "finest level with transformer blocks in this model (1 for SD1.x/2.x, 2 for SDXL), so the same "
                   "settings mean the same on both."),
-    Input("method", CHOICE, "nearest", options=DOWNSAMPLE_METHODS,
+    Input("method", CHOICE, "nearest", options=DOWNSAMPLE_METHODS, advanced=True,
           tooltip="How keys/values are pooled on the grid: nearest (strided subsampling, fastest), average (mean "
                   "of each cell), bilinear or bicubic (antialiased interpolation)."),
     *window_inputs("Downsampling"),
-    Input("temporal_factor", FLOAT, 1.0, low=1.0, high=8.0, step=0.5, optional=True,
+    Input("temporal_factor", FLOAT, 1.0, low=1.0, high=8.0, step=0.5, optional=True, advanced=True,
           tooltip="Video DiTs (Wan, HunyuanVideo): also keep the keys/values of one frame in every this many "
                   "(the first frame is always kept). 1 = off. Image models ignore it (a value above 1 is reported)."),
-    Input("skip_first_blocks", INT, 1, low=0, high=64, optional=True,
+    Input("skip_first_blocks", INT, 1, low=0, high=64, optional=True, advanced=True,
           tooltip="DiTs: leave this many of the model's first blocks unreduced (they lay out the image). UNets "
                   "ignore it."),
-    Input("skip_last_blocks", INT, 1, low=0, high=64, optional=True,
+    Input("skip_last_blocks", INT, 1, low=0, high=64, optional=True, advanced=True,
           tooltip="DiTs: leave this many of the model's last blocks unreduced (they settle the details). UNets "
                   "ignore it."),
     reduce_when_input(),
