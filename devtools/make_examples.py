@@ -4,7 +4,9 @@ most users run: Wan 2.1 text to video, Wan 2.1 VACE (1.3B), Wan 2.2 A14B text to
 experts, a ToDo node on each, lightx2v's 4-step LoRAs), LTX-Video text to video, LTX-2 text to
 video with audio (ComfyUI 0.33: ``NEEDS``, said in a Note in the example) and Flux.1 [dev] text to image, with the
 loaders, file names and sizes of ComfyUI's own templates for them, and a long Wan 2.1 clip
-sampled in ComfyUI's context windows.
+sampled in ComfyUI's context windows. And A/B examples for SD1.5, SDXL, Flux.1 [dev] and Wan 2.1
+(``AB_EXAMPLES``): one seed sampled without and with ToDo, both decoded and saved, Image Compare
+(TokenReduce) between them, and a Note saying why ToDo and where to read both sampling times.
 
     python3 devtools/make_examples.py
 
@@ -143,14 +145,24 @@ def _wan_loaders(g, model_file):
     return unet, clip, vae
 
 
-def _prompts(g, clip, positive, negative, pos):
-    """The positive and negative prompts (nodes 4 and 5), the negative below the positive at ``pos``."""
+def _prompts(g, clip, positive, negative, pos, clip_slot=0):
+    """The positive and negative prompts (nodes 4 and 5), the negative below the positive at ``pos``;
+    ``clip_slot``: the CLIP's output slot of the node ``clip`` (a checkpoint loader's is 1)."""
     nodes = []
     for node_id, text, (x, y), height, title in ((4, positive, pos, 160, "Positive prompt"),
                                                  (5, negative, (pos[0], pos[1] + 200), 130, "Negative prompt")):
         nodes.append(g.add(node_id, "CLIPTextEncode", [x, y], [420, height], [text],
-                           [("CONDITIONING", "CONDITIONING")], [("clip", "CLIP", (clip, 0))], title=title))
+                           [("CONDITIONING", "CONDITIONING")], [("clip", "CLIP", (clip, clip_slot))], title=title))
     return nodes
+
+
+def _wan_front(g, frames: int = 33):
+    """Wan 2.1 1.3B text to video's loaders, prompts and empty latent (832x480, ``frames``), as
+    ComfyUI's Wan 2.1 template has them: (model, VAE, positive, negative, latent) node ids."""
+    unet, clip, vae = _wan_loaders(g, "wan2.1_t2v_1.3B_fp16.safetensors")
+    positive, negative = _prompts(g, clip, WAN_PROMPT, WAN_NEGATIVE, [420, 390])
+    latent = g.add(6, "EmptyHunyuanLatentVideo", [40, 440], [340, 130], [832, 480, frames, 1], [("LATENT", "LATENT")])
+    return unet, vae, positive, negative, latent
 
 
 def wan_workflow(frames: int = 33, windows: bool = False) -> dict:
@@ -160,9 +172,7 @@ def wan_workflow(frames: int = 33, windows: bool = False) -> dict:
     ComfyUI's WAN Context Windows node: the length Wan 2.1 was trained on), each window one
     model call that ToDo reduces as its own."""
     g = Graph()
-    unet, clip, vae = _wan_loaders(g, "wan2.1_t2v_1.3B_fp16.safetensors")
-    positive, negative = _prompts(g, clip, WAN_PROMPT, WAN_NEGATIVE, [420, 390])
-    latent = g.add(6, "EmptyHunyuanLatentVideo", [40, 440], [340, 130], [832, 480, frames, 1], [("LATENT", "LATENT")])
+    unet, vae, positive, negative, latent = _wan_front(g, frames)
     model = patch = _todo_node(g, (unet, 0), [420, 60])
     if windows:
         # The first six inputs, which ComfyUI 0.3.75 and 0.33 share (0.33 adds more, at their defaults).
@@ -416,11 +426,9 @@ def ltx2_workflow() -> dict:
     return g.flow("LTX-2 text to video with audio with ToDo")
 
 
-def flux_workflow() -> dict:
-    """Flux.1 [dev] text to image at 1024x1024 (ComfyUI's Flux dev template: FluxGuidance 3.5,
-    CFG 1, the negative zeroed out), with ToDo at its defaults between the diffusion-model
-    loader and the sampler."""
-    g = Graph()
+def _flux_front(g):
+    """Flux.1 [dev] text to image's loaders, conditioning and empty latent (1024x1024), as ComfyUI's
+    Flux dev template has them: (model, VAE, positive, negative, latent) node ids."""
     unet = g.add(1, "UNETLoader", [40, 60], [340, 82], ["flux1-dev.safetensors", "default"], [("MODEL", "MODEL")])
     clip = g.add(2, "DualCLIPLoader", [40, 190], [340, 130],
                  ["t5xxl_fp16.safetensors", "clip_l.safetensors", "flux", "default"], [("CLIP", "CLIP")])
@@ -432,6 +440,15 @@ def flux_workflow() -> dict:
     negative = g.add(5, "ConditioningZeroOut", [420, 690], [317, 26], [], [("CONDITIONING", "CONDITIONING")],
                      [("conditioning", "CONDITIONING", (positive, 0))])
     latent = g.add(6, "EmptySD3LatentImage", [40, 470], [340, 106], [1024, 1024, 1], [("LATENT", "LATENT")])
+    return unet, vae, guidance, negative, latent
+
+
+def flux_workflow() -> dict:
+    """Flux.1 [dev] text to image at 1024x1024 (ComfyUI's Flux dev template: FluxGuidance 3.5,
+    CFG 1, the negative zeroed out), with ToDo at its defaults between the diffusion-model
+    loader and the sampler."""
+    g = Graph()
+    unet, vae, guidance, negative, latent = _flux_front(g)
     patch = _todo_node(g, (unet, 0), [420, 60])
     sampler = g.add(7, "KSampler", [880, 60], [315, 262], [42, "fixed", 20, 1.0, "euler", "simple", 1.0],
                     [("LATENT", "LATENT")],
@@ -443,6 +460,123 @@ def flux_workflow() -> dict:
     return g.flow("Flux.1 dev txt2img with ToDo")
 
 
+# --- A/B: the same seed sampled without and with ToDo, compared -----------------------------------
+
+@dataclass(frozen=True)
+class AB:
+    """An A/B example of a family: its name and title, its front (the template's loaders,
+    conditioning and empty latent), where its ToDo node goes, its sampler's steps, CFG, sampler
+    and scheduler, its save node and why ToDo is the node it tries (said in its Note)."""
+
+    name: str
+    title: str
+    front: object  # Graph -> (model, VAE, positive, negative, latent): (node id, output slot) each
+    todo_pos: tuple[int, int]
+    sampling: tuple  # steps, cfg, sampler, scheduler
+    save: str  # SaveImage or SaveAnimatedWEBP
+    why: str
+
+
+def _checkpoint_front(family: str):
+    """A checkpoint's loader, prompts and empty latent, as the txt2img examples have them."""
+    def front(g):
+        checkpoint, size, _, _ = FAMILIES[family]
+        loader = g.add(1, "CheckpointLoaderSimple", [40, 60], [315, 98], [checkpoint],
+                       [("MODEL", "MODEL"), ("CLIP", "CLIP"), ("VAE", "VAE")])
+        positive, negative = _prompts(g, loader, PROMPT, NEGATIVE, [40, 200], clip_slot=1)
+        latent = g.add(6, "EmptyLatentImage", [40, 580], [315, 106], [size, size, 1], [("LATENT", "LATENT")])
+        return (loader, 0), (loader, 2), (positive, 0), (negative, 0), (latent, 0)
+    return front
+
+
+def _first_outputs(front):
+    """A front returning node ids (each's first output) as one returning (node id, slot) pairs."""
+    return lambda g: tuple((node, 0) for node in front(g))
+
+
+AB_EXAMPLES = {
+    "sd15": AB("sd15_txt2img_ab_todo", "SD1.5 A/B: unpatched against ToDo, compared", _checkpoint_front("sd15"),
+               (500, 60), (20, 7.0, "euler", "normal"), "SaveImage",
+               "on the SD1.5-class model trained here its defaults moved the images least of the nodes' defaults "
+               "(ToDo, ToMe, both; LPIPS 0.003: docs/quality.md), and at 1 MP on an H100 they were also the faster"),
+    "sdxl": AB("sdxl_txt2img_ab_todo", "SDXL A/B: unpatched against ToDo, compared", _checkpoint_front("sdxl"),
+               (500, 60), (25, 6.0, "euler", "normal"), "SaveImage",
+               "it reduces SDXL's attention at level auto (downsample 2), where ComfyUI's built-in ToMe does "
+               "nothing; no SDXL-class model was trained here, so what it costs SDXL's images is unmeasured: this "
+               "A/B measures it on yours"),
+    "flux": AB("flux_txt2img_ab_todo", "Flux.1 dev A/B: unpatched against ToDo, compared", _first_outputs(_flux_front),
+               (420, 60), (20, 1.0, "euler", "simple"), "SaveImage",
+               "on the Flux.1-class model trained here its defaults moved the images least of the nodes' defaults "
+               "(ToDo, ToMe, both) and were the faster at 1 MP on an H100, yet visibly (LPIPS 0.32: detail turns "
+               "blocky; docs/quality.md); if details suffer here too, try start_percent 0.4 or a lower factor"),
+    "wan": AB("wan21_t2v_ab_todo", "Wan 2.1 A/B: unpatched against ToDo, compared", _first_outputs(_wan_front),
+              (420, 60), (30, 6.0, "uni_pc", "simple"), "SaveAnimatedWEBP",
+              "it is the measured speed-up on Wan 2.1 1.3B (1.74x at 832x480, 81 frames on an H100: "
+              "docs/benchmarks.md); no video model was trained here, so what it costs the frames is unmeasured: "
+              "this A/B measures it on yours"),
+}
+# The node ids past the fronts' (1-6; Flux's guidance 11): the ToDo chain as in the single-node
+# examples (sampler 7, decode 8, save 9, ToDo 10), the unpatched chain, the seed, the comparison.
+AB_IDS = {"B": (7, 8, 9), "A": (12, 13, 14)}
+AB_SEED, AB_COMPARE, AB_HEAT_MAP, AB_NOTE = 15, 16, 17, 18
+AB_SEED_VALUE = 42
+AB_NOTE_TITLE = "About this A/B"
+COMPARE_GAIN = 4.0  # the compare node's default
+
+
+def ab_note(ab: AB) -> str:
+    steps = ab.sampling[0]
+    return (f"A/B on your own model: the same model, prompts and seed sampled twice. KSampler A takes the model "
+            f"straight from the loader, KSampler B through Token Downsampling (ToDo) at its defaults. Both take "
+            f"their seed from the Seed node: change it there, not on one sampler.\n\n"
+            f"Why ToDo: it is the node to start with (README, 'Which one when'): {ab.why}. To try ToMe instead, put "
+            f"Token Merging (ToMe) in its place.\n\n"
+            f"What it cost the image: Image Compare (TokenReduce) shows PSNR, SSIM and, where its weights are "
+            f"installed, LPIPS of B against A on the node, and where they differ in the heat map's preview.\n\n"
+            f"What it saved: after the run the ToDo node's report ends with B's time ('steps 1-{steps} of {steps} "
+            f"· ... s sampling', timed from the sampler's start: it includes moving the model to the GPU when B "
+            f"runs first). A, unpatched, has no report of its own: read both times in ComfyUI's console, where "
+            f"each sampler prints a progress bar ending in its time and speed ('{steps}/{steps} [mm:ss<00:00, "
+            f"...it/s]'), in the order they ran (the frontend outlines the sampler that is running). The first "
+            f"run after loading a model also warms up: queue again with another seed and compare that run.")
+
+
+def ab_workflow(family: str) -> dict:
+    """The family's template (``AB_EXAMPLES``) sampled twice from one Seed node: KSampler A on the
+    model straight from the loader, KSampler B on the model through ToDo at its defaults; both
+    decoded and saved, Image Compare (TokenReduce) between them (A against B) with a Preview
+    Image of its heat map, and a Note saying why ToDo and where to read both sampling times."""
+    ab = AB_EXAMPLES[family]
+    steps, cfg, sampler_name, scheduler = ab.sampling
+    g = Graph()
+    model, vae, positive, negative, latent = ab.front(g)
+    todo = _todo_node(g, model, list(ab.todo_pos))
+    seed = g.add(AB_SEED, "PrimitiveInt", [880, 700], [315, 82], [AB_SEED_VALUE, "fixed"], [("INT", "INT")],
+                 title="Seed (both samplers)")
+    images = {}
+    for label, source, y, what in (("A", model, 60, "unpatched"), ("B", (todo, 0), 380, "ToDo")):
+        sampler_id, decode_id, save_id = AB_IDS[label]
+        sampler = g.add(sampler_id, "KSampler", [880, y], [315, 262],
+                        [AB_SEED_VALUE, "fixed", steps, cfg, sampler_name, scheduler, 1.0], [("LATENT", "LATENT")],
+                        [("model", "MODEL", source), ("positive", "CONDITIONING", positive),
+                         ("negative", "CONDITIONING", negative), ("latent_image", "LATENT", latent),
+                         ("seed", "INT", (seed, 0))], widget_inputs=("seed",), title=f"KSampler {label}: {what}")
+        images[label] = g.add(decode_id, "VAEDecode", [1240, y], [210, 46], [], [("IMAGE", "IMAGE")],
+                              [("samples", "LATENT", (sampler, 0)), ("vae", "VAE", vae)], title=f"VAE Decode {label}")
+        prefix = f"TokenReduce_{ab.name}/{label}_{what.lower()}"
+        widgets = [prefix] if ab.save == "SaveImage" else [prefix, 16.0, False, 90, "default"]
+        g.add(save_id, ab.save, [1480, y], [360, 300], widgets, [], [("images", "IMAGE", (images[label], 0))],
+              title=f"{label}: {what}")
+    compare = g.add(AB_COMPARE, "TokenReduceImageCompare", [1880, 60], [360, 200], [COMPARE_GAIN],
+                    [("difference", "IMAGE"), ("report", "STRING")],
+                    [("image_a", "IMAGE", (images["A"], 0)), ("image_b", "IMAGE", (images["B"], 0))],
+                    color="#233", bgcolor="#355")
+    g.add(AB_HEAT_MAP, "PreviewImage", [1880, 300], [360, 380], [], [], [("images", "IMAGE", (compare, 0))],
+          title="Where A and B differ")
+    g.add(AB_NOTE, "Note", [1240, 720], [640, 330], [ab_note(ab)], title=AB_NOTE_TITLE)
+    return g.flow(ab.title)
+
+
 def examples() -> dict[str, dict]:
     flows = {f"{family}_txt2img_{patch}.json": workflow(family, patch) for family in FAMILIES for patch in PATCHES}
     flows["wan21_t2v_todo.json"] = wan_workflow()
@@ -452,6 +586,8 @@ def examples() -> dict[str, dict]:
     flows["ltxv_t2v_todo.json"] = ltxv_workflow()
     flows["ltx2_t2v_audio_todo.json"] = ltx2_workflow()
     flows["flux_txt2img_todo.json"] = flux_workflow()
+    for family, ab in AB_EXAMPLES.items():
+        flows[f"{ab.name}.json"] = ab_workflow(family)
     return flows
 
 

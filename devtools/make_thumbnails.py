@@ -12,6 +12,15 @@ Chromium (see browser.py), fits the view and saves a JPEG. ComfyUI's template br
 ``<name>.jpg`` beside ``<name>.json`` for custom-node templates. An example whose nodes only a
 newer ComfyUI has (make_examples.NEEDS) is drawn on such a tree: on the pinned one
 its nodes would be drawn as missing.
+
+The A/B examples of SD1.5 and Flux.1 (make_examples.AB_EXAMPLES) show instead what the graph
+makes, on the trained photo fixture of the same model class (photo_fixtures.py; ``FIXTURE_OF``):
+A unpatched and B through ToDo at its defaults from one seed, sampled in this process as KSampler
+samples and VAEDecode decodes, and the compare node's heat map and figures, run as ComfyUI runs
+it; the picture says whose images they are. The SDXL and Wan A/B examples have no fixture of
+their class (a fixture of another class would show a reduction their graphs do not make: ToDo
+reduces SDXL at downsample 2 and Wan's video tokens): theirs are pictures of the graph, as the
+other examples'. About 20 s of CPU for the two.
 """
 
 from __future__ import annotations
@@ -35,6 +44,84 @@ VIEWPORT = {"width": 1920, "height": 1200}  # large enough that fitting the grap
 # frontends (ComfyUI 0.33's 1.49) outline a loader whose file the server lacks in red.
 MODEL_FOLDERS = ("checkpoints", "diffusion_models", "text_encoders", "vae", "loras")
 MODEL_FILES = (".safetensors", ".ckpt", ".pt", ".pth", ".gguf", ".sft")
+# A/B family -> the trained photo fixture of its model class, and the model the example loads.
+FIXTURE_OF = {"sd15": ("sd15", "SD1.5"), "flux": ("flux", "Flux.1 [dev]")}
+TILE, GAP, LINE, FONT_SIZE = 200, 8, 17, 13  # the A/B picture: three tiles and lines of text
+
+
+def _wrapped(draw, font, text: str, width: int) -> list[str]:
+    """``text`` in lines no wider than ``width`` pixels, broken between words."""
+    lines = [""]
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}".strip()
+        if lines[-1] and draw.textlength(candidate, font=font) > width:
+            lines.append(word)
+        else:
+            lines[-1] = candidate
+    return lines
+
+
+def ab_picture(tiles: list, labels: list[list[str]], header: str, footer: str, path: Path) -> None:
+    """Three IMAGE tensors side by side at ``TILE`` px, each with its label lines under it, a
+    header above and a footer below (wrapped to the width): a JPEG at ``path``."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    try:
+        font = ImageFont.truetype("DejaVuSans.ttf", FONT_SIZE)  # has the report's ∞, Pillow's own font not
+    except OSError:
+        font = ImageFont.load_default(size=FONT_SIZE)
+    width = len(tiles) * TILE + (len(tiles) + 1) * GAP
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    top = _wrapped(measure, font, header, width - 2 * GAP)
+    bottom = _wrapped(measure, font, footer, width - 2 * GAP)
+    label_rows = max(len(lines) for lines in labels)
+    tiles_y = GAP + len(top) * LINE + GAP
+    footer_y = tiles_y + TILE + GAP + label_rows * LINE + GAP
+    sheet = Image.new("RGB", (width, footer_y + len(bottom) * LINE + GAP), "white")
+    draw = ImageDraw.Draw(sheet)
+    for row, text in enumerate(top):
+        draw.text((GAP, GAP + row * LINE), text, fill="black", font=font)
+    for i, (image, lines) in enumerate(zip(tiles, labels)):
+        x = GAP + i * (TILE + GAP)
+        array = (image[0].clamp(0, 1) * 255).round().byte().cpu().numpy()
+        sheet.paste(Image.fromarray(array).resize((TILE, TILE), Image.Resampling.LANCZOS), (x, tiles_y))
+        for row, text in enumerate(lines):
+            draw.text((x, tiles_y + TILE + GAP + row * LINE), text, fill="black", font=font)
+    for row, text in enumerate(bottom):
+        draw.text((GAP, footer_y + row * LINE), text, fill="#333", font=font)
+    sheet.save(path, quality=90)
+
+
+def fixture_thumbnail(family: str, comfyui: Path, path: Path) -> None:
+    """The A/B example of ``family`` as its graph runs it, on the trained photo fixture of its model
+    class (``FIXTURE_OF``), at the fixture's native size, the demo's caption, steps and seed."""
+    import importlib
+
+    import demo
+    import photo_fixtures
+    from bench import PACK, environment
+
+    env = environment.load(comfyui)
+    todo_defaults = importlib.import_module(f"{PACK}.tokenreduce.methods").TODO.defaults()
+    compare_node = importlib.import_module(f"{PACK}.nodes.compare_node")
+    describe = importlib.import_module(f"{PACK}.tokenreduce.describe")
+    name, model = FIXTURE_OF[family]
+    fixture = photo_fixtures.load(name)
+    todo = env.appliers["todo"](fixture.patcher, todo_defaults)
+    caption, steps, seed = demo.CAPTIONS[name], demo.FIXTURE_STEPS, demo.FIXTURE_SEED
+    a, b = (photo_fixtures.sample(fixture, patcher, caption, seed, steps) for patcher in (fixture.patcher, todo))
+    heat_map, report = compare_node.ImageCompareNode.execute(a, b).result
+    (session,) = env.sessions_of(todo)
+    said = [line for line in describe.run_lines(session.header, session.last_report, timing=False)[1:]
+            if not line.startswith("ds ")]  # what auto decided and in which steps ToDo acted
+    figures = report.splitlines()[0].removeprefix("image 1: ")
+    header = (f"Not {model}: its graph run on the {demo.TITLES[name]}, trained here on photographs; "
+              f"\"{caption}\", {fixture.spec.native_px} px, {steps} steps, seed {seed}, on a CPU.")
+    footer = (f"ToDo's report: {'; '.join(said)}. Image Compare (TokenReduce): {figures}. On your model its "
+              f"figures and both sampling times are in the run's reports (the graph's Note says where).")
+    ab_picture([a, b, heat_map], [["A: unpatched"], ["B: ToDo at its defaults"],
+                                  [f"where they differ (gain {compare_node.GAIN_DEFAULT:g})"]],
+               header, footer, path)
 
 
 def stand_in_models(base: Path, flows: list[dict]) -> None:
@@ -73,6 +160,13 @@ def main() -> int:
     examples = [path for path in sorted((REPO / "example_workflows").glob("*.json")) if not names or path.stem in names]
     if names - {path.stem for path in examples}:
         raise SystemExit(f"no example named {', '.join(sorted(names - {path.stem for path in examples}))}")
+    from_fixtures = {make_examples.AB_EXAMPLES[family].name: family for family in FIXTURE_OF}
+    for path in [path for path in examples if path.stem in from_fixtures]:
+        fixture_thumbnail(from_fixtures[path.stem], comfyui, path.with_suffix(".jpg"))
+        print("wrote", path.with_suffix(".jpg").relative_to(REPO), "from the trained photo fixture")
+    examples = [path for path in examples if path.stem not in from_fixtures]
+    if not examples:
+        return 0
     with tempfile.TemporaryDirectory() as base:
         returning_user(Path(base))
         stand_in_models(Path(base), [json.loads(path.read_text()) for path in examples])

@@ -90,6 +90,8 @@ def widget_problems(flow: dict, object_info: dict) -> list[str]:
     a number out of range or of the wrong type, a non-boolean, a non-string."""
     problems = []
     for node in flow["nodes"]:
+        if node["type"] in workflow.FRONTEND_ONLY:  # notes: the frontend's own, no inputs
+            continue
         info = object_info[node["type"]]
         linked = {inp["name"] for inp in node.get("inputs", []) if inp.get("link") is not None}
         values = iter(node.get("widgets_values", []))

@@ -30,9 +30,9 @@ from server_helpers import checkpoint_name, start_server
 ARTIFACTS = REPO / "test-artifacts" / "browser"
 EXAMPLES = sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
 # The checkpoint examples run here on random checkpoints; the DiT ones (separate model, text
-# encoder and VAE files) are loaded and exported here and run through the server
-# (test_comfy_server_dit.py).
-CHECKPOINT_EXAMPLES = [name for name in EXAMPLES if name.startswith(("sd15_", "sdxl_"))]
+# encoder and VAE files) and the A/B ones (two samplers) are loaded and exported here and run
+# through the server (test_comfy_server_dit.py, test_comfy_server.py, test_comfy_server_sdxl.py).
+CHECKPOINT_EXAMPLES = [name for name in EXAMPLES if name.startswith(("sd15_", "sdxl_")) and "_ab_" not in name]
 DIT_EXAMPLES = [name for name in EXAMPLES if name not in CHECKPOINT_EXAMPLES]
 LOADER, PATCH, LATENT, SAMPLER = make_examples.LOADER, make_examples.PATCH, make_examples.LATENT, make_examples.SAMPLER
 OVERLAY_DONE = "state.lines.length >= 3"  # header, a level, the steps: a run's report arrived

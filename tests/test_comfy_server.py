@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 
+import ab_helpers
 import make_examples
 import workflow
 from comfy_server import PromptRejected
@@ -260,3 +261,17 @@ def test_the_image_compare_node_refuses_batches_that_do_not_pair_up(server):
     (error,) = [m[1] for m in entry["status"]["messages"] if m[0] == "execution_error"]
     assert error["node_type"] == "TokenReduceImageCompare"
     assert "image_a is 64x64 px and image_b 48x64 px: compare images of one size" in error["exception_message"]
+
+
+def test_the_sd15_ab_example_compares_unpatched_with_todo_and_shows_both_times(server, object_info):
+    """The A/B example (issue #46): the same seed sampled without and with ToDo, both saved, the
+    compare node's figures and heat map, ToDo's time on its node and both samplers' progress bars
+    in the console; without ToDo the two images are the same (PSNR ∞): ToDo is the only difference."""
+    prompt = ab_helpers.ab_prompt(object_info, "sd15", steps=2)
+    workflow.find(prompt, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name("SD15")
+    workflow.find(prompt, "EmptyLatentImage").update(width=SIZE, height=SIZE)
+    _, lines = ab_helpers.run_ab(server, prompt, steps=2, images=1)
+    assert "PSNR ∞" not in lines[0]  # ToDo changed the image (random weights: a little)
+    _, same = ab_helpers.run_ab(server, ab_helpers.without_todo(prompt), steps=2, images=1)
+    assert all(line.startswith(("image 1: PSNR ∞ dB · SSIM 1.0000", "mean of 1: PSNR ∞ dB · SSIM 1.0000"))
+               for line in same[:2]), same

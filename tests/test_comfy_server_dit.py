@@ -1,7 +1,7 @@
 """End to end on DiTs: ComfyUI's ``main.py`` on 127.0.0.1 with this pack in custom_nodes, the
 example workflows for Wan 2.1 text to video, Wan 2.1 VACE, Wan 2.2 A14B (two experts, a ToDo
 node on each, 4-step LoRAs, a split schedule), LTX-Video text to video and Flux.1 [dev] text to
-image, driven through the HTTP API and the websocket.
+image, and the A/B examples of Flux.1 and Wan 2.1, driven through the HTTP API and the websocket.
 
 The graphs are the committed examples with these stand-ins for what cannot be had here: the
 diffusion-model files are random (devtools/random_dits.py: the smallest Flux.1 dev, Wan 2.1 t2v
@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import ab_helpers
 import make_examples
 import workflow
 from comfy_server import PromptRejected
@@ -192,6 +193,36 @@ def test_the_example_graph_runs_reports_repeats_and_acts(server, object_info, fi
     again = server.run(copy.deepcopy(prompt))
     assert not [m for m in again["status"]["messages"] if m[0] == "execution_cached" and m[1]["nodes"]]
     assert torch.equal(latent_of(server, again), latent)
+
+
+# The A/B examples (issue #46) of Flux.1 and Wan 2.1: family -> its GRAPHS entry (model file, latent
+# node, size) and the images a run compares (Wan's 9 frames: 3 latent frames, each one image of the
+# latent preview that stands in for VAEDecode: tests/comfy_test_nodes).
+AB_GRAPHS = {"flux": ("flux", 1), "wan": ("wan", 3)}
+
+
+@pytest.mark.parametrize("family", list(AB_GRAPHS))
+def test_the_ab_example_compares_unpatched_with_todo_and_shows_both_times(server, object_info, files, family):
+    """The same seed sampled without and with ToDo, both saved, the compare node's figures and heat
+    map, ToDo's time on its node and both samplers' progress bars in the console; without ToDo the
+    two are the same (PSNR ∞): ToDo is the only difference between the samplers."""
+    graph, images = AB_GRAPHS[family]
+    _, latent_node, size, *_ = GRAPHS[graph]
+    prompt = ab_helpers.ab_prompt(object_info, family, steps=2)
+    saves = {nid: prompt[nid] for nid in ab_helpers.SAVES.values()}  # stand_ins drops the saves
+    for node in prompt.values():
+        if node["class_type"] == "VAEDecode":
+            node.update(class_type="TokenReduceTestLatentPreviewImage",
+                        inputs={"samples": node["inputs"]["samples"], "family": family})
+    prompt = {**stand_ins(prompt, family), **saves}
+    workflow.find(prompt, "UNETLoader")["unet_name"] = files[1][MODEL_FILES[graph]]
+    workflow.find(prompt, latent_node).update(size)
+    # Every block reduced, whatever auto would decide on the tiny random DiTs: the graph is under test.
+    workflow.find(prompt, TODO).update(skip_first_blocks=0, skip_last_blocks=0, reduce_when="always")
+    _, lines = ab_helpers.run_ab(server, prompt, steps=2, images=images)
+    assert "PSNR ∞" not in lines[images]  # the mean: ToDo changed the frames
+    _, same = ab_helpers.run_ab(server, ab_helpers.without_todo(prompt), steps=2, images=images)
+    assert same[images].startswith(f"mean of {images}: PSNR ∞ dB · SSIM 1.0000"), same
 
 
 # Wan 2.2 A14B: two experts of Wan 2.1's architecture, each with its 4-step LoRA. Stand-ins: the

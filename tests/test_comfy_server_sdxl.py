@@ -1,12 +1,14 @@
 """End to end on SDXL: a full-size random-weight SDXL checkpoint (the loader detects it as SDXL),
-served by the pinned ComfyUI, sampled through both example workflows. Its own server, so the
+served by the pinned ComfyUI, sampled through both example workflows and the A/B example. Its own server, so the
 SD1.5 server of test_comfy_server.py is gone before this one loads SDXL into memory."""
 
 from __future__ import annotations
 
 import pytest
 
-from server_helpers import NODE_IDS, example_prompt, node_id, pixels, start_server
+import ab_helpers
+import workflow
+from server_helpers import NODE_IDS, checkpoint_name, example_prompt, node_id, pixels, start_server
 
 
 @pytest.fixture(scope="module")
@@ -27,3 +29,15 @@ def test_sdxl_example_workflow_patches_attention(server, patch, report):
     (image,) = server.images(entry)
     assert pixels(image).shape == (256, 256, 3)
     assert entry["outputs"][node_id(prompt, NODE_IDS[patch])]["text"][0].startswith(report)
+
+
+def test_the_sdxl_ab_example_compares_unpatched_with_todo(server):
+    """The A/B example on SDXL (issue #46): one step each at 128 px (a 16x16 latent: ToDo's level 2
+    is 8x8), both saved, ToDo's report and time, both progress bars, the compare node's figures."""
+    object_info = server.object_info()
+    prompt = ab_helpers.ab_prompt(object_info, "sdxl", steps=1)
+    workflow.find(prompt, "CheckpointLoaderSimple")["ckpt_name"] = checkpoint_name("SDXL")
+    workflow.find(prompt, "EmptyLatentImage").update(width=128, height=128)
+    entry, lines = ab_helpers.run_ab(server, prompt, steps=1, images=1)
+    assert entry["outputs"][ab_helpers.PATCH]["text"][0].startswith("ToDo on SDXL: downsample 2: 10 blocks")
+    assert "PSNR ∞" not in lines[0]

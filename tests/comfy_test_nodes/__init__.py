@@ -14,6 +14,9 @@ the same in every ComfyUI version the suite covers.
 The VACE graph's WanVaceToVideo encodes its control video (grey where none is given) with the
 Wan VAE, which cannot be had either (its loader builds the full-size VAE): its stand-in stores
 random VACE frames and mask of the shapes it gives, with the same outputs.
+
+The A/B graphs of Flux and Wan compare two decoded images; their VAEs cannot be had either: the
+latent preview stands in for VAEDecode (ComfyUI's own latent-to-RGB preview map).
 """
 
 import torch
@@ -128,9 +131,40 @@ class EmptyLTX2AudioLatent:
         return ({"samples": torch.zeros(batch_size, channels, frames, bins), "type": "audio"},)
 
 
+class LatentPreviewImage:
+    """VAEDecode without the VAE, for the A/B examples of Flux and Wan (whose VAEs cannot be had:
+    their loaders build the full-size models): the latent mapped to RGB by the family's latent
+    format's ``latent_rgb_factors``, the linear map ComfyUI's own live previews use
+    (latent_preview.Latent2RGBPreviewer), each latent pixel 8x8 pixels, each latent frame of a
+    video one image of the batch. Enough to compare two samplers' outputs as images."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"samples": ("LATENT",), "family": (["flux", "wan"],)}}
+
+    RETURN_TYPES = ("IMAGE",)
+    FUNCTION = "preview"
+    CATEGORY = "_for_testing"
+
+    def preview(self, samples, family):
+        import comfy.latent_formats
+
+        latent_format = comfy.latent_formats.Flux() if family == "flux" else comfy.latent_formats.Wan21()
+        latent = samples["samples"].float()
+        if latent.ndim == 5:  # [B, C, T, H, W] -> the frames as images
+            latent = latent.movedim(2, 1).flatten(0, 1)
+        factors = torch.tensor(latent_format.latent_rgb_factors).T  # [3, C]
+        bias = torch.tensor(latent_format.latent_rgb_factors_bias)
+        rgb = torch.nn.functional.linear(latent.movedim(1, -1), factors, bias)
+        image = ((rgb + 1.0) / 2.0).clamp(0.0, 1.0)
+        return (image.repeat_interleave(8, dim=1).repeat_interleave(8, dim=2),)
+
+
 NODE_CLASS_MAPPINGS = {"TokenReduceTestDiTConditioning": RandomDiTConditioning,
                        "TokenReduceTestVaceConditioning": RandomVaceConditioning,
-                       "TokenReduceTestLTX2AudioLatent": EmptyLTX2AudioLatent}
+                       "TokenReduceTestLTX2AudioLatent": EmptyLTX2AudioLatent,
+                       "TokenReduceTestLatentPreviewImage": LatentPreviewImage}
 NODE_DISPLAY_NAME_MAPPINGS = {"TokenReduceTestDiTConditioning": "Random DiT conditioning (TokenReduce tests)",
                               "TokenReduceTestVaceConditioning": "Random VACE conditioning (TokenReduce tests)",
-                              "TokenReduceTestLTX2AudioLatent": "Empty LTX-2 audio latent (TokenReduce tests)"}
+                              "TokenReduceTestLTX2AudioLatent": "Empty LTX-2 audio latent (TokenReduce tests)",
+                              "TokenReduceTestLatentPreviewImage": "Latent preview image (TokenReduce tests)"}
