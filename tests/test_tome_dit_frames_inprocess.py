@@ -165,3 +165,17 @@ def test_ltxv_image_to_video_clean_first_frame_stays_whole(comfy, dits):
         _sample(comfy, patched, "ltxv", frames=121, latent=latent, noise_mask=_first_frame_mask(latent))
         (given,), ((merged, plan),) = outside, inside
         _first_frame_whole(given["img"], merged, plan, plan.tokens // 16)
+
+
+def test_wan_vace_first_frame_stays_whole(comfy, dits):
+    """Wan VACE: WanVaceToVideo puts its reference image in front of the video as the first latent
+    frame, which only the VACE mask's values tell (never read): the first frame is always kept
+    whole, never merged nor merged into, at stride_t 1 and 2."""
+    model = dits("wan21_vace")
+    for stride_t in (1, 2):
+        patched, outside, inside = _spied(comfy, model, stride_t=stride_t)
+        latent = _sample(comfy, patched, "wan21_vace")
+        assert len(outside) == len(inside) > 0  # cond and uncond (their VACE hints differ: not batched)
+        for given, (merged, plan) in zip(outside, inside):
+            _first_frame_whole(given["img"], merged, plan, plan.tokens // latent.shape[2])
+            assert plan.r > 0

@@ -94,7 +94,12 @@ def vace_tokens(model, patch, x, context, kwargs) -> TokenLayout | None:
     # [B, streams, C, T, H, W]: each stream runs every VACE block again; the plan places one.
     if hints is None or hints.shape[1] != 1 or tuple(hints.shape[-3:]) != tuple(x.shape[-3:]):
         return None
-    return tokens(model, patch, x, context, kwargs)
+    # WanVaceToVideo puts a reference image in front of the video as its first latent frame (and
+    # trims it after sampling); whether there is one is only in the VACE mask's values, which are
+    # not read (no host sync), so the first latent frame is always kept whole: it costs 1/T of
+    # the tokens that could merge where there is no reference.
+    layout = tokens(model, patch, x, context, kwargs)
+    return layout._replace(whole_frames=max(1, layout.whole_frames)) if layout is not None else None
 
 
 def vace_check(model) -> str | None:
