@@ -108,6 +108,7 @@ def patched_clone(model, node_id: str, settings, header: str, graph_node: str | 
     clone = model.clone()
     session = PatchSession(node_id, settings.start_percent, settings.end_percent, preflight)
     session.header, session.node_id, session.on_report = header, graph_node, publish_run
+    session.measure_change = settings.measure_change
     return clone, session
 
 

@@ -44,6 +44,7 @@ def run_message(session: PatchSession, report: RunReport) -> dict:
         "measure_seconds": report.measure_seconds,
         "notes": list(report.notes),
         "windows": [list(window) for window in report.windows],
+        "prediction_change": None if report.prediction_change is None else report.prediction_change._asdict(),
     }
 
 

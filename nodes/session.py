@@ -17,6 +17,7 @@ import time
 
 from comfy.patcher_extension import WrappersMP
 
+from ..tokenreduce.change import measure_change
 from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from ..tokenreduce.window import SigmaWindow
 from .host import attention_entry, compiled, compute_dtype
@@ -71,6 +72,7 @@ class PatchSession:
         self.header = label
         self.on_report = None
         self.profile = False  # set by benchmarks: time merge planning (synchronises the device)
+        self.measure_change = False  # the node's measure_change: one unreduced call per run (change.py)
         self.last_report: RunReport | None = None
 
     def __deepcopy__(self, memo):
@@ -97,7 +99,7 @@ class PatchSession:
         # The whole of sampling: no call's noise level needs reading to know it is inside.
         always = self.start_percent <= 0.0 and self.end_percent >= 1.0
         previous, self.run = self.run, RunState(window, always_active=always, profile=self.profile,
-                                                warnings=list(warnings))
+                                                warnings=list(warnings), measure_change=self.measure_change)
         start = time.perf_counter()
         completed = False
         try:
@@ -143,7 +145,11 @@ class PatchSession:
         self.patch.prepare_call(context, run, call)
         options[self.context_key] = context  # a fresh dict per model call (ComfyUI copies it)
         try:
-            return executor(*args, **kwargs)
+            output = executor(*args, **kwargs)
+            # measure_change: at the run's first reduced call only, the same call again unreduced
+            # (below every wrapper); the output returned is the reduced one, untouched.
+            measure_change(run, context, call, output, self.context_key, self.label)
+            return output
         finally:
             run.close_call(context, sigmas)
 

@@ -190,6 +190,23 @@ def window_line(windows: tuple[tuple[int, ...], ...]) -> str:
     return f"context windows · {len(windows)} of {size} frames (frames {spans}), each its own call"
 
 
+def percent_text(fraction: float) -> str:
+    """0.018 -> '1.8 %', 0.96 -> '96 %', 0.0043 -> '0.43 %': two significant digits, never an exponent."""
+    percent = fraction * 100
+    if percent >= 10:
+        return f"{percent:.0f} %"
+    if percent >= 1:
+        return f"{percent:.1f} %"
+    return f"{percent:.2g} %" if percent >= 1e-4 else ("0 %" if percent == 0 else "< 0.0001 %")
+
+
+def change_line(change, steps: int) -> str:
+    """measure_change's readout as the report says it (``change``: a ``run.PredictionChange``)."""
+    where = f"step {change.step} of {steps}, " if change.step is not None else ""
+    return (f"prediction change {percent_text(change.change)} ({where}one model call; not the final image's "
+            f"change)")
+
+
 def run_lines(header_line: str, report, timing: bool = True) -> list[str]:
     """The node's lines after a run (``report``: a ``run.RunReport``): what it patched, tokens
     per level, steps and time (``timing`` False: without the time, for a record of the image such as the WebUI's
@@ -204,6 +221,8 @@ def run_lines(header_line: str, report, timing: bool = True) -> list[str]:
     if report.windows:
         lines.append(window_line(report.windows))
     lines += list(report.notes)
+    if report.prediction_change is not None:
+        lines.append(change_line(report.prediction_change, report.steps))
     active = f"steps {_ranges(report.active_steps)} of {report.steps}" if report.active_steps else \
         f"no step of {report.steps}"
     lines.append(active + (f" · {report.sampling_seconds:.1f} s sampling" if timing else "")

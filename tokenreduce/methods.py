@@ -42,6 +42,14 @@ def reduce_when_input() -> Input:
                          "anew once and replace the kept decisions.")
 
 
+def measure_change_input() -> Input:
+    return Input("measure_change", BOOL, False, optional=True, advanced=True,
+                 tooltip="Also run the model once unreduced at the first reduced step and report how much the "
+                         "reduction changed its prediction (relative L2 of that one model call's output: one step, "
+                         "not the final image's change). Costs one model call per run and the memory of an "
+                         "unreduced call; the image is unchanged.")
+
+
 def window_inputs(what: str) -> tuple[Input, Input]:
     return (
         Input("start_percent", FLOAT, 0.0, low=0.0, high=1.0, step=0.001,
@@ -194,6 +202,7 @@ TOME = Method("ToMe", (
                   "conditioning rows (cond and uncond never share), then made anew. Needs share_plans. Saves "
                   "planning time where the tokens change little from step to step; 1 = a new plan every model "
                   "call."),
+    measure_change_input(),
 ), checks=(_ratio_within_cap, _something_to_merge, _window_order, _plan_reuse_needs_shared_plans))
 
 TODO = Method("ToDo", (
@@ -220,6 +229,7 @@ TODO = Method("ToDo", (
           tooltip="DiTs: leave this many of the model's last blocks unreduced (they settle the details). UNets "
                   "ignore it."),
     reduce_when_input(),
+    measure_change_input(),
 ), checks=(_something_to_downsample, _window_order))
 
 DIT_METHODS_WITH_ROPE = ("nearest",)  # keys that carry rotated positions are selected, never averaged

@@ -55,6 +55,11 @@ def call_context(active: bool, timer=None, **extra) -> dict:
     return {"active": active, "notes": {}, "timer": timer, **extra}
 
 
+def call_reduced(context: dict) -> bool:
+    """Whether a patch noted a reduction in this call (after the call: what ``close_call`` folds)."""
+    return any(key != SKIPPED for key in context["notes"])
+
+
 class ModelCall(NamedTuple):
     """What the host knows of a model call before it runs it."""
 
@@ -100,6 +105,13 @@ class SiteDecision(NamedTuple):
     decision: Decision
 
 
+class PredictionChange(NamedTuple):
+    """``measure_change``: how much the reduction changed one model call's output (``change.py``)."""
+
+    change: float  # ||reduced - unreduced|| / ||unreduced||
+    step: int | None  # the 1-based step of that call (None: the schedule did not say)
+
+
 @dataclass(frozen=True)
 class RunReport:
     """Numbers (no tensors) kept from the last run, for the node's report and benchmarks."""
@@ -118,6 +130,7 @@ class RunReport:
     notes: tuple[str, ...] = ()  # what the patch did about its surroundings (not warnings: it works)
     windows: tuple[tuple[int, ...], ...] = ()  # ComfyUI context windows seen, as their frame indices, in order
     decisions_file: str = ""  # where the auto rule keeps its decisions ("": this process only)
+    prediction_change: PredictionChange | None = None  # measure_change's readout (None: not asked or not made)
 
 
 @dataclass
@@ -140,6 +153,10 @@ class RunState:
     decisions: dict = field(default_factory=dict)  # (site, device) -> Decision of the auto rule, first met first
     decisions_file: str = ""  # where the auto rule keeps its decisions ("": in memory only)
     windows: dict = field(default_factory=dict)  # context windows seen: frames of the window -> model calls
+    measure_change: bool = False  # measure the prediction change at the first reduced call (change.py)
+    # (relative change, the call's sigmas) as tensors, read when the report is made; None: not yet
+    _change: tuple | None = None
+    _change_claimed: bool = False  # a call took the readout (once per run, whichever thread)
     _last_sigma: tuple | None = None  # (sigmas tensor, its value): one device read per call
     _steps: dict = field(default_factory=dict)  # noise level -> step (0-based, in the order first met)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -210,6 +227,19 @@ class RunState:
         if reduced:
             self.reduced_sigmas.append(sigmas)
 
+    def claims_change(self, context: dict) -> bool:
+        """Whether the call of ``context``, just returned, is the one whose prediction change this run
+        measures: asked for, the first call that reduced (once per run, whatever threads call)."""
+        if not self.measure_change or self._change_claimed or not context["active"] or not call_reduced(context):
+            return False
+        with self._lock:
+            claimed, self._change_claimed = self._change_claimed, True
+        return not claimed
+
+    def keep_change(self, change: torch.Tensor, sigmas: torch.Tensor) -> None:
+        """The measured relative change and the noise level it was measured at, kept as tensors."""
+        self._change = (change, sigmas)
+
     def warn_once(self, message: str) -> None:
         """A warning for the run's report, said once however many calls (and threads) meet it."""
         with self._lock:
@@ -257,7 +287,16 @@ class RunState:
         return RunReport(seconds, self.plan_seconds, self.skipped_calls, completed, steps, active, levels,
                          tuple(warnings), decisions=decided,
                          measure_seconds=sum(d.seconds for d in self.decisions.values() if d.source == MEASURED),
-                         notes=tuple(self.notes), windows=tuple(sorted(self.windows)), decisions_file=self.decisions_file)
+                         notes=tuple(self.notes), windows=tuple(sorted(self.windows)), decisions_file=self.decisions_file,
+                         prediction_change=self._prediction_change(sigmas))
+
+    def _prediction_change(self, schedule: list[float]) -> PredictionChange | None:
+        """measure_change's readout, read from the device now (once per run), with its step."""
+        if self._change is None:
+            return None
+        change, sigmas = self._change
+        step = steps_of(schedule, _noise_levels([sigmas])) if schedule else ()
+        return PredictionChange(float(change), step[0] if step else None)
 
 
 def _noise_levels(sigmas: list) -> list[float]:

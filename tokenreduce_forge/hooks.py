@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenreduce.describe import run_lines
+from tokenreduce.describe import percent_text, run_lines
 from tokenreduce.methods import MODE_QUERIES
 from tokenreduce.pays import Decisions, decisions_at
 
 from . import patching
-from .settings import FIRST, HIRES, PREFIX, STAGE_WORDS, WARNINGS_KEY, Job, job_from_args, report_key
+from .settings import FIRST, HIRES, PREFIX, STAGE_WORDS, WARNINGS_KEY, Job, change_key, job_from_args, report_key
 
 JOB = "tokenreduce_job"  # attributes TokenReduce sets on the processing object
 PASSES = "tokenreduce_passes"
@@ -196,6 +196,11 @@ def schedule_of(p) -> list[float] | None:
         p.extra_generation_params.update(saved)
 
 
+def _change_text(change) -> str:
+    """measure_change's readout for the infotext: '1.8 % at step 1'."""
+    return percent_text(change.change) + (f" at step {change.step}" if change.step is not None else "")
+
+
 def _interrupted() -> bool:
     state = _state()
     return bool(state is not None and (state.interrupted or state.skipped))
@@ -216,6 +221,8 @@ def after_batch(p, args) -> None:
         for method, report in run.finish(completed):
             p.extra_generation_params[report_key(stage, method.method)] = " | ".join(
                 run_lines(method.header, report, timing=False))
+            if report.prediction_change is not None:  # measure_change: one model call's change, one step
+                p.extra_generation_params[change_key(stage, method.method)] = _change_text(report.prediction_change)
             comments.append(f"{PREFIX}, {STAGE_WORDS[stage]}: {method.info}")
             comments.append(" · ".join(run_lines(method.header, report)))
             warnings += [w for w in report.warnings if w not in warnings]

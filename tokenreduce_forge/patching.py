@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from tokenreduce.change import measure_change
 from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels
@@ -75,7 +76,8 @@ class MethodRun:
         else:
             self.info = tome_info(settings, target) if method == "ToMe" else todo_info(settings, target)[0]
         always = settings.start_percent <= 0.0 and settings.end_percent >= 1.0
-        self.run = RunState(window, always_active=always, warnings=list(warnings))
+        self.run = RunState(window, always_active=always, warnings=list(warnings),
+                            measure_change=settings.measure_change)
 
 
 MEMORY_ONLY = Decisions(None)  # the auto rule's decisions where the caller keeps no file (tests)
@@ -110,7 +112,7 @@ class PassRun:
             sigmas = options["sigmas"]
             call = ModelCall(args["input"], c.get("c_crossattn"),
                              {k: v for k, v in c.items() if k not in ("c_crossattn", "transformer_options")},
-                             options, sigmas, self.dtype, self.attention)
+                             options, sigmas, self.dtype, self.attention, rehearse=_rehearsal(apply_model, args))
             contexts = []
             for method in self.methods:
                 context = method.run.open_call(sigmas, options, aside=method.patch.steps_aside(method.run, call))
@@ -120,9 +122,11 @@ class PassRun:
             if self._started is None:
                 self._started = time.perf_counter()
             try:
-                if previous is not None:
-                    return previous(apply_model, args)
-                return apply_model(args["input"], args["timestep"], **c)
+                output = previous(apply_model, args) if previous is not None else \
+                    apply_model(args["input"], args["timestep"], **c)
+                for method, context in zip(self.methods, contexts):  # measure_change: once per run, unreduced
+                    measure_change(method.run, context, call, output, method.patch.context_key, method.label)
+                return output
             finally:
                 for method, context in zip(self.methods, contexts):
                     method.run.close_call(context, sigmas)
@@ -152,6 +156,14 @@ class PassRun:
             reports.append((method, report))
         self._sigmas = []
         return reports
+
+
+def _rehearsal(apply_model, args: dict):
+    """options -> this model call run once more with ``options`` as its transformer_options, by the
+    model's own apply_model (below Forge's model_function_wrapper: no other extension's wrapper)."""
+    def rehearse(options: dict):
+        return apply_model(args["input"], args["timestep"], **{**args["c"], "transformer_options": options})
+    return rehearse
 
 
 def _percent_to_sigma(unet):

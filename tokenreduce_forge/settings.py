@@ -25,9 +25,10 @@ DEFAULT_ON = {"ToDo": True, "ToMe": False}  # ToDo at its defaults is what the R
 # Inputs that act on DiTs only; the WebUI does not show them, so they keep their defaults (on
 # Forge's Flux.1, the one DiT the extension patches: its first and last blocks are left alone).
 DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks", "stride_t"})
-# Not shown either, so they keep their defaults: ToMe's plan_every (reusing plans across steps), not
-# in the accordion yet, which keeps the API's positional arguments as they are.
-NOT_SHOWN = DIT_ONLY | {"plan_every"}
+# Not shown either, so they keep their defaults: ToMe's plan_every (reusing plans across steps) and
+# measure_change (the prediction change in the infotext), not in the accordion yet, which keeps the
+# API's positional arguments as they are (a control per method and pass would shift them).
+NOT_SHOWN = DIT_ONLY | {"plan_every", "measure_change"}
 
 FIRST, HIRES = "first", "hires"  # the sampling passes of a generation (hires: the hires. fix pass)
 STAGE_WORDS = {FIRST: "first pass", HIRES: "hires pass"}
@@ -73,6 +74,11 @@ def input_arg(stage: str, method: str, name: str) -> str:
 
 def report_key(stage: str, method: str) -> str:
     return f"{PREFIX} {method_arg(stage, method)} report"
+
+
+def change_key(stage: str, method: str) -> str:
+    """The infotext key of measure_change's readout: "TokenReduce ToDo prediction change"."""
+    return f"{PREFIX} {method_arg(stage, method)} prediction change"
 
 
 WARNINGS_KEY = f"{PREFIX} warnings"

@@ -66,7 +66,9 @@ def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare:
 
     hooked = model if hooked is None else hooked  # (a compiled wrapper has no truth value: it has no len())
     hooks.pre(hooked, before)
-    hooks.post(hooked, lambda module, args, kwargs, output: session.close_call())
+    # measure_change reruns the call by the model's own forward: below these hooks and uncompiled
+    hooks.post(hooked, lambda module, args, kwargs, output: session.close_call(
+        output, lambda: model.forward(*args, **kwargs)))
 
 
 def unet_sample(arguments) -> torch.Tensor:

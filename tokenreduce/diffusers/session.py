@@ -29,8 +29,9 @@ import time
 
 import torch
 
+from ..change import keep_change
 from ..describe import run_lines
-from ..run import RunReport, RunState
+from ..run import RunReport, RunState, call_context
 from ..window import SigmaWindow, flow_sigma
 
 LOG = logging.getLogger("tokenreduce")
@@ -104,7 +105,8 @@ class Session:
         if new:
             self._finish()
             self.window = self._window(scheduler)
-            self.run = RunState(self.window, always_active=self.always_active)
+            self.run = RunState(self.window, always_active=self.always_active,
+                                measure_change=self.settings.measure_change)
             self._timesteps, self._started, self._checked, self._marker = [], now, False, marker
         if marker is None:
             self._last = self.run.sigma(t)
@@ -115,6 +117,18 @@ class Session:
         self.context["timestep"] = t
         return self.context
 
+    def _unreduced(self, rerun):
+        """``rerun()`` with this session's patch passing through: an inactive call context, which the
+        patch prepares for as for any call (its per-call state, a DiT's merge, is cleared)."""
+        saved = self.context, self.call
+        self.context = call_context(False)
+        try:
+            if self.patch is not None:
+                self.patch.prepare(self.context, self.call)
+            return rerun()
+        finally:
+            self.context, self.call = saved
+
     def check_latent(self, shape: tuple) -> None:
         """The node's preflight checks, once per run, on the latent of its first call."""
         if self.preflight is None or self._checked:
@@ -123,7 +137,14 @@ class Session:
         for warning in self.preflight(tuple(shape)):
             self.run.warn_once(warning)
 
-    def close_call(self) -> None:
+    def close_call(self, output=None, rerun=None) -> None:
+        """After a model call that returned ``output``; ``rerun()`` runs the same call again (the
+        model's own forward, below its hooks): measure_change's unreduced call, at the run's first
+        call that reduced (``change.py``)."""
+        if rerun is not None and self.context is not None and self.run is not None and \
+                self.run.claims_change(self.context):
+            keep_change(self.run, self.label, output, lambda: self._unreduced(rerun),
+                        self.context["timestep"].device, self.context["timestep"])
         if self.context is not None and self.run is not None:
             close = getattr(self.patch, "close_call", None)
             if close is not None:

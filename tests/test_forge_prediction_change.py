@@ -1,0 +1,43 @@
+"""measure_change in the Forge extension's glue (issue #46, point 1), driven through ComfyUI's
+patcher as tests/test_forge_glue.py drives it: the pass's model_function_wrapper runs the first
+reduced call once more by the model's own apply_model (below the wrapper), the image is bit for
+bit unchanged, and the readout goes into the infotext as ``TokenReduce ToDo prediction change``.
+The WebUI shows no control for it yet (``settings.NOT_SHOWN``: a control per method and pass
+would shift the API's positional arguments); the settings carry it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from comfy_helpers import sample
+from test_forge_glue import _positional, _processing, forge_like
+from tokenreduce_forge import hooks, patching
+from tokenreduce_forge import settings as S
+
+
+def todo_pass(model, measure: bool):
+    settings = replace(S.method_settings("ToDo", S.FIRST, {"reduce_when": "always"}), measure_change=measure)
+    return patching.install(forge_like(model), "SD15", S.FIRST, {"ToDo": settings}, (1, 4, 32, 32))
+
+
+def test_forge_pass_measures_once_image_unchanged_and_infotext_says_it(comfy, models):
+    calls = []
+    plain, _ = todo_pass(models["SD15"], False)
+    measured, run = todo_pass(models["SD15"], True)
+    handle = measured.get_model_object("diffusion_model").register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        image = sample(comfy, measured, "SD15", steps=2)
+    finally:
+        handle.remove()
+    assert len(calls) == 2 + 1
+    assert torch.equal(image, sample(comfy, plain, "SD15", steps=2))
+    args = _positional(enabled=True)
+    p = _processing(measured, args)
+    setattr(p, hooks.JOB, S.job_from_args(args, hires_runs=False))
+    setattr(p, hooks.PASSES, {S.FIRST: run})
+    hooks.after_batch(p, args)
+    text = p.extra_generation_params["TokenReduce ToDo prediction change"]
+    assert text.endswith(" % at step 1") and float(text.split()[0]) > 0
+    assert "prediction change" in p.extra_generation_params["TokenReduce ToDo report"]
