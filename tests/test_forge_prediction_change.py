@@ -3,7 +3,7 @@ patcher as tests/test_forge_glue.py drives it: the pass's model_function_wrapper
 reduced call once more by the model's own apply_model (below the wrapper), the image is bit for
 bit unchanged, and the readout goes into the infotext as ``TokenReduce ToDo prediction change``.
 The WebUI shows no control for it yet (``settings.NOT_SHOWN``: a control per method and pass
-would shift the API's positional arguments); the settings carry it."""
+would shift the API's positional arguments); the API's dict form takes it (``DICT_ONLY``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 
 from comfy_helpers import sample
-from test_forge_glue import _positional, _processing, forge_like
+from test_forge_glue import _processing, forge_like
 from tokenreduce_forge import hooks, patching
 from tokenreduce_forge import settings as S
 
@@ -22,7 +22,7 @@ def todo_pass(model, measure: bool):
     return patching.install(forge_like(model), "SD15", S.FIRST, {"ToDo": settings}, (1, 4, 32, 32))
 
 
-def test_forge_pass_measures_once_image_unchanged_and_infotext_says_it(comfy, models):
+def test_forge_pass_measures_once_and_the_image_is_unchanged(comfy, models):
     calls = []
     plain, _ = todo_pass(models["SD15"], False)
     measured, run = todo_pass(models["SD15"], True)
@@ -33,11 +33,21 @@ def test_forge_pass_measures_once_image_unchanged_and_infotext_says_it(comfy, mo
         handle.remove()
     assert len(calls) == 2 + 1
     assert torch.equal(image, sample(comfy, plain, "SD15", steps=2))
-    args = _positional(enabled=True)
-    p = _processing(measured, args)
-    setattr(p, hooks.JOB, S.job_from_args(args, hires_runs=False))
-    setattr(p, hooks.PASSES, {S.FIRST: run})
+    ((_, report),) = run.finish(True)
+    assert report.prediction_change.step == 1 and report.prediction_change.change > 0
+
+
+def test_the_api_dict_form_turns_it_on_and_the_infotext_says_it(comfy, models):
+    args = [{"ToDo": {"measure_change": True, "reduce_when": "always"}}]
+    job = S.job_from_args(args, hires_runs=False)
+    assert job.problem is None and job.stage(S.FIRST)["ToDo"].measure_change is True
+    assert S.job_from_args([True], hires_runs=False).stage(S.FIRST)["ToDo"].measure_change is False  # positional
+    p = _processing(forge_like(models["SD15"]), args)
+    hooks.before_process(p, args)
+    hooks.before_sampling(p, args, {"x": torch.zeros(1, 4, 32, 32)})
+    sample(comfy, p.sd_model.forge_objects.unet, "SD15", steps=2)
     hooks.after_batch(p, args)
     text = p.extra_generation_params["TokenReduce ToDo prediction change"]
     assert text.endswith(" % at step 1") and float(text.split()[0]) > 0
     assert "prediction change" in p.extra_generation_params["TokenReduce ToDo report"]
+    assert "TokenReduce ToDo measure_change" not in p.extra_generation_params  # not a control: not recorded

@@ -29,6 +29,8 @@ DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks"
 # measure_change (the prediction change in the infotext), not in the accordion yet, which keeps the
 # API's positional arguments as they are (a control per method and pass would shift them).
 NOT_SHOWN = DIT_ONLY | {"plan_every", "measure_change"}
+# Of those, what the API's dict form takes (it has no positions to shift): {"ToDo": {"measure_change": true}}.
+DICT_ONLY = frozenset({"measure_change"})
 
 FIRST, HIRES = "first", "hires"  # the sampling passes of a generation (hires: the hires. fix pass)
 STAGE_WORDS = {FIRST: "first pass", HIRES: "hires pass"}
@@ -39,6 +41,11 @@ HIRES_MODES = (HIRES_SAME, HIRES_OWN, HIRES_OFF)
 def webui_inputs(method: Method) -> tuple[Input, ...]:
     """The inputs of a method the WebUI shows."""
     return tuple(spec for spec in method.inputs if spec.name not in NOT_SHOWN)
+
+
+def settable_inputs(method: Method) -> tuple[Input, ...]:
+    """The inputs of a method a job may set: those shown, and those only the API's dict form takes."""
+    return tuple(spec for spec in method.inputs if spec.name not in NOT_SHOWN or spec.name in DICT_ONLY)
 
 
 @dataclass(frozen=True)
@@ -135,7 +142,7 @@ def method_settings(method: str, stage: str, values: dict):
     missing ones take their defaults)."""
     declared = METHODS[method]
     checked = {}
-    for spec in webui_inputs(declared):
+    for spec in settable_inputs(declared):
         if spec.name not in values:
             continue
         value, problem = coerce(spec.kind, spec.name, values[spec.name])
@@ -195,7 +202,7 @@ def _method_values_from_dict(stage: str, method: str, given, values: dict) -> No
         return
     if not isinstance(given, dict):
         raise Refusal(f"{label(stage, method)}: {given!r} is not true, false or a dict of its inputs.")
-    names = [spec.name for spec in webui_inputs(METHODS[method])]
+    names = [spec.name for spec in settable_inputs(METHODS[method])]
     unknown = [name for name in given if name not in names]
     if unknown:
         raise Refusal(f"{label(stage, method)}: unknown input {unknown[0]!r}; its inputs are {', '.join(names)}.")
@@ -259,7 +266,7 @@ def _stage_settings(values: dict, stage: str) -> dict:
         if problem is not None:
             raise Refusal(f"{PREFIX}: {problem}")
         if switch:
-            names = {spec.name: input_arg(stage, method, spec.name) for spec in webui_inputs(METHODS[method])}
+            names = {spec.name: input_arg(stage, method, spec.name) for spec in settable_inputs(METHODS[method])}
             out[method] = method_settings(method, stage,
                                           {name: values[arg] for name, arg in names.items() if arg in values})
     return out
