@@ -157,7 +157,8 @@ FIXTURES = {
     # 512 px motion encoder is large, and the face adapter's attention never reaches the override).
     "wan22_animate": Fixture(
         Spec("WAN22_Animate", 16, 8, True, 4), {**_WAN, "model_type": "animate", "in_dim": 36, "out_dim": 16},
-        _FAMILY, 2, "g--g--", _GRID, text=_text, shared=_animate),
+        # Its first latent frame is the reference image, kept out of the grid (before it).
+        _FAMILY, 2, "g--g--", (_GRID[0] - 1, *_GRID[1:]), text=_text, shared=_animate),
     # HuMo 1.7B: self over [video, reference frame], text cross, audio cross (per frame).
     "wan21_humo": Fixture(
         Spec("WAN21_HuMo", 16, 8, True, 4), {**_WAN, "model_type": "humo", "in_dim": 16, "out_dim": 16},
