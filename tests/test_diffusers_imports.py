@@ -62,7 +62,7 @@ def test_apply_patch_says_what_it_takes_without_diffusers():
 
 def test_pip_install_gives_the_tokenreduce_package_alone(tmp_path):
     """``pip install .`` of a clean checkout installs ``tokenreduce`` (core and diffusers adapter),
-    needing nothing but torch; the ComfyUI pack and the Forge extension stay in the checkout."""
+    needing nothing but torch and filelock (which torch requires itself); the ComfyUI pack and the Forge extension stay in the checkout."""
     pytest.importorskip("setuptools")  # the build backend, used without build isolation (no download)
     from test_registry import tracked_copy
 
@@ -74,7 +74,8 @@ def test_pip_install_gives_the_tokenreduce_package_alone(tmp_path):
     assert sorted(p.name for p in target.iterdir() if not p.name.endswith(".dist-info")) == ["tokenreduce"]
     metadata = next(target.glob("tokenreduce-*.dist-info")) / "METADATA"
     requires = [line for line in metadata.read_text().splitlines() if line.startswith("Requires-Dist:")]
-    assert [r for r in requires if "extra ==" not in r] == ["Requires-Dist: torch>=2.1"], requires
+    assert [r for r in requires if "extra ==" not in r] == ["Requires-Dist: torch>=2.1",
+                                                                "Requires-Dist: filelock>=3.0"], requires
     check = ("import sys; sys.path.insert(0, sys.argv[1]); "
              "import tokenreduce, tokenreduce.diffusers; assert tokenreduce.__file__.startswith(sys.argv[1]); "
              "from tokenreduce.diffusers import apply_patch, remove_patch; print('ok')")
