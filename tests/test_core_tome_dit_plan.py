@@ -20,7 +20,7 @@ import tokenreduce.tome_dit as tome_dit
 from tokenreduce.dit import BlockArgs, TokenLayout
 from tokenreduce.families.cogvideo import FAMILIES as COGVIDEOX
 from tokenreduce.run import MERGED_GRID, call_context
-from tokenreduce.tome_dit import (SHARED_PLAN, ToMeDiTPatch, make_tiles, merge, merged_args, merged_count, plan_block,
+from tokenreduce.tome_dit import (SHARED_PLAN, ToMeDiTPatch, accumulating, make_tiles, merge, merged_args, merged_count, plan_block,
                                   restore)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,6 +129,22 @@ def test_fp16_merge_averages_without_overflow_and_restores_in_fp16():
     assert torch.allclose(merged[0].double(), means, rtol=1e-3)
     back = restore(plan, merged)
     assert back.dtype == torch.float16 and torch.isfinite(back).all()
+
+
+def test_bf16_merges_in_bf16_and_matches_the_float32_merge():
+    """bfloat16 has float32's range: its tokens are planned and averaged as they are (a float32
+    copy of every merged token cost ToMe 6-15 % of its speed-up on an H100), the plan the same as
+    float32's (the same sources merge) and the averages within bfloat16's rounding of them."""
+    x = torch.randn(2, 64, 32, generator=torch.Generator().manual_seed(3))
+    tiles = make_tiles((1, 8, 8), (1, 2, 2), None, "cpu")
+    assert accumulating(torch.bfloat16) == torch.bfloat16 and accumulating(torch.float16) == torch.float32
+    plan = plan_block(x, tiles, 20)
+    exact = merge(plan, x)
+    # which sources merge: the same (the order of the kept ones may differ where similarities tie in bf16)
+    assert torch.equal(plan_block(x.bfloat16(), tiles, 20).mask, plan.mask)
+    merged = merge(plan, x.bfloat16())
+    assert merged.dtype == torch.bfloat16
+    assert torch.allclose(merged.float(), exact, rtol=2 ** -7, atol=2 ** -7)
 
 
 # --- point 6: a mask without rotary positions ------------------------------------------------------

@@ -228,12 +228,14 @@ def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1)
     ``frames`` > 1 (the grid's frame count, tiles within frames: stride_t 1, ``r`` a multiple of
     it): grouped by frame, each frame's ``r / frames`` most similar sources merge and the merged
     tokens are frame by frame, each frame's as a plan of that frame alone orders them
-    (``_plan_frames``). In float32 whatever the tokens' dtype: an fp16 token's norm passes 65504
-    (inf, every similarity 0) long before its values do."""
+    (``_plan_frames``). fp16 tokens are planned in float32: an fp16 token's norm passes 65504
+    (inf, every similarity 0) long before its values do; bfloat16 has float32's range and is
+    planned as it is (a float32 copy of every token costs a merged Flux block several per cent)."""
     b, _, c = grid_tokens.shape
     n_tiles, k = tiles.tile_index.shape
     extra = tiles.extra_index.shape[0]
-    members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c).float()
+    members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
+    members = members.to(accumulating(members.dtype))
     normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     similarity = (normed[:, :, 1:] * normed[:, :, :1]).sum(-1).flatten(1)  # [B, S]
     if frames > 1:
@@ -308,18 +310,29 @@ def plan_row(plan: BlockPlan, i: int) -> BlockPlan:
         restore_map=plan.restore_map[i:i + 1], gathers={}))
 
 
+def accumulating(dtype: torch.dtype) -> torch.dtype:
+    """The dtype tokens of ``dtype`` are planned and averaged in: float32 for fp16, whose largest
+    value (65504) a norm or a tile's sum passes with values a model really has (fp16 Flux
+    activations reach ComfyUI's clamp); any other dtype itself (bfloat16 has float32's range, and
+    converting every merged token costs more than the merge)."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 def merge(plan: BlockPlan, grid_tokens: torch.Tensor) -> torch.Tensor:
     """[B, N, C] -> [B, M, C]: [kept edge tokens, each destination averaged with its merged
-    sources, the kept sources]: a dense per-tile masked sum and one gather. The average is taken
-    in float32 (a tile's sum of fp16 tokens overflows before it is divided) and handed back in the
-    tokens' dtype."""
+    sources, the kept sources]: a dense per-tile masked sum and one gather. fp16 tokens are
+    averaged in float32 (a tile's sum of them overflows before it is divided) and handed back in
+    fp16; other dtypes as they are (``accumulating``)."""
     b, _, c = grid_tokens.shape
     tiles = plan.tiles
     n_tiles, k = tiles.tile_index.shape
     members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
     sources = members[:, :, 1:]
-    total = members[:, :, 0].float() + (sources.float() * plan.mask).sum(2)
-    destinations = (total / (1 + plan.mask.sum(2))).to(grid_tokens.dtype)
+    dtype = accumulating(grid_tokens.dtype)
+    mask, count = gathered(plan, ("mask in", dtype), None,
+                           lambda: (plan.mask.to(dtype), (1 + plan.mask.sum(2)).to(dtype)))
+    total = members[:, :, 0].to(dtype) + (sources.to(dtype) * mask).sum(2)
+    destinations = (total / count).to(grid_tokens.dtype)
     kept = sources.reshape(b, -1, c).gather(1, plan.kept.unsqueeze(-1).expand(-1, -1, c))
     if plan.frames > 1:  # frame by frame: [edge tokens, destinations, kept sources] of each frame
         t = plan.frames
