@@ -71,6 +71,11 @@ def main() -> int:
         pinned = None if other else host.run_inside_host(__file__)
         from bench import quality_table
         return quality_table.main(sys.argv[1:], pinned and pinned.comfyui)
+    if "--budgets" in sys.argv[1:]:  # reduce_when auto's quality budget on the photo fixtures (bench/budget_table.py)
+        other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
+        pinned = None if other else host.run_inside_host(__file__)
+        from bench import budget_table
+        return budget_table.main(sys.argv[1:], pinned and pinned.comfyui)
     if "--prediction-change" in sys.argv[1:]:  # measure_change's readout beside LPIPS (bench/prediction_change.py)
         pinned = host.run_inside_host(__file__)
         from bench import prediction_change

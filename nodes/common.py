@@ -119,7 +119,7 @@ def decisions() -> Decisions:
 
 def reduce_rule(settings) -> AutoRule | None:
     """What ``reduce_when`` asks for: the auto rule on this ComfyUI's decisions, or None (always)."""
-    return auto_rule(settings.reduce_when, decisions())
+    return auto_rule(settings.reduce_when, decisions(), max_change=settings.max_change)
 
 
 def unet_levels(model, target: Target) -> UNetLevels:

@@ -40,7 +40,7 @@ def run_message(session: PatchSession, report: RunReport) -> dict:
         "levels": [{"downsample": lv.downsample, "grid": list(lv.grid),
                     "tokens": {stage: list(counts) for stage, counts in lv.tokens.items()}} for lv in report.levels],
         "auto": [{"site": site, "reduce": d.reduce, "full_ms": d.full_ms, "reduced_ms": d.reduced_ms,
-                  "source": d.source} for site, d in report.decisions],
+                  "source": d.source, "change": d.change, "max_change": d.budget} for site, d in report.decisions],
         "measure_seconds": report.measure_seconds,
         "notes": list(report.notes),
         "windows": [list(window) for window in report.windows],

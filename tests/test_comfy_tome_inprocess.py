@@ -150,9 +150,10 @@ def test_shared_plans_plan_once_per_level_and_model_call(comfy, models, monkeypa
     original = module.plan_merge
     monkeypatch.setattr(module, "plan_merge", lambda n, w, h, *a: calls.append((h, w)) or original(n, w, h, *a))
     base = models["SD15"]
-    per_block = sample(comfy, patched(comfy, "tome", base, max_downsample="2"), steps=1)
+    # max_change 0: measuring the change for the budget runs a merged block (plans counted here)
+    per_block = sample(comfy, patched(comfy, "tome", base, max_downsample="2", max_change=0.0), steps=1)
     blocks_calls, calls[:] = list(calls), []
-    shared_model = patched(comfy, "tome", base, max_downsample="2", share_plans=True)
+    shared_model = patched(comfy, "tome", base, max_downsample="2", share_plans=True, max_change=0.0)
     shared = sample(comfy, shared_model, steps=1)
     # One UNet call (cond and uncond batched): one plan per grid, against one per block.
     assert sorted(calls) == [(16, 16), (32, 32)]
@@ -239,7 +240,8 @@ def test_plan_every_reuses_the_shared_plans_across_steps(comfy, models, monkeypa
         monkeypatch.setattr(module, planner, lambda n, *a, original=getattr(module, planner):
                             made.append(n.shape[0]) or original(n, *a))
     base = models["SD15"]
-    settings = dict(max_downsample="2", share_plans=True, matching="tile (fast)")
+    # max_change 0: measuring the change for the budget runs a merged block (plans counted here)
+    settings = dict(max_downsample="2", share_plans=True, matching="tile (fast)", max_change=0.0)
 
     def run(model):
         return sample(comfy, model, steps=3, size=(16, 16))

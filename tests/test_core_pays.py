@@ -388,3 +388,118 @@ def test_the_real_stopwatch_times_on_the_cpu():
 def test_the_pack_version_is_the_one_pyproject_declares():
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == VERSION
+
+
+# --- the quality budget (max_change, issue #46) ------------------------------------------------
+class Changing:
+    """A work builder whose reduced side changes the output by ``change`` (relative L2); its outputs
+    are ``shape``d tensors, or DiT-block-like dicts of them; counts its builds and runs."""
+
+    def __init__(self, change: float = 0.25, as_dict: bool = False):
+        self.change, self.as_dict = change, as_dict
+        self.builds = 0
+        self.runs = {"full": 0, "reduced": 0}
+
+    def __call__(self) -> pays.Work:
+        self.builds += 1
+        base = torch.arange(1.0, 13.0).reshape(3, 4)
+
+        def run(name, value):
+            def go():
+                self.runs[name] += 1
+                return {"img": value, "txt": value[:1]} if self.as_dict else value
+            return go
+        return pays.pair(run("full", base), run("reduced", base * (1.0 + self.change)))
+
+
+def test_relative_change_compares_every_tensor_of_the_outputs():
+    a, b = torch.ones(2, 3), torch.zeros(4)
+    assert pays.relative_change(a, a * 1.5) == pytest.approx(0.5)
+    both = pays.relative_change({"img": a, "txt": (b + 1.0,)}, {"img": a, "txt": (b + 2.0,)})
+    assert both == pytest.approx((4 / 10) ** 0.5)
+    assert pays.relative_change(torch.zeros(3), torch.zeros(3)) == 0.0
+    with pytest.raises(ValueError, match="no tensor"):
+        pays.relative_change(None, None)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_the_change_is_measured_with_the_speed_from_the_warm_up_run_and_kept(as_dict):
+    built, plain = Changing(0.25, as_dict), Built()
+    decisions = store(None, 10.0, 8.0)
+    decision = decisions.decide(GPU_LIKE, KIND, built, change=True)
+    assert decision.change == pytest.approx(0.25) and decision.reduce and decision.source == pays.MEASURED
+    store(None, 10.0, 8.0).decide(GPU_LIKE, KIND, plain)
+    assert built.runs == plain.runs  # the change read from the first warm-up run: no extra run
+    kept = decisions.decide(GPU_LIKE, KIND, Changing(), change=True)
+    assert (kept.source, kept.change) == (pays.KEPT, decision.change)
+
+
+def test_the_budget_is_applied_when_the_decision_is_read_so_one_measurement_serves_every_budget():
+    decisions = store(None, 10.0, 8.0)
+    built = Changing(0.25)
+    tight = pays.AutoRule(decisions, max_change=0.1).decide(GPU_LIKE, KIND, built, "site")
+    assert not tight.reduce and tight.over_budget and (tight.change, tight.budget) == (0.25, 0.1)
+    loose = pays.AutoRule(decisions, max_change=0.3).decide(GPU_LIKE, KIND, built, "site")
+    assert loose.reduce and not loose.over_budget and loose.source == pays.KEPT and built.builds == 1
+    off = pays.AutoRule(decisions).decide(GPU_LIKE, KIND, built, "site")
+    assert off.reduce and off.budget == 0.0
+    slow = store(None, 10.0, 9.9)  # speed says no: left alone whatever the budget; not for the change
+    left = pays.AutoRule(slow, max_change=0.5).decide(GPU_LIKE, KIND, Changing(0.25), "site")
+    assert not left.reduce and not left.over_budget
+    assert pays.auto_rule(REDUCE_AUTO, decisions, max_change=0.2).max_change == 0.2
+    assert pays.auto_rule(REDUCE_REMEASURE, decisions, per_process=True, max_change=0.2) is \
+        decisions.remeasure_rule(0.2) is not decisions.remeasure_rule(0.0)
+
+
+def test_the_change_is_kept_in_the_file_and_read_after_a_restart(tmp_path):
+    store(tmp_path).decide(GPU_LIKE, KIND, Changing(0.25), site="downsample 1 (96×96)", change=True)
+    path = tmp_path / "tokenreduce" / "auto_decisions.json"
+    data = json.loads(path.read_text())
+    assert data["format"] == 1 and [e["change"] for e in data["decisions"].values()] == [0.25]
+    built = Changing(0.9)
+    restarted = store(tmp_path).decide(GPU_LIKE, KIND, built, change=True)
+    assert (restarted.source, restarted.change, built.builds) == (pays.KEPT, 0.25, 0)
+
+
+def test_an_entry_kept_without_a_change_gets_the_change_alone_measured_untimed(tmp_path):
+    store(tmp_path, 10.0, 8.0).decide(GPU_LIKE, KIND, Built())  # as an older version kept it: no change
+    path = tmp_path / "tokenreduce" / "auto_decisions.json"
+    assert "change" not in next(iter(json.loads(path.read_text())["decisions"].values()))
+    assert store(tmp_path).decide(GPU_LIKE, KIND, Built()).source == pays.KEPT  # usable for speed
+    clock = FakeClock(50.0, 1.0)
+    completed = pays.Decisions(path, stopwatch=clock)
+    built = Changing(0.4)
+    decision = completed.decide(GPU_LIKE, KIND, built, change=True)
+    assert clock.timed == [] and built.runs == {"full": 1, "reduced": 1}  # not timed again
+    assert (decision.full_ms, decision.reduced_ms, decision.change, decision.source) == (10.0, 8.0, 0.4, pays.MEASURED)
+    entry = next(iter(json.loads(path.read_text())["decisions"].values()))
+    assert (entry["full_ms"], entry["change"]) == (10.0, 0.4)
+
+
+def test_entries_with_a_change_that_is_no_number_are_not_decisions():
+    entry = {"reduce": True, "full_ms": 1.0, "reduced_ms": 0.5}
+    text = json.dumps({"format": 1, "decisions": {"a": entry, "b": {**entry, "change": 0.1},
+                                                  "c": {**entry, "change": "much"}, "d": {**entry, "change": -1}}})
+    usable, unusable = pays.read_entries(text)
+    assert sorted(usable) == ["a", "b"] and unusable == 2
+
+
+def test_on_the_cpu_a_budget_measures_the_change_untimed_and_keeps_it(tmp_path):
+    clock = FakeClock(10.0, 8.0)
+    decisions = pays.Decisions(tmp_path / "d.json", stopwatch=clock)
+    built = Changing(0.25)
+    assert pays.AutoRule(decisions).decide(CPU, KIND, built, "s").source == pays.CPU and built.builds == 0
+    decision = pays.AutoRule(decisions, max_change=0.1).decide(CPU, KIND, built, "s")
+    assert (decision.reduce, decision.full_ms, decision.change, decision.source) == (False, None, 0.25, pays.MEASURED)
+    assert built.runs == {"full": 1, "reduced": 1} and clock.timed == []
+    again = pays.AutoRule(decisions, max_change=0.5).decide(CPU, KIND, built, "s")
+    assert (again.reduce, again.source, built.builds) == (True, pays.KEPT, 1)
+    assert pays.Decisions(tmp_path / "d.json").decide(CPU, KIND, built, change=True).change == 0.25
+
+
+def test_a_compare_builder_gives_the_change_where_the_timed_work_runs_on_other_inputs():
+    def build():
+        work = Built()()
+        return work._replace(compare=lambda: (lambda: torch.ones(4), lambda: torch.ones(4) * 1.5))
+    decision = store(None).decide(GPU_LIKE, KIND, build, change=True)
+    assert decision.change == pytest.approx(0.5) and decision.full_ms == 10.0

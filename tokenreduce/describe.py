@@ -41,7 +41,16 @@ def reduce_when_text(settings) -> str:
     # Made when the node executes, before a run shows on which device it samples: true on both.
     return (f"reduce_when auto{again}: on a CPU every call is reduced, untimed; on a GPU (any other device) each "
             f"kind of call is reduced only where timing it there shows that it pays, decided once and kept, and "
-            f"the report shows the times.")
+            f"the report shows the times." + budget_text(settings))
+
+
+def budget_text(settings) -> str:
+    """reduce_when auto's quality budget (max_change) for the info text; "" where there is none."""
+    budget = getattr(settings, "max_change", 0)
+    if not budget:
+        return ""
+    return (f" Quality budget max_change {_budget_percent(budget)}: on every device (the CPU too) a kind of call "
+            f"whose reduction changes its output by more is left alone (measured once with the decision, kept).")
 
 
 def _reuse_text(settings) -> str:
@@ -88,7 +97,7 @@ def tome_dit_info(settings, target: Target, patch) -> str:
                f"reduce_when auto{' (measure again: timed anew once)' if s.reduce_when == REDUCE_REMEASURE else ''}: "
                f"on a CPU every block is merged, untimed; on a GPU (any other device) each kind of block is merged "
                f"only where timing one there, unmerged and merged (plan, merge, block, restore), shows that it "
-               f"pays, decided once and kept, and the report shows the times."))
+               f"pays, decided once and kept, and the report shows the times." + budget_text(s)))
 
 
 def todo_info(settings, target: Target) -> tuple[str, list[str]]:
@@ -169,17 +178,34 @@ def decision_lines(report, timing: bool = True) -> list[str]:
     kind of DiT call (``timing`` False: without what measuring cost and whether it happened now, which differ
     between identical runs)."""
     lines = []
-    for site, decision in report.decisions:
-        if decision.full_ms is None:
-            continue  # could not be measured: the warnings say so
-        verdict = "reduced" if decision.reduce else "left alone"
-        lines.append(f"auto · {site} · {decision.full_ms:.2f} → {decision.reduced_ms:.2f} ms · {verdict}")
-    measured = sum(1 for _, decision in report.decisions if decision.source == MEASURED)
+    listed = [(site, decision) for site, decision in report.decisions
+              # untimed (a CPU) and reduced: nothing to say (the change is in the websocket message)
+              if decision.full_ms is not None or decision.over_budget]  # else not measured: the warnings say so
+    for site, decision in listed:
+        times = f" · {decision.full_ms:.2f} → {decision.reduced_ms:.2f} ms" if decision.full_ms is not None else ""
+        lines.append(f"auto · {site}{times} · {verdict_text(decision)}")
+    measured = sum(1 for _, decision in listed if decision.source == MEASURED)
     if timing and measured:
         kept = f"kept in {report.decisions_file}" if report.decisions_file else "kept for this process"
         lines.append(f"auto · measured {measured} kind{'s' if measured > 1 else ''} of call now in "
                      f"{report.measure_seconds:.2f} s; {kept}")
     return lines
+
+
+def verdict_text(decision) -> str:
+    """What the auto rule did with a kind of call, and the quality budget's part in it: 'reduced',
+    'left alone', 'left alone: changes its output 41 % > 10 %' (within the budget it says no more: the
+    readout of measure_change says what the reduction changed)."""
+    if decision.over_budget:
+        return f"left alone: changes its output {_budget_percent(decision.change)} > {_budget_percent(decision.budget)}"
+    if decision.budget and decision.change is None and decision.source != FAILED:
+        return ("reduced (max_change not applied: the change cannot be measured for this model on this host)"
+                if decision.reduce else "left alone")
+    return "reduced" if decision.reduce else "left alone"
+
+
+def _budget_percent(fraction: float) -> str:
+    return f"{100 * fraction:.3g} %"
 
 
 def window_line(windows: tuple[tuple[int, ...], ...]) -> str:
@@ -236,7 +262,12 @@ def run_warnings(label: str, calls: RunCalls, decided: tuple, steps: int, active
     the run's calls met, as plain counts)."""
     warnings = []
     all_left = bool(decided) and not any(d.decision.reduce for d in decided)
-    if all_left:
+    if all_left and any(d.decision.over_budget for d in decided):
+        warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: reducing changed the "
+                        f"output of some by more than max_change (the report says how much), the others were not "
+                        f"at least {margin_text()} faster. Raise max_change (0: no budget) or set reduce_when to "
+                        f"always to reduce anyway.")
+    elif all_left:
         warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: on this device the "
                         f"reduced calls were not at least {margin_text()} faster (the times are in the report). Set "
                         f"reduce_when to always to reduce anyway.")

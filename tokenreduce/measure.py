@@ -91,10 +91,12 @@ def unet_block_work(block: torch.nn.Module, site, grid: tuple[int, int], call: M
 
 
 def dit_attention_work(attention: Callable, geometry, length: int, call: ModelCall, override: Callable,
-                       context_key: str, reducing: dict, slot: int) -> Callable[[], Work]:
+                       context_key: str, reducing: dict, slot: int,
+                       compare: Callable[[], tuple | None] | None = None) -> Callable[[], Work]:
     """The work of one DiT attention call over ``length`` tokens: through the host's attention
     entry with ``override`` (ours) in the options, with our context off, and with ``reducing``
-    (a context whose call counter is set to ``slot`` before each run)."""
+    (a context whose call counter is set to ``slot`` before each run). ``compare``: the quality
+    budget's two runs (``pays.Work.compare``); none: the change is not known."""
 
     def build() -> Work:
         heads, head_dim, heads_first = geometry
@@ -109,10 +111,21 @@ def dit_attention_work(attention: Callable, geometry, length: int, call: ModelCa
             reducing["calls"] = slot
             return attention(q, k, v, heads, skip_reshape=heads_first, transformer_options=reduced)
 
+        # The change reducing makes is not read from these: on random q, k, v (and without the
+        # block's residual) it says nothing of the model; ``compare`` gives the unit it is read from.
         return pair(lambda: attention(q, k, v, heads, skip_reshape=heads_first, transformer_options=full),
-                    run_reduced)
+                    run_reduced)._replace(compare=compare or (lambda: None))
 
     return build
+
+
+def on_copies(block: Callable, args: dict, extra: dict) -> Callable:
+    """A DiT block-replace run on fresh copies of its captured tensors, for the quality budget's
+    comparison: a block may add to its input in place (Flux's double blocks do: ``img +=``), and
+    both sides compared must start from the same input."""
+    def run():
+        return block({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}, extra)
+    return run
 
 
 class UNetLevels:

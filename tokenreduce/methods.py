@@ -36,8 +36,8 @@ def reduce_when_input() -> Input:
                          f"where that is at least {AUTO_MARGIN * 100:g} % faster; the decision is kept in a file, so "
                          "identical runs give identical images, also after a restart. The decisions are kept in "
                          "ComfyUI's user directory, tokenreduce/auto_decisions.json (Forge: its data directory); the "
-                         "report names the file. CPUs reduce every size without measuring (it paid "
-                         "at every size measured). Where it measures, the node's report shows the times. always: "
+                         "report names the file. CPUs reduce every size without timing (it paid "
+                         "at every size measured; max_change still applies). Where it measures, the node's report shows the times. always: "
                          "reduce wherever the other settings say. auto (measure again): as auto, but time each kind "
                          "anew once and replace the kept decisions.")
 
@@ -48,6 +48,18 @@ def measure_change_input() -> Input:
                          "reduction changed its prediction (relative L2 of that one model call's output: one step, "
                          "not the final image's change). Costs one model call per run and the memory of an "
                          "unreduced call; the image is unchanged.")
+
+
+MAX_CHANGE_DEFAULT = 0.05  # reduce_when auto's quality budget (docs/quality.md, "A quality budget for auto")
+
+
+def max_change_input() -> Input:
+    return Input("max_change", FLOAT, MAX_CHANGE_DEFAULT, low=0.0, high=2.0, step=0.01, optional=True, advanced=True,
+                 tooltip="reduce_when auto's quality budget: a kind of call whose reduction changes the output of "
+                         "the block it reduces by more than this (relative L2: 0.05 = 5 %) is left alone; measured "
+                         "once with the speed decision and kept with it (DiTs: the block on the model call's own "
+                         "inputs), and the report says so. Applies on a CPU too (each side run once, untimed). 0 = no "
+                         "budget: speed alone decides. reduce_when always ignores it.")
 
 
 def window_inputs(what: str) -> tuple[Input, Input]:
@@ -203,6 +215,7 @@ TOME = Method("ToMe", (
                   "planning time where the tokens change little from step to step; 1 = a new plan every model "
                   "call."),
     measure_change_input(),
+    max_change_input(),
 ), checks=(_ratio_within_cap, _something_to_merge, _window_order, _plan_reuse_needs_shared_plans))
 
 TODO = Method("ToDo", (
@@ -230,6 +243,7 @@ TODO = Method("ToDo", (
                   "ignore it."),
     reduce_when_input(),
     measure_change_input(),
+    max_change_input(),
 ), checks=(_something_to_downsample, _window_order))
 
 DIT_METHODS_WITH_ROPE = ("nearest",)  # keys that carry rotated positions are selected, never averaged

@@ -31,9 +31,21 @@ other packs keep state in are as they were (see ``untouched_rng`` and
 (``tome_dit.captured_blocks``) runs below every host wrapper and every other pack's block
 replacement, where caches keep their state.
 
-CPUs are not measured by default: there a forward is bound by arithmetic, not by kernel launches,
+CPUs are not timed by default: there a forward is bound by arithmetic, not by kernel launches,
 and every size we measured gained (SD1.5 512 px, 64x64 tokens: 1.13x-1.19x on 2 cores; DiTs
-1.04x-2.17x); ``Decisions(measure_cpu=True)`` measures them too (the benchmark does, to show it).
+1.04x-2.17x); ``Decisions(measure_cpu=True)`` times them too (the benchmark does, to show it).
+
+The quality budget (``max_change``): the same reduction changes one model a hundredfold more than
+another (trained weights against random ones), so the rule can also leave a kind of call alone where
+reducing it changes the unit's output by more than a budget: ``change = ||reduced - full|| /
+||full||`` (relative L2 over every tensor the unit returns), computed once, from the first
+(warm-up) run of the two pieces of work the ``Work`` names (or, where the timed work runs on random
+inputs, of the unit run on the call's own inputs: ``Work.compare``). The change is kept with the
+speed in the same entry; the budget is applied when a decision is read (``within_budget``), so one
+measurement serves every budget. An entry kept without a change (an older file, or measured with
+no budget) is completed: the change alone is measured (untimed) and added. On a CPU, with a budget,
+the change is measured (each side run once, untimed) and kept the same way; without one nothing is
+run there.
 
 Host-free: the host gives the path of the file; the patches give the work.
 """
@@ -79,16 +91,29 @@ class Decision(NamedTuple):
     source: str  # MEASURED (now), KEPT (earlier, from memory or the file), CPU, FAILED (now or earlier in the process)
     seconds: float = 0.0  # what measuring cost here (0 unless MEASURED)
     error: str = ""  # FAILED: why
+    change: float | None = None  # relative L2 change of the unit's output reduced (None: not measured)
+    budget: float = 0.0  # the max_change the decision was read under (0: none); see ``within_budget``
+
+    @property
+    def over_budget(self) -> bool:
+        """Left alone because reducing changes the unit's output by more than the budget."""
+        return self.budget > 0 and self.change is not None and self.change > self.budget
 
 
 class Work(NamedTuple):
     """What a patch hands over to be timed: each named piece of work is a callable run without
     arguments; ``reduced_ms(times)`` and ``full_ms(times)`` combine their times (milliseconds per
-    run) into the two sides of the decision."""
+    run) into the two sides of the decision. For the quality budget, ``outputs`` names the two runs
+    (unreduced, reduced) whose outputs (a tensor, or dicts, tuples and lists of them: all compared)
+    give the change; ``compare``, where given, builds those two runs instead (untimed: the unit on
+    the call's own inputs where the timed runs use random ones, which would say nothing of the
+    model's weights)."""
 
     runs: dict  # name -> callable
     full_ms: Callable[[dict], float]
     reduced_ms: Callable[[dict], float]
+    outputs: tuple[str, str] = ("full", "reduced")
+    compare: Callable[[], tuple[Callable, Callable]] | None = None
 
 
 def pair(full: Callable, reduced: Callable) -> Work:
@@ -124,17 +149,19 @@ class Stopwatch:
 
 
 def time_work(work: Work, stopwatch: Callable[[str, Callable], float], warmup: int = WARMUP,
-              repeats: int = REPEATS, least: float = LEAST_SECONDS) -> dict:
+              repeats: int = REPEATS, least: float = LEAST_SECONDS, warmed: tuple = ()) -> dict:
     """Median milliseconds per run of each piece of work, timed interleaved.
 
     A block that runs in well under a millisecond is shorter than what synchronising the device
     and reading the clock cost, so one run per timing would mostly time that overhead (the same
     for both sides, it hides the difference). Each timing therefore runs the work back to back
     enough times to last ``least`` seconds, as one untimed-per-run calibration says, and is
-    divided by that count."""
-    for _ in range(warmup):
-        for run in work.runs.values():
-            run()
+    divided by that count. ``warmed``: the pieces already run once (for the change): their first
+    warm-up run is that one."""
+    for round_ in range(warmup):
+        for name, run in work.runs.items():
+            if round_ or name not in warmed:
+                run()
     counts = {name: _runs_per_timing(stopwatch(name, run), least) for name, run in work.runs.items()}
     samples = {name: [] for name in work.runs}
     for _ in range(repeats):
@@ -157,6 +184,44 @@ def _back_to_back(run: Callable, count: int) -> Callable:
         for _ in range(count):
             run()
     return runs
+
+
+def relative_change(full, reduced) -> float:
+    """``||reduced - full|| / ||full||`` over every tensor of two outputs of the same structure
+    (a tensor, or dicts, tuples and lists of them), in float32; read to a float (a device sync:
+    only while measuring)."""
+    pairs = list(zip(_tensors_of(full), _tensors_of(reduced)))
+    if not pairs:
+        raise ValueError("the measured unit returned no tensor to compare")
+    if any(f.shape != r.shape for f, r in pairs):
+        raise ValueError("the reduced unit's output has another shape than the unreduced one's")
+    difference = sum(torch.sum((r.float() - f.float()) ** 2) for f, r in pairs)
+    size = sum(torch.sum(f.float() ** 2) for f, _ in pairs)
+    difference, size = float(difference), float(size)
+    if size == 0.0:
+        return 0.0 if difference == 0.0 else math.inf
+    return math.sqrt(difference / size)
+
+
+def _tensors_of(output) -> list:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        return [t for key in sorted(output, key=str) for t in _tensors_of(output[key])]
+    if isinstance(output, (tuple, list)):
+        return [t for item in output for t in _tensors_of(item)]
+    return []
+
+
+def within_budget(decision: Decision, budget: float) -> Decision:
+    """A kept decision read under a quality budget (``max_change``; 0: none): left alone where its
+    measured change is above the budget. The kept decision holds the change, not the verdict, so
+    one measurement serves every budget."""
+    if budget <= 0:
+        return decision
+    if decision.change is None:  # not known (a failed measurement; a host that cannot rehearse a call)
+        return decision._replace(budget=budget)
+    return decision._replace(reduce=decision.reduce and decision.change <= budget, budget=budget)
 
 
 def device_name(device: torch.device) -> str:
@@ -248,10 +313,16 @@ def read_entries(text: str) -> tuple[dict, int]:
 
 
 def _usable_entry(entry) -> bool:
-    def milliseconds(value):
+    def number(value):
         return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+    # "change" came later (the quality budget): an entry without it is usable for speed.
     return (isinstance(entry, dict) and isinstance(entry.get("reduce"), bool) and "full_ms" in entry
-            and "reduced_ms" in entry and milliseconds(entry["full_ms"]) and milliseconds(entry["reduced_ms"]))
+            and "reduced_ms" in entry and number(entry["full_ms"]) and number(entry["reduced_ms"])
+            and number(entry.get("change")) and (entry.get("change") is None or entry["change"] >= 0))
+
+
+def _decision_of(entry: dict, source: str) -> Decision:
+    return Decision(entry["reduce"], entry["full_ms"], entry["reduced_ms"], source, change=entry.get("change"))
 
 
 class Decisions:
@@ -286,7 +357,7 @@ class Decisions:
         self._file_state = None  # (mtime_ns, size) of the file as last read or written; None: none
         self._memory_only = False  # the file cannot be used or written: said once, never touched
         self._said: set = set()
-        self._remeasure: AutoRule | None = None
+        self._remeasure: dict = {}  # max_change -> the process's "measure again" rule
         self._names: dict = {}  # device -> device_name
         self.log: list = []  # (site, Decision) of every kind this store measured, in order (benchmarks read it)
 
@@ -300,12 +371,13 @@ class Decisions:
         process only."""
         return "" if self.path is None or self._memory_only else str(self.path)
 
-    def remeasure_rule(self) -> AutoRule:
-        """The process's one "measure again" rule on this store (see ``auto_rule``)."""
+    def remeasure_rule(self, max_change: float = 0.0) -> AutoRule:
+        """The process's one "measure again" rule on this store per budget (see ``auto_rule``)."""
         with self._lock:
-            if self._remeasure is None:
-                self._remeasure = AutoRule(self, remeasure=True)
-            return self._remeasure
+            rule = self._remeasure.get(max_change)
+            if rule is None:
+                rule = self._remeasure[max_change] = AutoRule(self, remeasure=True, max_change=max_change)
+            return rule
 
     def measures(self, device: torch.device) -> bool:
         return device.type != "cpu" or self.measure_cpu
@@ -317,52 +389,81 @@ class Decisions:
         return json.dumps([name, VERSION, *self.environment, *kind], separators=(",", ":"))
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str = "",
-               fresh: bool = False) -> Decision:
+               fresh: bool = False, change: bool = False) -> Decision:
         """Whether to reduce calls of ``kind`` on ``device``: kept, or measured now with the work
-        ``work()`` builds (only built when measuring). ``fresh``: measure even if kept. A kind whose
-        measuring failed is not measured again in this process (a failure is not worth a try per
-        run, and a try may cost a model call): its FAILED decision, reducing as set, is handed out
-        again with its reason for each run to say; ``fresh`` or removing the file tries anew."""
-        if not self.measures(device):
+        ``work()`` builds (only built when measuring). ``fresh``: measure even if kept. ``change``:
+        the decision must hold the change reducing makes (a quality budget applies): an entry kept
+        without it has the change measured and added (untimed), and on a CPU, where nothing is
+        timed, the change alone is measured and kept. A kind whose measuring failed is not
+        measured again in this process (a failure is not worth a try per run, and a try may cost a
+        model call): its FAILED decision, reducing as set, is handed out again with its reason for
+        each run to say; ``fresh`` or removing the file tries anew."""
+        timed = self.measures(device)
+        if not timed and not change:
             return Decision(True, None, None, CPU)
         key = self.key(device, kind)
         with self._lock:
             self._refresh()
             entry = None if fresh else self._kept.get(key)
-            if entry is not None:
-                return Decision(entry["reduce"], entry["full_ms"], entry["reduced_ms"], KEPT)
+            lacks_time = timed and (entry is None or entry["full_ms"] is None)
+            lacks_change = change and (entry is None or "change" not in entry)  # None: not knowable here
+            if entry is not None and not lacks_time and not lacks_change:
+                return _decision_of(entry, KEPT)
             failed = None if fresh else self._failed.get(key)
             if failed is not None:  # tried once in this process: said again, not measured again
                 return failed._replace(seconds=0.0)
-            decision = self._measure(device, work)
+            decision = self._measure(device, work, lacks_time, lacks_change)
             if decision.source == FAILED:
                 self._failed[key] = decision
                 return decision
             self._failed.pop(key, None)
-            self.log.append((site, decision))
-            self._kept[key] = {"reduce": decision.reduce, "full_ms": decision.full_ms,
-                               "reduced_ms": decision.reduced_ms, "site": site,
+            measured = {"change": decision.change} if lacks_change else {}
+            if lacks_time or entry is None:
+                measured.update(reduce=decision.reduce, full_ms=decision.full_ms, reduced_ms=decision.reduced_ms)
+            self._kept[key] = {**(entry or {}), **measured, "site": site,
                                "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            decision = _decision_of(self._kept[key], MEASURED)._replace(seconds=decision.seconds)
+            self.log.append((site, decision))
             kept = self._save(key, replace=fresh)
             if kept is not None:  # another process decided this kind first: its decision, from this run on
-                return Decision(kept["reduce"], kept["full_ms"], kept["reduced_ms"], KEPT)
+                return _decision_of(kept, KEPT)
             return decision
 
-    def _measure(self, device: torch.device, build: Callable[[], Work]) -> Decision:
+    def _measure(self, device: torch.device, build: Callable[[], Work], timed: bool, change: bool) -> Decision:
+        """Times the work (``timed``) and measures the change reducing makes (``change``); what is
+        not measured is None (untimed: reduce)."""
         start = time.perf_counter()
         try:
             with torch.no_grad(), untouched_rng(device):
                 work = build()
-                times = time_work(work, self.stopwatch(device), self.warmup, self.repeats)
-            full, reduced = work.full_ms(times), work.reduced_ms(times)
+                moved, warmed = (self._change(work) if change else (None, ()))
+                times = time_work(work, self.stopwatch(device), self.warmup, self.repeats, warmed=warmed) \
+                    if timed else None
+            full, reduced = (work.full_ms(times), work.reduced_ms(times)) if timed else (None, None)
         except Exception as problem:  # noqa: BLE001 - a failed measurement must not fail the run
             LOG.warning("TokenReduce: could not measure whether reduction pays (%s: %s); reducing as set. Not "
                         "measured again in this process (restart, remove the decisions file or set reduce_when "
                         "'auto (measure again)' to try again).", type(problem).__name__, problem)
             return Decision(True, None, None, FAILED, time.perf_counter() - start, f"{type(problem).__name__}: {problem}")
         # Rounded as the file keeps them: a kept decision reads the same as when it was measured.
+        seconds = time.perf_counter() - start
+        moved = round(moved, 6) if moved is not None else None
+        if not timed:
+            return Decision(True, None, None, MEASURED, seconds, change=moved)
         return Decision(reduced < full * (1.0 - self.margin), round(full, 4), round(reduced, 4), MEASURED,
-                        time.perf_counter() - start)
+                        seconds, change=moved)
+
+    @staticmethod
+    def _change(work: Work) -> tuple[float | None, tuple]:
+        """The change reducing makes, from one run of each side (the timed runs' first warm-up
+        where they are the ones compared: those names are returned, their warm-up is done)."""
+        if work.compare is not None:
+            sides = work.compare()
+            if sides is None:  # the host cannot give the unit's own inputs: not known, kept so
+                return None, ()
+            return relative_change(sides[0](), sides[1]()), ()
+        names = work.outputs
+        return relative_change(work.runs[names[0]](), work.runs[names[1]]()), tuple(names)
 
     # --- the file ------------------------------------------------------------------------------
     def _say_once(self, message: str) -> None:
@@ -436,8 +537,13 @@ class Decisions:
                     return None
                 if replace or key not in current:
                     current[key] = self._kept[key]
-                else:
-                    won = self._kept[key] = current[key]
+                else:  # the file's measurements win; what it lacks (a change, times) is added from ours
+                    known = {name: value for name, value in current[key].items() if value is not None}
+                    merged = {**self._kept[key], **known}
+                    # ours completed the file's own entry (a change added to it): not another process's
+                    won = merged if any(merged[k] != self._kept[key].get(k) for k in ("reduce", "full_ms",
+                                                                                     "reduced_ms", "change")) else None
+                    current[key] = self._kept[key] = merged
                 for known, entry in current.items():
                     self._kept.setdefault(known, entry)
                 data = {"format": FILE_FORMAT, "about": "TokenReduce reduce_when auto: measured decisions per "
@@ -470,24 +576,28 @@ def decisions_at(path: Path, environment: tuple = ()) -> Decisions:
         return store
 
 
-def auto_rule(reduce_when: str, decisions: Decisions, per_process: bool = False) -> AutoRule | None:
+def auto_rule(reduce_when: str, decisions: Decisions, per_process: bool = False,
+              max_change: float = 0.0) -> AutoRule | None:
     """The rule a node's ``reduce_when`` asks for: None for always (reduce wherever set).
     ``per_process``: measure again once per kind for the process, not per rule (a host that makes
-    a rule per generation, as the WebUI does, would otherwise measure on every generation)."""
+    a rule per generation, as the WebUI does, would otherwise measure on every generation).
+    ``max_change``: the quality budget (0: none; see ``within_budget``)."""
     if reduce_when == REDUCE_ALWAYS:
         return None
     if reduce_when == REDUCE_REMEASURE and per_process:
-        return decisions.remeasure_rule()
-    return AutoRule(decisions, remeasure=reduce_when == REDUCE_REMEASURE)
+        return decisions.remeasure_rule(max_change)
+    return AutoRule(decisions, remeasure=reduce_when == REDUCE_REMEASURE, max_change=max_change)
 
 
 class AutoRule:
     """``reduce_when`` of one node output: auto (a store of decisions) or, with ``remeasure``,
-    auto that measures each kind anew the first time this node output meets it."""
+    auto that measures each kind anew the first time this node output meets it; with a
+    ``max_change`` above 0, kinds whose reduction changes the unit's output by more are left alone."""
 
-    def __init__(self, decisions: Decisions, remeasure: bool = False):
+    def __init__(self, decisions: Decisions, remeasure: bool = False, max_change: float = 0.0):
         self.decisions = decisions
         self.remeasure = remeasure
+        self.max_change = max_change
         self._remeasured: set = set()
         self._lock = threading.Lock()
 
@@ -500,4 +610,5 @@ class AutoRule:
             with self._lock:
                 fresh = (device, kind) not in self._remeasured
                 self._remeasured.add((device, kind))
-        return self.decisions.decide(device, kind, work, site, fresh=fresh)
+        decision = self.decisions.decide(device, kind, work, site, fresh=fresh, change=self.max_change > 0)
+        return within_budget(decision, self.max_change)

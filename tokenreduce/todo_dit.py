@@ -32,10 +32,10 @@ import torch
 from .describe import grid_text
 from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
-from .measure import backend_of, compute_dtype, dit_attention_work
+from .measure import backend_of, compute_dtype, dit_attention_work, on_copies
 from .pays import AutoRule
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
-from .tome_dit import take
+from .tome_dit import captured_blocks, take
 
 
 FRONTS = 8  # overrides found installed after ours that keep their front object (see _front_of)
@@ -105,6 +105,10 @@ def merged_keep_index(keep: KeepPlan, merged, length: int) -> torch.Tensor:
     b, device = rows.shape[0], rows.device
     return torch.cat([torch.arange(start, device=device).expand(b, start), rows,
                       torch.arange(start + m, length, device=device).expand(b, length - start - m)], 1)
+
+
+def _model_block(args: dict, extra: dict):
+    return extra["original_block"](args)
 
 
 class ToDoDiTPatch(CallPatch):
@@ -230,9 +234,40 @@ class ToDoDiTPatch(CallPatch):
             context = call_context(True, plan=plan, keep=plans, left=frozenset(), calls=slot)
             return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
                     dit_attention_work(call.attention, geometry, length, call, installed, self.context_key,
-                                       context, slot))
+                                       context, slot, lambda: self._own_block(call, plan, slot, context, installed)))
 
         return self.pays(run, call.x.device, signature, describe)
+
+    def _own_block(self, call: ModelCall, plan: tuple, slot: int, reducing: dict,
+                   installed: Callable) -> tuple[Callable, Callable] | None:
+        """The quality budget's unit (``pays.Work.compare``): the block that makes the attention
+        call ``slot``, on the inputs the model hands it in this call (captured in a rehearsal below
+        every wrapper, as ToMe's auto rule captures them), run whole and with its calls reduced
+        through ``installed`` (ours). A block's output, residual included, is what its reduced
+        attention changes; one attention call's output on random q, k, v changes as much on random
+        weights as on trained ones. None where the family's blocks have no block-replace key (ToMe
+        cannot reach them either) or the host cannot run a model call again: the change is not
+        known there."""
+        block = plan[slot].block
+        key = self.family.merge.keys(self.model).get(block) if self.family.merge is not None else None
+        if key is None or call.rehearse is None:
+            return None
+        try:  # the model's own block: another pack's replacement at this key (a cache, a counter) runs nowhere here
+            ((_, args, extra),) = captured_blocks(call, {"unit": key}).values()
+        except RuntimeError:  # a family whose blocks the model calls without the host's key (NextDiT): not known
+            return None
+        first = min(index for index, planned in enumerate(plan) if planned.block == block)
+        options = {**args["transformer_options"], OVERRIDE: installed}
+
+        def side(context: dict) -> Callable:
+            run = on_copies(_model_block, {**args, "transformer_options": {**options, self.context_key: context}}, extra)
+
+            def counted():
+                context["calls"] = first  # the block's attention calls are counted from its first
+                return run()
+            return counted
+
+        return side(call_context(False)), side(reducing)
 
     def _keep_plans(self, run: RunState, tokens: TokenLayout, device) -> dict:
         """(call kind, key length) -> KeepPlan, the same for every call with this layout."""

@@ -45,7 +45,7 @@ import torch
 from .describe import grid_text
 from .dit import BlockArgs, TokenLayout
 from .grid_patches import grid_reading_patches
-from .measure import backend_of, compute_dtype, measuring_options
+from .measure import backend_of, compute_dtype, measuring_options, on_copies
 from .pays import AutoRule, Work
 from .run import (MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped,
                   plan_key)
@@ -846,15 +846,16 @@ class ToMeDiTPatch(CallPatch):
         full = {**args, "transformer_options": {**options, self.context_key: call_context(False)}}
         reduced = {**args, "transformer_options": {**options, self.context_key: merging}}
         runs = {"full": lambda: block(full, extra), "reduced": lambda: block(reduced, extra)}
+        compare = lambda: (on_copies(block, full, extra), on_copies(block, reduced, extra))  # noqa: E731 - max_change
         if not self.settings.share_plans:
-            return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
+            return Work(runs, lambda t: t["full"], lambda t: t["reduced"], compare=compare)
         spec = self.merge.args[kind]
         grid = sequence_of(spec, args[spec.tokens]).narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
         runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid))
         # the block calls one plan serves: every merged block of every kind (those of a kind auto may
         # still leave alone included: not decided yet), over plan_every steps
         calls_per_plan = len(keys) * getattr(self.settings, "plan_every", 1)
-        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / calls_per_plan)
+        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / calls_per_plan, compare=compare)
 
     def _tiles(self, run: RunState, layout: TokenLayout, call: ModelCall) -> Tiles:
         """This call's tiles: their structure (the first token of each tile the destination) made

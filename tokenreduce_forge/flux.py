@@ -224,7 +224,7 @@ def choose_todo(clone, run, layout: Layout, family: str, stage: str, settings, l
     diffusion_model = clone.get_model_object("diffusion_model")
     patch = ForgeFluxToDo(layout, frozenset(site.key[1] for site in target.sites), settings.factor, 1.0,
                           settings.method, diffusion_model, f"{CONTEXT_PREFIX}forge.{stage}.ToDo", who,
-                          auto_rule(settings.reduce_when, decisions, per_process=True))
+                          auto_rule(settings.reduce_when, decisions, per_process=True, max_change=settings.max_change))
     problem = _reach(clone, layout, target, patch)
     if problem is not None:
         return f"{who} cannot reach the attention of Forge's Flux: {problem}. Turn one of them off.", []

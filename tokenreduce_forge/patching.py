@@ -277,7 +277,8 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
         who = label(stage, method)
         context_key = f"{CONTEXT_PREFIX}forge.{stage}.{method}"
         unet_levels = UNetLevels(clone.get_model_object("diffusion_model"), target.sites, family)
-        rule = auto_rule(settings.reduce_when, decisions, per_process=True)  # a new pass each generation
+        rule = auto_rule(settings.reduce_when, decisions, per_process=True,  # a new pass each generation
+                         max_change=settings.max_change)
         if method == "ToDo":
             named = todo_level_factors(target.level, settings)
             check = todo_factors(who, [nf for nf in named if nf[1] in target.levels])

@@ -446,12 +446,17 @@ class _Timer:
         return False
 
 
+def _times(d) -> str:
+    """A kind's times, and the change max_change reads (the budget is applied when read, not here)."""
+    times = f"{d.full_ms:.2f} -> {d.reduced_ms:.2f} ms" if d.full_ms is not None else "untimed"
+    return times + (f", change {100 * d.change:.3g} %" if d.change is not None else "")
+
+
 def _decision(log: list) -> tuple[str | None, bool | None, float | None]:
     """auto's decisions as text, whether it left every site alone, and what measuring cost."""
     if not log:
         return None, None, None
-    text = "; ".join(f"{site}: {d.full_ms:.2f} -> {d.reduced_ms:.2f} ms, {'reduced' if d.reduce else 'left alone'}"
-                     for site, d in log)
+    text = "; ".join(f"{site}: {_times(d)}, {'reduced' if d.reduce else 'left alone'}" for site, d in log)
     return text, not any(d.reduce for _, d in log), sum(d.seconds for _, d in log)
 
 

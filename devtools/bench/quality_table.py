@@ -38,6 +38,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import REPO
 from .configs import BUILTIN_NODE, MATCH_TILE, Config, builtin, todo, tome
@@ -294,14 +295,20 @@ def _short(decision: str) -> str:
     return "reduced" if not alone else ("left alone" if not reduced else f"{reduced} reduced, {alone} left alone")
 
 
-def main(argv: list[str], comfyui: Path | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
+def parsed_with_host(doc: str, add: Callable, argv: list[str], comfyui: Path | None) -> tuple:
+    """(arguments, the benchmark host) of a photo-fixture table: ``add`` declares its options."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add(p)
     args = p.parse_args(argv)
     from . import environment
 
     host = environment.load(args.comfyui or comfyui)
-    sys.path.insert(0, str(REPO / "devtools"))
+    sys.path.insert(0, str(REPO / "devtools"))  # photo_fixtures, quality.metrics
+    return args, host
+
+
+def main(argv: list[str], comfyui: Path | None) -> int:
+    args, host = parsed_with_host(__doc__, add_arguments, argv, comfyui)
     results = []
     for name in args.fixtures:
         result = run_fixture(host, name, args)

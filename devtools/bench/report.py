@@ -99,10 +99,17 @@ def _auto_table(group: list[Row]) -> list[str]:
                  "seconds and in unpatched model forwards.", "",
              "| config | decisions | timing cost | in forwards |", "|---|---|---|---|"]
     for r in measured:
-        decisions = "; ".join(f"{a['site']}: {a['full_ms']:.2f} → {a['reduced_ms']:.2f} ms, "
-                              f"{'reduced' if a['reduce'] else 'left alone'}" for a in r.auto)
+        decisions = "; ".join(f"{a['site']}: {_measured(a)}, {'reduced' if a['reduce'] else 'left alone'}"
+                              for a in r.auto)
         lines.append(f"| {r.config} | {decisions} | {r.auto_seconds:.3f} s | {r.auto_seconds / base:.2f} |")
     return lines
+
+
+def _measured(a: dict) -> str:
+    """What auto measured of one kind: its times, and the change max_change reads where measured
+    (untimed on a CPU: the change alone; the budget is applied when read, not in this log)."""
+    times = f"{a['full_ms']:.2f} → {a['reduced_ms']:.2f} ms" if a.get("full_ms") is not None else "untimed"
+    return times + (f", change {100 * a['change']:.3g} %" if a.get("change") is not None else "")
 
 
 def _compiled_table(group: list[Row]) -> list[str]:

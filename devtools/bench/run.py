@@ -134,8 +134,8 @@ def _auto_fields(log: list) -> dict:
     """What reduce_when auto measured for one configuration (nothing where it measured nothing)."""
     if not log:
         return {}
-    return {"auto": [{"site": site, "reduce": d.reduce, "full_ms": d.full_ms, "reduced_ms": d.reduced_ms}
-                     for site, d in log],
+    return {"auto": [{"site": site, "reduce": d.reduce, "full_ms": d.full_ms, "reduced_ms": d.reduced_ms,
+                      "change": d.change} for site, d in log],
             "auto_seconds": sum(d.seconds for _, d in log)}
 
 

@@ -230,7 +230,7 @@ def apply_patch(pipe_or_model, method: str = "ToMe", /, **inputs) -> TokenReduce
     node = _method(method)
     settings = _settings(node, inputs)
     models = denoisers(pipe_or_model)
-    rule = auto_rule(settings.reduce_when, decisions_at(decisions_path()))
+    rule = auto_rule(settings.reduce_when, decisions_at(decisions_path()), max_change=settings.max_change)
     remove_patch(pipe_or_model)
     scheduler = None
     if is_pipeline(pipe_or_model):  # its scheduler as it is at each call (a script may replace it)
