@@ -86,3 +86,39 @@ def test_dit_todo_over_the_budget_leaves_the_image_unreduced(comfy, dits, cpu_st
     assert all(d.over_budget for _, d in session_of(tight).last_report.decisions)
     assert any("left alone: changes its output" in line for line in lines_of(tight))
     assert torch.equal(image, run(comfy, model, VARIANT))  # as unpatched
+
+
+def _first_block(model) -> torch.nn.Module:
+    unet = model.model.diffusion_model
+    return next(module for name, module in unet.named_modules() if name.endswith("transformer_blocks.0"))
+
+
+def test_unet_change_is_measured_on_the_blocks_own_input_and_leaves_no_trace(comfy, models, cpu_store):
+    """The UNet's change is read from its block run on the input the model hands it in this call
+    (a rehearsal of the call, stopped at the block), not from the timing's random tokens: the
+    block sees the rehearsal with the very input the sampler's call hands it. The hook that
+    captures it is gone afterwards, and the run that measured gives the image of the next run and
+    of always, bit for bit."""
+    run_module = sys.modules[f"{PACK}.tokenreduce.run"]
+    block = _first_block(models["SD15"])
+    hooks_before = dict(block._forward_pre_hooks)
+    seen = []
+
+    def spy(_module, args, kwargs):
+        seen.append((bool(kwargs["transformer_options"].get(run_module.MEASURING)), args[0].clone()))
+
+    spying = block.register_forward_pre_hook(spy, with_kwargs=True)
+    try:
+        budgeted = patched(comfy, "todo", models["SD15"], max_change=HUGE)
+        first = sample(comfy, budgeted, steps=1)
+    finally:
+        spying.remove()
+    (_, decision), = session_of(budgeted).last_report.decisions
+    assert decision.source == "measured" and decision.change is not None and 0 < decision.change < HUGE
+    rehearsed = [x for measuring, x in seen if measuring]
+    sampled = [x for measuring, x in seen if not measuring]
+    assert rehearsed and sampled and torch.equal(rehearsed[0], sampled[0])  # the call's own input
+    assert dict(block._forward_pre_hooks) == hooks_before
+    assert torch.equal(sample(comfy, budgeted, steps=1), first)
+    always = patched(comfy, "todo", models["SD15"], reduce_when="always")
+    assert torch.equal(sample(comfy, always, steps=1), first)

@@ -12,7 +12,9 @@ and as it runs reduced, through the real patch.
 Inputs are random tensors of the call's shapes, from a private generator, in the model's compute
 dtype on its device; the call's own text tokens are used where a block reads them. Other
 TokenReduce patches in the model pass their calls through while we measure (each node decides for
-its own reduction), and say nothing of it.
+its own reduction), and say nothing of it. The quality budget's change is not read from random
+inputs where the host can run the call again: the unit then runs on the inputs the model hands it
+(``Work.compare``: ``_on_own_input`` for UNet blocks; the DiT patches capture theirs alike).
 """
 
 from __future__ import annotations
@@ -84,10 +86,53 @@ def unet_block_work(block: torch.nn.Module, site, grid: tuple[int, int], call: M
                                     block=tuple(site.key[:2]), block_index=site.key[2])
         full = {**options, context_key: call_context(False)}
         reduced = {**options, context_key: reducing()}
-        return pair(lambda: block(x, context=text, transformer_options=full),
+        work = pair(lambda: block(x, context=text, transformer_options=full),
                     lambda: block(x, context=text, transformer_options=reduced))
+        if call.rehearse is None:  # the change is read from the timed runs: random tokens, the call's text
+            return work
+        return work._replace(compare=lambda: _on_own_input(block, call, context_key, reducing))
 
     return build
+
+
+class _Captured(Exception):
+    """Ends a rehearsed UNet call once the measured block has shown its input."""
+
+
+def _on_own_input(block: torch.nn.Module, call: ModelCall, context_key: str,
+                  reducing: Callable[[], dict]) -> tuple[Callable, Callable]:
+    """The quality budget's two runs of the UNet block ``block`` (``pays.Work.compare``): on the
+    input the model hands it in this call, unreduced and reduced. A block's change depends on its
+    activations, not only on its weights: random tokens through a trained UNet's block changed it
+    as much as through a random one (SD fixture: 0.022 random, 0.018 trained tokens), while the
+    same model's samples can change a hundredfold more. The input is captured in a rehearsal of
+    the call (``ModelCall.rehearse``: below every wrapper, no TokenReduce context, so every patch
+    of ours passes through) that stops at the block; a forward pre-hook on the block lives only
+    while that rehearsal runs (removed in ``finally``, even when it fails)."""
+    seen = {}
+
+    def keep(_module, args, kwargs):
+        seen["args"], seen["kwargs"] = args, kwargs
+        raise _Captured
+
+    hook = block.register_forward_pre_hook(keep, with_kwargs=True)
+    try:
+        call.rehearse(measuring_options(call))
+    except _Captured:
+        pass
+    finally:
+        hook.remove()
+    if not seen:
+        raise RuntimeError("the UNet call, run again to measure its change, never reached the measured block "
+                           "(something in the model skipped or replaced it)")
+    args, kwargs = seen["args"], seen["kwargs"]
+    options = {k: v for k, v in (kwargs.get("transformer_options") or {}).items() if k != context_key}
+
+    def side(context: dict) -> Callable:  # on fresh copies: both sides start from the same input
+        return lambda: block(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
+                             **{**kwargs, "transformer_options": {**options, context_key: context}})
+
+    return side(call_context(False)), side(reducing())
 
 
 def dit_attention_work(attention: Callable, geometry, length: int, call: ModelCall, override: Callable,

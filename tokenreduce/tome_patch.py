@@ -169,7 +169,7 @@ class ToMePatch(CallPatch):
         r = int(h * w * s.ratio)
         partition = context["draw_partition"](None, grid)
         plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
-        return Work({**block.runs, "plan": plan}, block.full_ms, lambda t: t["reduced"] + t["plan"] / blocks)
+        return block._replace(runs={**block.runs, "plan": plan}, reduced_ms=lambda t: t["reduced"] + t["plan"] / blocks)
 
     def timing_context(self, grid: tuple[int, int], device: torch.device) -> dict:
         """A fresh call context in which a timed block merges at ``grid`` (every host times in
