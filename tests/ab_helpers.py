@@ -10,6 +10,7 @@ import itertools
 import re
 
 import make_examples
+import server_helpers
 import workflow
 from conftest import REPO
 
@@ -33,7 +34,7 @@ def ab_prompt(object_info: dict, family: str, steps: int) -> dict:
     prompt = workflow.to_api(flow, object_info)
     for sampler in SAMPLERS.values():
         prompt[sampler]["inputs"]["steps"] = steps
-    return prompt
+    return server_helpers.without_budget(prompt)
 
 
 def without_todo(prompt: dict) -> dict:

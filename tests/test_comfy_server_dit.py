@@ -29,7 +29,8 @@ import make_examples
 import workflow
 from comfy_server import PromptRejected
 from conftest import REPO, comfyui_dir
-from server_helpers import execution_error, link_extra_models, link_test_nodes, node_id, start_server
+from server_helpers import (execution_error, link_extra_models, link_test_nodes, node_id, start_server,
+                            without_budget)
 
 TODO = "TokenReduceToDo"
 RUN_EVENT = "tokenreduce.run"
@@ -89,7 +90,8 @@ def dit_prompt(object_info, files, family, steps=2, **todo_settings) -> dict:
     """The family's example workflow as an API prompt, with the stand-ins (see the module
     docstring): random model file, random conditioning, SaveLatent."""
     example, latent_node, size, *_ = GRAPHS[family]
-    prompt = stand_ins(workflow.to_api(workflow.load(REPO / "example_workflows" / example), object_info), family)
+    prompt = without_budget(stand_ins(workflow.to_api(workflow.load(REPO / "example_workflows" / example),
+                                                      object_info), family))
     workflow.find(prompt, "UNETLoader")["unet_name"] = files[1][MODEL_FILES[family]]
     workflow.find(prompt, latent_node).update(size)
     steps_node = "LTXVScheduler" if family in ("ltxv", "ltx2") else "KSampler"
@@ -242,7 +244,8 @@ A14B_TODO = {"high_noise": str(make_examples.PATCH), "low_noise": str(make_examp
 def a14b_prompt(object_info, files, **todo_settings) -> dict:
     """The Wan 2.2 A14B example as an API prompt with the stand-ins, at 128x96, 9 frames, its 4
     steps split 2 + 2; ``todo_settings`` on both ToDo nodes."""
-    prompt = stand_ins(workflow.to_api(workflow.load(REPO / "example_workflows" / A14B), object_info), "wan")
+    prompt = without_budget(stand_ins(workflow.to_api(workflow.load(REPO / "example_workflows" / A14B), object_info),
+                                      "wan"))
     for node in prompt.values():
         for name in ("unet_name", "lora_name"):
             if name in node["inputs"]:
