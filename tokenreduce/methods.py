@@ -57,8 +57,8 @@ def max_change_input() -> Input:
     return Input("max_change", FLOAT, MAX_CHANGE_DEFAULT, low=0.0, high=2.0, step=0.01, optional=True, advanced=True,
                  tooltip="reduce_when auto's quality budget: a kind of call whose reduction changes the output of "
                          "the block it reduces by more than this (relative L2: 0.05 = 5 %) is left alone; measured "
-                         "once with the speed decision and kept with it (DiTs: the block on the model call's own "
-                         "inputs), and the report says so. Applies on a CPU too (each side run once, untimed). 0 = no "
+                         "once with the speed decision and kept with it (the block on the model call's own inputs), "
+                         "and the report says so. Applies on a CPU too (each side run once, untimed). 0 = no "
                          "budget: speed alone decides. reduce_when always ignores it.")
 
 
