@@ -78,7 +78,9 @@ def test_the_demo_saves_images_grids_and_figures(demo):
             assert run["seconds"] > 0 and run["lpips"] >= 0
         base = fixture["runs"][0]
         assert base["speedup"] == 1.0 and base["lpips"] == 0.0 and base["psnr"] == float("inf")
-        assert all(run["lpips"] > 0 for run in fixture["runs"][1:])  # each node changed the image
+        for run in fixture["runs"][1:]:  # each node changed the image, or its budget left it alone and said so
+            left = any("left alone: changes its output" in line for line in run["report"])
+            assert run["lpips"] > 0 or left, (name, run["run"], run["report"])  # (at 128 px SD's too)
         grid = Image.open(out / f"{name}_grid.png")
         assert grid.size[0] > 4 * 128 and grid.size[1] > 128
 
