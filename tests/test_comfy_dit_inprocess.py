@@ -109,11 +109,10 @@ def randn_like(latent, seed):
 
 
 def todo(comfy, model, **settings):
-    """ToDo's NodeOutput, as ComfyUI runs the node: every input at its default unless given, but
-    max_change 0: the quality budget would leave many of these tiny random models' calls alone
-    (test_comfy_max_change_inprocess.py tests it)."""
+    """ToDo's NodeOutput, as ComfyUI runs the node: every input at its default unless given (but
+    no quality budget: ``comfy_helpers.apply``)."""
     return apply(comfy, "todo", model, **{"temporal_factor": 1.0, "skip_first_blocks": 1, "skip_last_blocks": 1,
-                                          "max_change": 0.0, **settings})
+                                          **settings})
 
 
 def warnings_of(output):

@@ -21,7 +21,7 @@ def keys_at(records):
     ("SD15", {"factor": 3.0}, {(32, 32): 121, (16, 16): 256}),  # ceil(32/3) = 11
     ("SD15", {"factor": 1.5, "level": "2"}, {(32, 32): 1024, (16, 16): 121}),  # ceil(16/1.5) = 11
     ("SDXL", {}, {(16, 16): 64, (8, 8): 64}),  # auto: SDXL's first transformer level is downsample 2
-    ("SDXL", {"factor": 4.0, "factor_next": 2.0, "max_change": 0.0}, {(16, 16): 16, (8, 8): 16}),  # no quality budget: it would leave this tiny random model's levels alone
+    ("SDXL", {"factor": 4.0, "factor_next": 2.0}, {(16, 16): 16, (8, 8): 16}),
 ])
 def test_keys_each_block_sees_are_what_the_settings_say(comfy, models, family, overrides, expected):
     records = []

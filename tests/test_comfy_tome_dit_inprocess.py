@@ -121,9 +121,8 @@ def dits(comfy):
 
 
 def tome(comfy, model, **settings):
-    """ToMe's NodeOutput with max_change 0: the quality budget would leave many of these tiny random
-    models' blocks alone (test_comfy_max_change_inprocess.py tests it)."""
-    return apply(comfy, "tome", model, **{"max_change": 0.0, **settings})
+    """ToMe's NodeOutput (no quality budget unless given: ``comfy_helpers.apply``)."""
+    return apply(comfy, "tome", model, **settings)
 
 
 def _tensors(args):

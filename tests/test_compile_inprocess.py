@@ -61,9 +61,7 @@ def _unpatched(comfy, models, cache, family, split=False):
 CASES = [  # ToMe at its defaults: SDXL's case; SD1.5 takes the other modes and matchings
     ("SD15", [("todo", {})]),
     ("SD15", [("tome", dict(mode="queries only (ComfyUI built-in)", matching="3x3 cells", share_plans=True))]),
-    # these merges change the tiny random model's blocks by more than max_change's default: no budget
-    ("SD15", [("tome", dict(merge_crossattn=True, merge_mlp=True, use_rand=False, max_downsample="2",
-                            max_change=0.0))]),
+    ("SD15", [("tome", dict(merge_crossattn=True, merge_mlp=True, use_rand=False, max_downsample="2"))]),
     # plan_every: calls that plan and calls that reuse an earlier step's plans, two kinds of call
     # whatever the steps and runs: at most one graph more
     ("SD15", [("tome", dict(matching="tile (fast)", merge_crossattn=True, merge_mlp=True, share_plans=True,
