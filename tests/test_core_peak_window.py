@@ -1,0 +1,153 @@
+"""Host-free tests of ToDo's ``window`` method on DiTs (``tokenreduce/peak_window.py``, issue #50):
+each query tile's window exact, the strided far field with log counts, the heavy (sink) keys,
+against plain full attention (torch's SDPA over every key) on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenreduce.downsample import grid_keep_index
+from tokenreduce.peak_window import heavy_keys, sdpa, tile_side, window_call, window_plan
+
+B, HEADS, D = 2, 3, 8
+
+
+def plan_of(grid, factors=(1, 2, 2), before=0, after=0, tile=(1, 4, 4), halo=(0, 2, 2)):
+    target = tuple(max(1, -(-n // f)) if f == int(f) else int(-(-n // f)) for n, f in zip(grid, factors))
+    tokens = grid[0] * grid[1] * grid[2]
+    return window_plan(before + tokens + after, before, grid, target, factors, "cpu", tile, halo)
+
+
+def rand(generator, length, dim=D):
+    return torch.randn(B, HEADS, length, dim, generator=generator)
+
+
+def full(q, k, v):
+    return sdpa(q, k, v, None)
+
+
+def windowed(q, k, v, plan, heavy=0):
+    return window_call(q, k, v, HEADS, 2, plan, sdpa, heavy, heads_out=True)
+
+
+def as_cells(x, plan):
+    """``x`` with every grid token replaced by its cell's kept token: each cell's tokens alike."""
+    grid = x.narrow(2, plan.start, plan.tokens)
+    alike = grid.index_select(2, plan.far).index_select(2, plan.cell)
+    end = plan.start + plan.tokens
+    return torch.cat([x.narrow(2, 0, plan.start), alike, x.narrow(2, end, x.shape[2] - end)], 2)
+
+
+def test_plan_shapes_cover_every_query_once_and_its_halo():
+    plan = plan_of((1, 13, 10))  # sides not multiples of the tile: the last tiles are clamped inside
+    assert torch.equal(plan.queries[plan.back], torch.arange(plan.tokens))
+    assert plan.windows.numel() == plan.tiles * 8 * 8  # every tile the same window
+    coords, low, high = plan.coords, plan.low, plan.high
+    owner = plan.back // (plan.queries.numel() // plan.tiles)
+    # every query's window holds every token within the halo of it (where the grid has them)
+    assert ((coords[:, 1:] - 2).clamp(min=0) >= low[owner][:, 1:]).all()
+    assert ((coords[:, 1:] + 3).minimum(torch.tensor([13, 10])) <= high[owner][:, 1:]).all()
+    # the far field: nearest ToDo's kept positions
+    assert torch.equal(plan.far, grid_keep_index((1, 13, 10), (1, 7, 5), (1, 2, 2)))
+
+
+def test_tile_side_keeps_the_window_a_small_share():
+    assert tile_side(32, 32) == 4  # the Flux fixture
+    assert tile_side(64, 64) == 8  # Flux.1 at 1024 px
+    assert tile_side(128, 128) == 16
+
+
+def _local(grid, steepness):
+    """q, k whose logits are -steepness * squared grid distance: attention on the query's nearest
+    tokens, and below e^-18 outside its window (3 or more tokens away in space, 2 in time)."""
+    t, h, w = grid
+    c = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"), -1)
+    c = c.reshape(-1, 3).float()
+    square = (c * c).sum(1, keepdim=True)
+    ones = torch.ones_like(square)
+    k = torch.cat([c, square, ones, torch.zeros(len(c), D - 5)], 1)
+    q = steepness * D ** 0.5 * torch.cat([2 * c, -ones, -square, torch.zeros(len(c), D - 5)], 1)
+    return q.expand(B, HEADS, -1, -1).contiguous(), k.expand(B, HEADS, -1, -1).contiguous()
+
+
+@pytest.mark.parametrize("grid, tile, halo", [((1, 16, 12), (1, 4, 4), (0, 2, 2)),
+                                              ((1, 13, 11), (1, 8, 8), (0, 2, 2)),
+                                              ((4, 8, 8), (1, 4, 4), (1, 2, 2))])
+def test_exactly_local_attention_is_reproduced(grid, tile, halo):
+    plan = plan_of(grid, tile=tile, halo=halo)
+    q, k = _local(grid, steepness=2.0 if grid[0] == 1 else 5.0)
+    v = rand(torch.Generator().manual_seed(1), plan.tokens)
+    for heavy in (0, 4):
+        assert (windowed(q, k, v, plan, heavy) - full(q, k, v)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("grid, factors", [((1, 12, 10), (1, 2, 2)), ((1, 9, 7), (1, 1.5, 1.5)),
+                                           ((3, 8, 8), (1, 2, 2)), ((4, 6, 6), (2, 2, 2))])
+def test_cells_of_identical_keys_pooled_with_their_count_give_full_attention(grid, factors):
+    plan = plan_of(grid, factors, before=5, after=3)
+    generator = torch.Generator().manual_seed(0)
+    q = rand(generator, plan.length)
+    k, v = as_cells(rand(generator, plan.length), plan), as_cells(rand(generator, plan.length), plan)
+    reference = full(q, k, v)
+    for heavy in (0, 6):  # heavy keys come out of their cells' counts: still exact
+        assert (windowed(q, k, v, plan, heavy) - reference).abs().max() < 1e-5
+
+
+def _sink(plan, position, strength=12.0):
+    """Every grid key alike except one at ``position`` that every query's logit favours."""
+    generator = torch.Generator().manual_seed(2)
+    q = rand(generator, plan.length).abs() + 0.5  # every query leans the same way
+    k = torch.zeros(B, HEADS, plan.length, D)
+    v = torch.zeros(B, HEADS, plan.length, D)
+    k[:, :, plan.start + position] = strength / D
+    v[:, :, plan.start + position] = 1.0
+    return q, k, v
+
+
+def test_a_sink_off_the_stride_is_lost_by_plain_nearest_and_kept_by_the_heavy_keys():
+    plan = plan_of((1, 16, 16), before=4)
+    position = 5 * 16 + 3  # odd row and column: no kept position of nearest ToDo
+    assert position not in plan.far
+    q, k, v = _sink(plan, position)
+    reference = full(q, k, v)
+    assert reference.mean() > 0.3  # the sink holds much of every query's attention
+    kept = torch.cat([torch.arange(plan.start), grid_keep_index((1, 16, 16), (1, 8, 8), (1, 2, 2)) + plan.start])
+    nearest = full(q, k.index_select(2, kept), v.index_select(2, kept))
+    assert (nearest - reference).abs().max() > 0.1  # plain nearest ToDo: gone
+    assert (windowed(q, k, v, plan, heavy=0) - reference).abs().max() > 0.1  # far tiles miss it, window alone
+    assert (windowed(q, k, v, plan, heavy=16) - reference).abs().max() < 1e-3
+    assert (heavy_keys(q, k, plan, 1) == position).all()  # found from the sampled queries
+
+
+def test_text_tokens_stay_full_for_every_query():
+    plan = plan_of((1, 12, 12), before=6, after=2)
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    q.abs_().add_(0.5)
+    k.abs_().add_(1.0).mul_(10.0)  # every query's logits: high on the text keys ...
+    k.narrow(2, plan.start, plan.tokens).neg_()  # ... and far below on the grid's
+    reference = full(q, k, v)
+    assert (windowed(q, k, v, plan, 4) - reference).abs().max() < 1e-5
+
+
+def test_reruns_are_bit_identical_and_layouts_agree():
+    plan = plan_of((1, 12, 10), before=5)
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    first = windowed(q, k, v, plan, 4)
+    assert torch.equal(first, windowed(q, k, v, plan, 4))
+    flat = [x.transpose(1, 2).flatten(2) for x in (q, k, v)]  # [B, N, H*D], as Wan's calls hand them
+    out = window_call(*flat, HEADS, 1, plan, sdpa, 4)
+    assert torch.equal(out, first.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_runs(dtype):
+    plan = plan_of((1, 12, 10), before=5)
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    reference = windowed(q, k, v, plan, 4)
+    out = windowed(q.to(dtype), k.to(dtype), v.to(dtype), plan, 4)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    assert (out.float() - reference).abs().max() < 5e-2
