@@ -7,7 +7,7 @@ from comfy_api.latest import io
 from ..tokenreduce.catalog import TODO_NODE
 from ..tokenreduce.describe import header, todo_info
 from ..tokenreduce.layout import DIT, UNET
-from ..tokenreduce.methods import TODO, dit_method_problem, todo_level_factors, todo_select
+from ..tokenreduce.methods import TODO, dit_method_problem, todo_level_factors, todo_select, unet_method_problem
 from ..tokenreduce.preflight import dit_factor, todo_factors
 from ..tokenreduce.todo_dit import ToDoDiTPatch
 from ..tokenreduce.todo_patch import ToDoPatch
@@ -33,6 +33,9 @@ class ToDoPatchNode(PatchNode):
         if target.layout.kind == DIT:
             return cls._patch_dit(model, settings, target)
 
+        problem = unet_method_problem(cls.NODE_ID, settings.method)
+        if problem:
+            raise ValueError(problem)
         named = todo_level_factors(target.level, settings)
         title = header("ToDo", target)
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node(),
@@ -48,7 +51,7 @@ class ToDoPatchNode(PatchNode):
     @classmethod
     def _patch_dit(cls, model, settings, target) -> io.NodeOutput:
         family = target.layout.family
-        problem = dit_method_problem(cls.NODE_ID, family, settings.method)
+        problem = dit_method_problem(cls.NODE_ID, family, settings.method, window=True)
         if problem:
             raise ValueError(problem)
         title = header("ToDo", target)

@@ -151,3 +151,41 @@ def test_half_precision_runs(dtype):
     out = windowed(q.to(dtype), k.to(dtype), v.to(dtype), plan, 4)
     assert out.dtype == dtype and torch.isfinite(out).all()
     assert (out.float() - reference).abs().max() < 5e-2
+
+
+# --- through ToDo's DiT override (todo_dit.py), as ComfyUI calls it --------------------------------
+
+def _attention(q, k, v, heads, mask=None, skip_reshape=False, skip_output_reshape=False, **kwargs):
+    """ComfyUI's attention_pytorch in short: [B, N, H*D] out unless skip_output_reshape."""
+    if not skip_reshape:
+        q, k, v = (x.unflatten(2, (heads, -1)).transpose(1, 2) for x in (q, k, v))
+    out = sdpa(q, k, v, mask)
+    return out if skip_output_reshape else out.transpose(1, 2).flatten(2)
+
+
+def test_the_override_runs_the_window_on_flux_and_reports_what_each_query_sees():
+    from test_core_dit import Call, flux_model, image_latent, make_patch
+
+    patch = make_patch("Flux.1", flux_model(), method="window")
+    call = Call(patch, image_latent(24, 20), torch.zeros(B, 5, 8))  # 12x10 grid after 2x2 patches
+    generator = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 2, 5 + 120, 4, generator=generator) for _ in range(3))
+    out = patch.override(_attention, q, k, v, 2, skip_reshape=True, mask=None, transformer_options=call.options)
+    plan = call.context["windows"][("joint", 125)]
+    expected = window_call(q, k, v, 2, 2, plan, sdpa, patch.heavy_keys)
+    assert out.shape == (2, 125, 8) and torch.allclose(out, expected, atol=1e-6)
+    (grid, (level, stages)), = call.notes.items()
+    assert grid == (12, 10) and stages == {"q": (120, 120), "k/v": (120, round(plan.seen * 120))}
+    # a call with a mask: plain nearest selection, as the nearest method gives
+    masked = patch.override(_attention, q, k, v, 2, skip_reshape=True, mask=torch.zeros(1, 1, 125),
+                            transformer_options=call.options)
+    assert masked.shape == (2, 125, 8)
+
+
+def test_window_is_refused_where_it_does_not_run():
+    from tokenreduce.methods import dit_method_problem, unet_method_problem
+    from test_core_dit import FAMILY
+
+    assert "DiTs" in unet_method_problem("ToDo", "window") and unet_method_problem("ToDo", "nearest") is None
+    assert dit_method_problem("ToDo", FAMILY["Flux.1"], "window", window=True) is None
+    assert "ComfyUI only" in dit_method_problem("ToDo", FAMILY["Flux.1"], "window")  # diffusers, Forge

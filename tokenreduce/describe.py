@@ -9,6 +9,7 @@ from typing import NamedTuple
 from .layout import DIT
 from .methods import MATCH_TILE, MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
 from .pays import FAILED, MARGIN, MEASURED
+from .peak_window import HALO, HEAVY_KEYS, WINDOW
 from .target import Target
 
 
@@ -141,9 +142,13 @@ def _todo_dit_info(settings, target: Target) -> tuple[str, list[str]]:
         warnings.append(f"WARNING: factor_next {s.factor_next:g} does nothing on a DiT: {family.name} attends over one "
                         f"token grid; factor sets its pooling.")
     reduction = (s.factor ** 2) * (s.temporal_factor if family.video else 1)
+    how = s.method
+    if s.method == WINDOW:  # peak_window.py
+        how = (f"window: each tile of queries also sees the keys within {HALO} tokens of it exactly and the "
+               f"{HEAVY_KEYS} keys with the most attention, each strided key weighted by the tokens it stands for")
     info = (f"ToDo on {target.family} ({family.name}, DiT): keys/values of the {'video' if family.video else 'image'} "
             f"tokens of self-attention downsampled {s.factor:g}x per side{time} (about {reduction:.3g}x fewer), "
-            f"{s.method}, in blocks {_block_ranges(target)} of {len(target.layout.sites)}; queries, text and "
+            f"{how}, in blocks {_block_ranges(target)} of {len(target.layout.sites)}; queries, text and "
             f"reference tokens untouched; active from {s.start_percent:g} to {s.end_percent:g} of sampling. "
             + reduce_when_text(s))
     return info, warnings

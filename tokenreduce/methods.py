@@ -13,6 +13,7 @@ from .bipartite import stride_ratio_cap
 from .downsample import METHODS as DOWNSAMPLE_METHODS
 from .inputs import BOOL, CHOICE, FLOAT, INT, SEED, SEED_MAX, Input, Method, is_number
 from .layout import DIT
+from .peak_window import WINDOW
 
 LEVEL_CHOICES = ("auto", "1", "2", "4", "8")  # downsample of a UNet level; auto: the model's finest
 
@@ -228,9 +229,12 @@ TODO = Method("ToDo", (
           tooltip="The first patched level, as downsample of its feature map relative to the latent. auto: the "
                   "finest level with transformer blocks in this model (1 for SD1.x/2.x, 2 for SDXL), so the same "
                   "settings mean the same on both."),
-    Input("method", CHOICE, "nearest", options=DOWNSAMPLE_METHODS, advanced=True,
+    Input("method", CHOICE, "nearest", options=(*DOWNSAMPLE_METHODS, WINDOW), advanced=True,
           tooltip="How keys/values are pooled on the grid: nearest (strided subsampling, fastest), average (mean "
-                  "of each cell), bilinear or bicubic (antialiased interpolation)."),
+                  "of each cell), bilinear or bicubic (antialiased interpolation). window (DiTs in ComfyUI): "
+                  "each tile of queries also sees its neighbourhood exactly and the 16 keys with the most "
+                  "attention, the strided keys weighted by the tokens each stands for; much closer to the "
+                  "unpatched picture on trained models, at a little more cost."),
     *window_inputs("Downsampling"),
     Input("temporal_factor", FLOAT, 1.0, low=1.0, high=8.0, step=0.5, optional=True, advanced=True,
           tooltip="Video DiTs (Wan, HunyuanVideo): also keep the keys/values of one frame in every this many "
@@ -295,8 +299,13 @@ def tome_select(layout, level):
     return sites
 
 
-def dit_method_problem(label: str, family, method: str) -> str | None:
-    """Why ToDo's ``method`` cannot reduce this DiT ``family`` (None: it can); every host says this."""
+def dit_method_problem(label: str, family, method: str, window: bool = False) -> str | None:
+    """Why ToDo's ``method`` cannot reduce this DiT ``family`` (None: it can); every host says this.
+    ``window``: the host runs ToDo's DiT attention through the core's override, which the window
+    method needs (ComfyUI); the others refuse it by name."""
+    if method == WINDOW:
+        return None if window else (f"{label}: method window runs on DiTs in ComfyUI only so far; use nearest "
+                                    "here.")
     allowed = DIT_METHODS_WITH_ROPE if family.rope else DIT_METHODS
     if method in allowed:
         return None
@@ -304,3 +313,11 @@ def dit_method_problem(label: str, family, method: str) -> str | None:
             + ("its keys carry rotary positions when they reach attention, and averaging them would mix positions; "
                "use nearest, which keeps each key's own position." if family.rope else
                f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))
+
+
+def unet_method_problem(label: str, method: str) -> str | None:
+    """Why ToDo's ``method`` cannot reduce a UNet (None: it can); every host says this."""
+    if method != WINDOW:
+        return None
+    return (f"{label}: method window is for DiTs (a local window of exact keys around each tile of queries); "
+            f"on UNets ToDo pools with {', '.join(DOWNSAMPLE_METHODS)}.")

@@ -34,6 +34,7 @@ from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
 from .measure import backend_of, compute_dtype, dit_attention_work, on_copies
 from .pays import AutoRule
+from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 from .tome_dit import captured_blocks, take
 
@@ -114,6 +115,8 @@ def _model_block(args: dict, extra: dict):
 class ToDoDiTPatch(CallPatch):
     """The attention override of one ToDo node output on a DiT."""
 
+    heavy_keys = HEAVY_KEYS  # method window: the sink keys each query also sees exactly (peak_window.py)
+
     def __init__(self, layout, blocks: frozenset, factor: float, temporal_factor: float, method: str,
                  diffusion_model, context_key: str, label: str, rule: AutoRule | None = None, previous=None):
         super().__init__(context_key, label, rule)
@@ -123,6 +126,7 @@ class ToDoDiTPatch(CallPatch):
         self.factor = factor
         self.temporal_factor = temporal_factor if self.family.video else 1.0
         self.method = method
+        self.select = "nearest" if method == WINDOW else method  # how kept_keys reduces where the window does not run
         self.model = diffusion_model  # read for its structure only (reference inputs, token order)
         self.patch = self.family.patch(diffusion_model)
         self._geometry = {}  # call kind -> dit.Geometry of its grid calls, read from the model when first timed
@@ -155,6 +159,8 @@ class ToDoDiTPatch(CallPatch):
             return
         context["plan"] = plan
         context["keep"] = plans
+        if self.method == WINDOW:
+            context["windows"] = self._window_plans(run, tokens, plans, call.x.device)
         context["left"] = left
         context["calls"] = 0
 
@@ -231,7 +237,8 @@ class ToDoDiTPatch(CallPatch):
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]  # an image: no frames to name
-            context = call_context(True, plan=plan, keep=plans, left=frozenset(), calls=slot)
+            windows = {"windows": self._window_plans(run, tokens, plans, call.x.device)} if self.method == WINDOW else {}
+            context = call_context(True, plan=plan, keep=plans, left=frozenset(), calls=slot, **windows)
             return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
                     dit_attention_work(call.attention, geometry, length, call, installed, self.context_key,
                                        context, slot, lambda: self._own_block(call, plan, slot, context, installed)))
@@ -277,6 +284,18 @@ class ToDoDiTPatch(CallPatch):
             plans = run.cache[cache_key] = keep_plans(tokens, self.factor, self.temporal_factor, device)
         return plans
 
+    def _window_plans(self, run: RunState, tokens: TokenLayout, plans: dict, device) -> dict:
+        """(call kind, key length) -> peak_window.WindowPlan over the same grid and kept keys as
+        ``plans``, made once per layout."""
+        cache_key = ("todo dit window", tokens, device)
+        found = run.cache.get(cache_key)
+        if found is None:
+            found = run.cache[cache_key] = {
+                key: window_plan(key[1], keep.start, keep.grid, keep.target,
+                                 (self.temporal_factor, self.factor, self.factor), device)
+                for key, keep in plans.items()}
+        return found
+
     # --- in the model call ----------------------------------------------------------------
     def override(self, func, *args, **kwargs):
         return self._run_before(self.previous, func, *args, **kwargs)
@@ -291,8 +310,11 @@ class ToDoDiTPatch(CallPatch):
         if call is None or not call["active"] or call.get("inside"):
             return _hand_on(after, func, args, kwargs)
         args, kwargs = self._reduce(call, args, kwargs, options.get(MERGED_GRID))
+        window = call.pop("window", None)  # set by _reduce where this call runs windowed
         call["inside"] = True
         try:
+            if window is not None:
+                return self._windowed(window, after, func, args, kwargs)
             return _hand_on(after, func, args, kwargs)
         finally:
             call["inside"] = False
@@ -317,7 +339,13 @@ class ToDoDiTPatch(CallPatch):
         if mask is not None and mask.shape[-1] not in (1, length):
             note_skipped(call)
             return args, kwargs
-        args = (q, kept_keys(k, dim, keep, self.method), kept_keys(v, dim, keep, self.method), *args[3:])
+        window = call.get("windows", {}).get((slot.kind, length))
+        if window is not None and mask is None and q.shape[dim] == length:
+            call["window"] = (window, dim)  # run by _run_before: the whole call, not only its keys
+            note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
+                         lambda: {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, round(window.seen * keep.tokens))})
+            return args, kwargs
+        args = (q, kept_keys(k, dim, keep, self.select), kept_keys(v, dim, keep, self.select), *args[3:])
         if mask is not None and mask.shape[-1] == length:
             mask = mask.index_select(-1, keep.index)
             if len(args) > 4:
@@ -327,6 +355,24 @@ class ToDoDiTPatch(CallPatch):
         note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
                      lambda: {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, keep.kept)})
         return args, kwargs
+
+    def _windowed(self, window: tuple[WindowPlan, int], after, func, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The grid call ``args`` / ``kwargs`` run as ``peak_window.window_call``: its batched
+        calls go to ``after`` or the backend ``func`` as [B', H, N, D] (``skip_reshape``) with the
+        log counts as the additive ``mask``; each comes back in whatever layout that backend gives."""
+        plan, dim = window
+        q, k, v = args[:3]
+        heads = args[3] if len(args) > 3 else kwargs["heads"]
+
+        def attend(q, k, v, bias):
+            if len(args) > 4:  # the mask given by position (None: the window runs only without one)
+                out = _hand_on(after, func, (q, k, v, heads, bias, *args[5:]), {**kwargs, "skip_reshape": True})
+            else:
+                out = _hand_on(after, func, (q, k, v, *args[3:]), {**kwargs, "mask": bias, "skip_reshape": True})
+            return out if out.ndim == 4 else out.unflatten(2, (heads, -1)).transpose(1, 2)
+
+        return window_call(q, k, v, heads, dim, plan, attend, self.heavy_keys,
+                           heads_out=bool(kwargs.get("skip_output_reshape")))
 
     def _reduce_merged(self, call: dict, args: tuple, kwargs: dict, slot, dim: int, merged) -> tuple[tuple, dict]:
         """A grid call of a block ToMe merged (``merged``: its ``tome_dit.BlockPlan``): the keys and

@@ -26,7 +26,7 @@ from tokenreduce.change import measure_change
 from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels
-from tokenreduce.methods import todo_level_factors, todo_select, tome_select
+from tokenreduce.methods import todo_level_factors, todo_select, tome_select, unet_method_problem
 from tokenreduce.pays import Decisions, auto_rule
 from tokenreduce.preflight import todo_factors, tome_strides
 from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
@@ -280,6 +280,9 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
         rule = auto_rule(settings.reduce_when, decisions, per_process=True,  # a new pass each generation
                          max_change=settings.max_change)
         if method == "ToDo":
+            problem = unet_method_problem(who, settings.method)
+            if problem:
+                return problem
             named = todo_level_factors(target.level, settings)
             check = todo_factors(who, [nf for nf in named if nf[1] in target.levels])
             patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, context_key, who,
