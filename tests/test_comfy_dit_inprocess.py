@@ -397,6 +397,28 @@ def test_average_on_sd3_pools_and_other_methods_are_refused(comfy, dits):
         todo(comfy, base, method="bilinear", **ALL_BLOCKS)
 
 
+@pytest.mark.parametrize("variant", ["flux_dev", "sd3", "wan21_t2v", "hunyuan_video"])
+def test_window_on_a_grid_its_windows_cover_is_full_attention(comfy, dits, variant):
+    """method window (issue #50): the tiny models' grids lie inside one window (8x6: a 4x4 tile
+    and 2 tokens around it, 3 frames on video: a frame before and after), so every query sees
+    every key exactly and the far field and heavy keys are masked: the unpatched output, through
+    each layout the families hand attention (Flux [B, H, N, D], SD3's v [B, N, H, D], Wan
+    [B, N, H*D]); the report gives the keys each query sees and the info says what ran."""
+    base = dits(variant)
+    output = todo(comfy, base, method="window", **ALL_BLOCKS)
+    assert "window: each tile of queries also sees the keys within 2 tokens" in output.result[1]
+    out = run(comfy, output.result[0], variant)
+    assert torch.isfinite(out).all() and rel_error(out, run(comfy, base, variant)) < 1e-4
+    grid = VARIANTS[variant][4]
+    tokens = math.prod(grid)
+    assert session_of(output.result[0]).last_report.levels[0].tokens["k/v"] == (tokens, tokens)
+
+
+def test_window_is_refused_on_a_unet(comfy, models):
+    with pytest.raises(ValueError, match=re.escape("TokenReduceToDo: method window is for DiTs")):
+        apply(comfy, "todo", models["SD15"], method="window")
+
+
 @pytest.mark.parametrize("level", ["2", "4", "8"])
 def test_a_level_other_than_auto_or_1_does_nothing_and_says_so(comfy, dits, level):
     base = dits("qwen_image")
