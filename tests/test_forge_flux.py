@@ -177,6 +177,16 @@ def test_image_keys_reduced_in_every_selected_block_text_and_queries_untouched(f
     assert torch.equal(k[:, :, :TEXT], fk[:, :, :TEXT])
     (method, report), = run.finish(True)
     assert report.levels[0].tokens == {"q": (30, 30), "k/v": (30, 9)} and not report.warnings
+    # At the defaults (reduce_when auto, max_change 0.05) the budget is not applied here, said in the
+    # info: it cannot catch a block's own inputs on Forge's Flux, and nothing is run to try (one call per block above).
+    assert forge_flux.BUDGET_NOT_APPLIED in method.info and "Quality budget" not in method.info
+
+
+def test_a_max_change_set_on_forges_flux_is_said_to_do_nothing(forge, unet):
+    _, run = install(unet, todo(max_change=0.2))
+    (method,) = run.methods
+    assert method.run.warnings == [f"TokenReduce ToDo: max_change 0.2 does nothing: {forge_flux.BUDGET_NOT_APPLIED}."]
+    assert not install(unet, todo(max_change=0.2, reduce_when="always"))[1].methods[0].run.warnings
 
 
 def tome(stage=S.FIRST, **values):

@@ -23,8 +23,14 @@ ToMe (whole blocks merged) goes through the same seam: each selected block's ``f
 object patch that hands the block's arguments to the core's block wrapper
 (``tokenreduce/tome_dit.py``, ``ToMeDiTPatch.replacement``: the ComfyUI node's plan, merge and
 restore, positions following the tokens, the text never merged) with the block's own forward as
-the original block. Forge cannot run a model call again, so ``reduce_when auto`` is not timed
-here: every selected block is merged, and the info text and the pass's warnings say so.
+the original block. ``reduce_when auto`` is not timed here (the core times a DiT block by
+calling it through its host's block-replace seam, which Forge's Flux does not have): every
+selected block is merged, and the info text and the pass's warnings say so.
+
+The quality budget (``max_change``) is not applied on Forge's Flux either: it measures a block's
+change on the inputs the model hands it, caught at that same seam in a rehearsal of the call.
+Without the seam the rehearsal would run the whole model once more and catch nothing, so ToDo's
+auto rule runs here without a budget, and the info text says so (``BUDGET_NOT_APPLIED``).
 
 ToMe and ToDo together (in either order of the settings: the same patches) stack as in ComfyUI:
 a block both select gets ToMe's forward around ToDo's rebuilt one, and the one diffusion-model
@@ -40,10 +46,12 @@ import functools
 import types
 from typing import NamedTuple
 
-from tokenreduce.describe import header, todo_info, tome_dit_info
+from tokenreduce.describe import budget_text, header, tome_dit_info
+from tokenreduce.describe import todo_info as core_todo_info
 from tokenreduce.families import flux
 from tokenreduce.layout import DIT, Layout, dit_layout
-from tokenreduce.methods import REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select, tome_unet_only
+from tokenreduce.methods import (MAX_CHANGE_DEFAULT, REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select,
+                                 tome_unet_only)
 from tokenreduce.pays import auto_rule
 from tokenreduce.preflight import dit_factor
 from tokenreduce.rebind import rebuilt
@@ -184,8 +192,26 @@ class Chosen(NamedTuple):
     warnings: list
 
 
-AUTO_UNTIMED = ("reduce_when auto is not timed for ToMe on Forge's Flux (Forge cannot run a model call again to "
-                "time a block): every selected block is merged, as with reduce_when always")
+AUTO_UNTIMED = ("reduce_when auto is not timed for ToMe on Forge's Flux (its blocks have no block-replace seam "
+                "to time one through): every selected block is merged, as with reduce_when always, and max_change "
+                "is not applied")
+BUDGET_NOT_APPLIED = ("max_change is not applied on Forge's Flux: a block's change is measured on the inputs the "
+                      "model hands it, caught where the host calls the block through its block-replace seam, which "
+                      "Forge's Flux does not have")
+
+
+def todo_info(settings, target) -> str:
+    """The info text of ToDo on Forge's Flux: the node's, without the budget it cannot apply here."""
+    info = core_todo_info(settings, target)[0]
+    budget = budget_text(settings)
+    return info.replace(budget, f" {BUDGET_NOT_APPLIED}.") if budget else info
+
+
+def _budget_warnings(who: str, settings) -> list[str]:
+    """A max_change set away from its default does nothing here: said, as other no-op settings are."""
+    if settings.reduce_when == REDUCE_ALWAYS or settings.max_change in (0, MAX_CHANGE_DEFAULT):
+        return []
+    return [f"{who}: max_change {settings.max_change:g} does nothing: {BUDGET_NOT_APPLIED}."]
 
 
 def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, latent_shape: tuple, decisions,
@@ -224,12 +250,12 @@ def choose_todo(clone, run, layout: Layout, family: str, stage: str, settings, l
     diffusion_model = clone.get_model_object("diffusion_model")
     patch = ForgeFluxToDo(layout, frozenset(site.key[1] for site in target.sites), settings.factor, 1.0,
                           settings.method, diffusion_model, f"{CONTEXT_PREFIX}forge.{stage}.ToDo", who,
-                          auto_rule(settings.reduce_when, decisions, per_process=True, max_change=settings.max_change))
+                          auto_rule(settings.reduce_when, decisions, per_process=True))  # no budget: BUDGET_NOT_APPLIED
     problem = _reach(clone, layout, target, patch)
     if problem is not None:
         return f"{who} cannot reach the attention of Forge's Flux: {problem}. Turn one of them off.", []
     try:
-        warnings = [f"{who}: {w}" for w in todo_info(settings, target)[1]]
+        warnings = [f"{who}: {w}" for w in core_todo_info(settings, target)[1]] + _budget_warnings(who, settings)
         warnings += dit_factor(who, PATCH, settings.factor)(latent_shape)
     except ValueError as refused:
         return str(refused), []

@@ -73,6 +73,8 @@ class MethodRun:
         self.header = header(method, target)
         if method == "ToMe" and target.layout.kind == DIT:  # Forge's Flux: whole blocks (flux.py)
             self.info = forge_flux.tome_info(settings, target, patch)
+        elif target.layout.kind == DIT:  # ToDo on Forge's Flux: without the budget (flux.py)
+            self.info = forge_flux.todo_info(settings, target)
         else:
             self.info = tome_info(settings, target) if method == "ToMe" else todo_info(settings, target)[0]
         always = settings.start_percent <= 0.0 and settings.end_percent >= 1.0
