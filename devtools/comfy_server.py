@@ -8,6 +8,7 @@ repo). Used by the end-to-end tests and the demo.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -286,11 +287,17 @@ def _ensure(path: Path, comfyui: Path, python: str | Path, call: str) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; path = sys.argv[3]\n"
-            "import torch\nfrom comfy.cli_args import args\nargs.cpu = not torch.cuda.is_available()\n"
-            f"import {call.split('.')[0]}\n{call}\n")
-    subprocess.run([str(python), "-c", code, str(comfyui), str(REPO / "devtools"), str(partial)], check=True,
-                   cwd=comfyui)
-    partial.rename(path)
+    # Two test workers (or a test and the demo) may ask for the same file at once: one writes it,
+    # the other waits for it instead of writing the same .partial beside it.
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return path
+        partial = path.with_suffix(".partial")
+        code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; path = sys.argv[3]\n"
+                "import torch\nfrom comfy.cli_args import args\nargs.cpu = not torch.cuda.is_available()\n"
+                f"import {call.split('.')[0]}\n{call}\n")
+        subprocess.run([str(python), "-c", code, str(comfyui), str(REPO / "devtools"), str(partial)], check=True,
+                       cwd=comfyui)
+        partial.rename(path)
     return path

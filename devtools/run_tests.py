@@ -36,8 +36,9 @@ sys.path.insert(0, str(REPO / "devtools"))
 import custom_packs  # noqa: E402
 import host  # noqa: E402
 
-TEST_TOOLS = {"pytest": "pytest", "playwright": "playwright", "tomesd": "tomesd", "matplotlib": "matplotlib",
-              "requests": "requests", "skimage": "scikit-image==0.26.0"}  # import name -> what pip installs
+TEST_TOOLS = {"pytest": "pytest", "xdist": "pytest-xdist", "playwright": "playwright", "tomesd": "tomesd",
+              "matplotlib": "matplotlib", "requests": "requests",
+              "skimage": "scikit-image==0.26.0"}  # import name -> what pip installs
 
 
 def _pinned(name: str) -> str:
@@ -92,6 +93,18 @@ def _install_missing(python: str, packages: dict, install: bool) -> None:
     subprocess.run(cmd, check=True)
 
 
+def _worker_args(workers: int | None, named: bool, pytest_args: list[str]) -> list[str]:
+    """pytest-xdist's arguments. The whole suite runs on two workers: much of it waits on a
+    server, a browser or a subprocess, or runs tiny models whose Python overhead uses one core,
+    so a second worker fills the other (measured: CONTRIBUTING.md, "Tests"). Each module stays
+    on one worker (``--dist loadgroup``, groups set in tests/conftest.py) so its servers start once."""
+    if any(arg == "-n" or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in pytest_args):
+        return []  # the caller chose
+    if workers is None:
+        workers = 1 if named or (os.cpu_count() or 1) < 2 else 2
+    return ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 else []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--comfyui", type=Path, help="a ComfyUI tree to test against (default: the pinned host)")
@@ -102,6 +115,9 @@ def main() -> int:
     for name, pack in custom_packs.PACKS.items():
         parser.add_argument(pack.flag, type=Path, dest=f"pack_{name}", metavar="PATH",
                             help=f"a {pack.name} tree: also run our nodes beside it")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="pytest workers (pytest-xdist; default: 2 for the whole suite on 2 or more cores, "
+                             "1 where test files are named; 1 = one process)")
     args, pytest_args = parser.parse_known_args()
     if args.forge_python and not args.forge:
         parser.error("--forge-python goes with --forge")
@@ -128,7 +144,7 @@ def main() -> int:
     # The whole suite unless test files or ids were named.
     named = any(Path(arg.split("::")[0]).exists() for arg in pytest_args if not arg.startswith("-"))
     cmd = [python, "-m", "pytest", "-c", str(REPO / "tests" / "pytest.ini"), *([] if named else [str(REPO / "tests")]),
-           *pytest_args]
+           *_worker_args(args.workers, named, pytest_args), *pytest_args]
     print("+", " ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=REPO, env=env)
 

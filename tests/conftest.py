@@ -31,6 +31,32 @@ def comfyui_dir() -> Path:
     return host.host_location().comfyui
 
 
+def workers() -> int:
+    """How many pytest workers share this machine (devtools/run_tests.py starts two for the whole suite)."""
+    return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
+def threads_per_worker() -> int:
+    """Torch threads for one worker: the cores shared out, so two workers on two cores do not
+    each spin two threads (oversubscribed, torch's parallel regions run slower than on one)."""
+    return max(1, min(4, (os.cpu_count() or 1) // workers()))
+
+
+# Modules whose servers or browsers hold full-size random SDXL (several GB a process) or install
+# shared tools (Chromium, frontends): one worker runs them one after another, so two of them never
+# sit in memory or in apt at once on a 24 GB, 2-core machine.
+ONE_AT_A_TIME = {"test_browser", "test_browser_advanced_inputs", "test_comfy_soak", "test_comfy_server_sdxl",
+                 "test_forge_server", "test_forge_server_sdxl", "test_forge_flux"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """With ``--dist loadgroup`` (run_tests.py's whole-suite run) a module's tests stay on one
+    worker, so its module-scoped servers and models are built once; ONE_AT_A_TIME share one."""
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else item.nodeid
+        item.add_marker(pytest.mark.xdist_group("one-at-a-time" if module in ONE_AT_A_TIME else module))
+
+
 def pytest_addoption(parser) -> None:
     parser.addoption("--write-pins", action="store_true",
                      help="test_pins.py: write tests/data/pins.json from the current code instead of comparing")
@@ -92,7 +118,16 @@ def load_comfy(root: Path) -> types.SimpleNamespace:
         module = importlib.util.module_from_spec(spec)
         sys.modules[PACK_MODULE] = module
         spec.loader.exec_module(module)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(threads_per_worker())
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        # Each pytest worker keeps the auto rule's decisions in a user directory of its own, as a
+        # serial run keeps them in the host tree's: no worker reads what another measured.
+        import tempfile
+
+        import folder_paths
+
+        folder_paths.set_user_directory(tempfile.mkdtemp(prefix=f"tokenreduce-{worker}-user-"))
     return types.SimpleNamespace(
         root=root,
         sample=comfy.sample,
