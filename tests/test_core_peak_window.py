@@ -189,3 +189,26 @@ def test_window_is_refused_where_it_does_not_run():
     assert "DiTs" in unet_method_problem("ToDo", "window") and unet_method_problem("ToDo", "nearest") is None
     assert dit_method_problem("ToDo", FAMILY["Flux.1"], "window", window=True) is None
     assert "ComfyUI only" in dit_method_problem("ToDo", FAMILY["Flux.1"], "window")  # diffusers, Forge
+
+
+def test_tiles_split_over_several_backend_calls_give_the_same_output(monkeypatch):
+    """A large grid's tiles go to the backend in a few calls (``GATHERED`` bounds each call's copy
+    of the far field): one tile a call gives what one call for all gives."""
+    from tokenreduce import peak_window
+
+    plan = plan_of((2, 12, 10), before=5, tile=(1, 4, 4), halo=(1, 2, 2))
+    generator = torch.Generator().manual_seed(7)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return sdpa(*args)
+
+    monkeypatch.setattr(peak_window, "GATHERED", 10 ** 6)  # every tile in one call
+    whole = window_call(q, k, v, HEADS, 2, plan, counted, 4, heads_out=True)
+    assert calls == [B * plan.tiles, B]  # the tiles, then the text's queries
+    monkeypatch.setattr(peak_window, "GATHERED", 0)  # at least one tile a call
+    calls.clear()
+    split = window_call(q, k, v, HEADS, 2, plan, counted, 4, heads_out=True)
+    assert calls == [B] * plan.tiles + [B] and (split - whole).abs().max() < 1e-6

@@ -38,8 +38,12 @@ from .downsample import strided_positions
 
 WINDOW = "window"  # ToDo's method value on DiTs
 HALO = 2  # tokens of exact keys beyond the query tile on each side (the issue's prototype: 2 gives LPIPS 0.027)
-TIME_TILE, TIME_HALO = 1, 1  # video: one frame of queries per tile, seeing the frames before and after it
+TIME_TILE, TIME_HALO = 2, 1  # video: two frames of queries per tile, seeing a frame before and after them
 TILES = (16, 8, 4)  # query tile sides tried, largest first (see ``tile_side``)
+VIDEO_TILE = 8  # the smallest tile side on video (see ``window_plan``)
+# Each backend call gathers its tiles' keys (the far field once per tile): at most about this many
+# times the call's own keys, so a large grid runs as a few calls instead of one huge copy.
+GATHERED = 8
 HEAVY_KEYS = 16  # sink keys kept exact (the held-out UNet: 16 bring a layer's change from 25-77 % to 0.4-6 %)
 SAMPLED_QUERIES = 64  # queries whose attention finds the heavy keys (32 did as well as all on the held-out UNet)
 
@@ -49,7 +53,10 @@ def tile_side(h: int, w: int, halo: int = HALO) -> int:
     window ((side + 2 halo)^2 keys) is at most 1/16 of the grid's tokens (at factor 2 a quarter
     of the far field), the smallest where none is. Larger tiles share more of each key set; the
     window's keys are the cost over plain ToDo and the share of image keys each query sees
-    (the 32x32 Flux fixture: 4 -> 29.7 %; 8 would give 35.5 %; at 64x64 8 -> 28 %)."""
+    (the 32x32 Flux fixture: 4 -> 29.7 %; 8 would give 35.5 %; at 64x64 8 -> 28 %). The far
+    field is copied once per tile, so a tile of Qt queries adds about 1/Qt of a key read per
+    key the query attends to: on a GPU (about 200 flops a byte) tiles of 64 or more queries keep
+    that copy under the attention's own arithmetic."""
     for side in TILES:
         if (side + 2 * halo) ** 2 * 16 <= h * w:
             return side
@@ -137,10 +144,12 @@ def window_plan(length: int, start: int, grid: tuple[int, int, int], target: tup
     """The plan of a grid call of ``length`` tokens whose ``grid`` (t, h, w; frame-major raster)
     starts at ``start``, its far field strided to ``target`` by ``factors`` per axis (the kept
     positions of nearest ToDo). ``tile`` / ``halo`` per axis: by default ``tile_side`` squares,
-    ``HALO``, and on video one frame with a frame on each side. Built on the CPU, moved once."""
+    ``HALO``, and on video two frames with a frame on each side and sides of at least
+    ``VIDEO_TILE`` (a video's many tiles would otherwise copy its large far field too often).
+    Built on the CPU, moved once."""
     t, h, w = grid
     if tile is None:
-        side = tile_side(h, w)
+        side = tile_side(h, w) if t == 1 else max(VIDEO_TILE, tile_side(h, w))
         tile = (TIME_TILE, side, side)
     if halo is None:
         halo = (TIME_HALO if t > 1 else 0, HALO, HALO)
@@ -227,24 +236,32 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Wi
         far_bias = plan.counts.log().expand(b, -1, -1)
         heavy_bias = torch.zeros(b, tiles, 0, device=device)
         text_counts = plan.sizes.expand(b, -1)
-    window_k = grid_k.index_select(2, plan.windows).unflatten(2, (tiles, -1)).transpose(1, 2)  # [B, T, H, Kw, D]
-    window_v = grid_v.index_select(2, plan.windows).unflatten(2, (tiles, -1)).transpose(1, 2)
-    kw = window_k.shape[3]
-
-    def tile_keys(around, window, far, extra):
-        parts = [around.unsqueeze(1).expand(b, tiles, heads, a, dim), window,
-                 far.unsqueeze(1).expand(b, tiles, heads, far.shape[2], dim)]
-        if extra is not None:
-            parts.append(extra.unsqueeze(1).expand(b, tiles, heads, extra.shape[2], dim))
-        return torch.cat(parts, 3).flatten(0, 1)  # [B*T, H, K, D]
-
-    bias = torch.cat([torch.zeros(b, tiles, a + kw, device=device), far_bias, heavy_bias], 2)
     per_tile = plan.queries.shape[0] // tiles
-    tile_q = q.narrow(2, start, n).index_select(2, plan.queries).unflatten(2, (tiles, per_tile)) \
-        .transpose(1, 2).flatten(0, 1)  # [B*T, H, Qt, D]
-    out = attend(tile_q, tile_keys(around_k, window_k, far_k, heavy_k), tile_keys(around_v, window_v, far_v, heavy_v),
-                 bias.to(dtype).flatten(0, 1)[:, None, None])
-    out = out.unflatten(0, (b, tiles)).transpose(1, 2).flatten(2, 3).index_select(2, plan.back)  # [B, H, N, D]
+    windows = plan.windows.view(tiles, -1)
+    kw = windows.shape[1]
+    tile_q = q.narrow(2, start, n).index_select(2, plan.queries).unflatten(2, (tiles, per_tile)).transpose(1, 2)
+    bias = torch.cat([torch.zeros(b, tiles, a + kw, device=device), far_bias, heavy_bias], 2).to(dtype)
+    keys = a + kw + plan.kept + heavy
+    chunk = max(1, GATHERED * length // keys)  # tiles per backend call: a fixed split, the same every call
+
+    def tile_keys(x, around, far, extra, first, count):
+        window = x.index_select(2, windows[first:first + count].reshape(-1)).unflatten(2, (count, kw)).transpose(1, 2)
+        parts = [around.unsqueeze(1).expand(b, count, heads, a, dim), window,
+                 far.unsqueeze(1).expand(b, count, heads, far.shape[2], dim)]
+        if extra is not None:
+            parts.append(extra.unsqueeze(1).expand(b, count, heads, extra.shape[2], dim))
+        return torch.cat(parts, 3).flatten(0, 1)  # [B*count, H, K, D]
+
+    outs = []
+    for first in range(0, tiles, chunk):
+        count = min(chunk, tiles - first)
+        out = attend(tile_q[:, first:first + count].flatten(0, 1),
+                     tile_keys(grid_k, around_k, far_k, heavy_k, first, count),
+                     tile_keys(grid_v, around_v, far_v, heavy_v, first, count),
+                     bias[:, first:first + count].flatten(0, 1)[:, None, None])
+        outs.append(out.unflatten(0, (b, count)))
+    out = (outs[0] if len(outs) == 1 else torch.cat(outs, 1)).transpose(1, 2).flatten(2, 3)
+    out = out.index_select(2, plan.back)  # [B, H, N, D]
     if length == n:
         return out
     # The queries around the grid: every key around it, the far field with whole cells, the heavy keys.
