@@ -70,11 +70,27 @@ def _positional(**named):
     ({"hires": "own settings", "hires_ToMe": True, "hires_ToMe__ratio": 0.8},
      "TokenReduce ToMe (hires pass): ratio 0.8 cannot be reached"),
     ({"hires": "twice"}, "TokenReduce: hires 'twice' is not one of"),
+    # a method switched off, or a hires pass that does not run, still sends values the accordion
+    # could not: refused with the message they get when it runs (the API's [true, false, "yes", ...])
+    ({"ToDo": False, "ToMe": True, "ToDo__factor": "yes"}, "TokenReduce ToDo: factor 'yes' is not a number."),
+    ({"ToMe__ratio": 5.0}, "TokenReduce ToMe: ratio 5 is out of range"),
+    ({"ToMe__merge_attn": "no"}, "TokenReduce ToMe: merge_attn 'no' is not true or false."),
+    ({"hires_ToDo__level": 3}, "TokenReduce ToDo (hires pass): level 3 is not one of"),
 ])
 def test_bad_values_are_refused_with_a_message_naming_the_input(named, expected):
     job = S.job_from_args(_positional(enabled=True, **named), hires_runs=True)
     assert job.problem is not None and job.problem.startswith(expected), job.problem
     assert job.infotext(True) == {}
+
+
+def test_a_method_switched_off_keeps_its_values_unruled():
+    """Each value is checked alone; the rules across inputs only where the method runs: a user may
+    switch ToDo off rather than undo factor 1 and factor_next 1."""
+    args = _positional(enabled=True, ToDo=False, ToMe=True, ToDo__factor=1.0, ToDo__factor_next=1.0,
+                       ToDo__start_percent=0.9, ToDo__end_percent=0.1)
+    job = S.job_from_args(args, hires_runs=True)
+    assert job.problem is None and list(job.stage(S.FIRST)) == ["ToMe"]
+    assert S.job_from_args([False, False, "yes"], hires_runs=False) == S.OFF  # off: nothing of it is read
 
 
 def test_hires_own_settings_are_checked_only_where_a_hires_pass_runs():

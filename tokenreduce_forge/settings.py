@@ -138,6 +138,27 @@ class Refusal(ValueError):
     """Settings that cannot run; the message names the input and what to do."""
 
 
+def value_problem(spec: Input, value) -> str | None:
+    """Why one input's value cannot be used on its own (type, range, option), or None: the checks
+    of a single control, without the rules across a method's inputs."""
+    value, problem = coerce(spec.kind, spec.name, value)
+    return problem if problem is not None else spec.problem(value)
+
+
+def check_each_value(values: dict) -> None:
+    """Refuse a mistyped or out-of-range value of any method in any pass, also one switched off
+    or in a hires pass that does not run: the accordion cannot send such a value, so an API client
+    that does has a bug worth naming. The rules across inputs (start after end, nothing to
+    downsample) are left to the methods that run: a user may switch a method off to leave them."""
+    for stage in (FIRST, HIRES):
+        for method, declared in METHODS.items():
+            for spec in settable_inputs(declared):
+                name = input_arg(stage, method, spec.name)
+                problem = value_problem(spec, values[name]) if name in values else None
+                if problem is not None:
+                    raise Refusal(f"{label(stage, method)}: {problem}")
+
+
 def method_settings(method: str, stage: str, values: dict):
     """The frozen settings of one method in one pass from its inputs' values (by input name;
     missing ones take their defaults)."""
@@ -285,6 +306,7 @@ def job_from_args(args: Sequence, *, hires_runs: bool, overrides: dict | None = 
             raise Refusal(f"{PREFIX}: {problem}")
         if not values["enabled"]:
             return OFF
+        check_each_value(values)
         first = _stage_settings(values, FIRST)
         mode = values["hires"]
         if mode not in HIRES_MODES:
