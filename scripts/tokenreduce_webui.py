@@ -6,7 +6,7 @@ root on ``sys.path``: the host-free core is ``tokenreduce``, the Forge glue
 
 from modules import scripts
 
-from tokenreduce_forge import hooks, ui, xyz
+from tokenreduce_forge import console, hooks, ui, xyz
 from tokenreduce_forge.settings import TITLE
 
 
@@ -34,3 +34,4 @@ class TokenReduceScript(scripts.Script):
 
 
 xyz.register()
+console.quiet_refusals()  # a refusal's traceback only at debug level (console.py)

@@ -7,6 +7,7 @@ nodes compute. The Forge server tests are tests/test_forge_server*.py."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import types
@@ -20,9 +21,10 @@ from tokenreduce.describe import run_lines
 from tokenreduce.grid import grid_at
 from tokenreduce.methods import MODE_QUERIES, TODO
 from tokenreduce.pays import Decisions
-from tokenreduce_forge import hooks, patching
+from tokenreduce_forge import console, hooks, patching
 from tokenreduce_forge import settings as S
 from tokenreduce_forge.grid import grid_of
+from tokenreduce_forge.texts import INTRO, INTRO_METHODS
 
 
 # --- arguments and settings -------------------------------------------------------------------
@@ -97,6 +99,15 @@ def test_hires_own_settings_are_checked_only_where_a_hires_pass_runs():
     args = _positional(enabled=True, hires="own settings", hires_ToMe=True, hires_ToMe__ratio=0.8)
     assert S.job_from_args(args, hires_runs=False).problem is None
     assert S.job_from_args(args, hires_runs=True).problem is not None
+
+
+def test_the_accordion_says_what_each_method_does_on_which_models_in_one_line_each():
+    """The opening says no method is for one model only; under it, a line per method names its models."""
+    assert "Flux" not in INTRO and "ToMe" not in INTRO
+    assert list(INTRO_METHODS) == list(S.METHODS)
+    for method, line in INTRO_METHODS.items():
+        assert line.startswith(f"{method} (SD1.x, SD2.x, SDXL") and "Flux.1" in line and "\n" not in line
+        assert not set("*_`[") & set(line)  # no inline markup: the page translates each list item whole
 
 
 def test_whole_number_floats_and_sliders_convert():
@@ -273,6 +284,37 @@ def test_refusals_raise_at_the_first_model_call_before_any_step(comfy, models):
     refusing, _ = patching.refusing(models["SD15"], S.FIRST, "no")
     with pytest.raises(patching.Refused, match="^no$"):
         sample(comfy, refusing, "SD15")
+
+
+def test_a_refusal_is_one_line_in_the_console_its_traceback_at_debug_level(capsys, caplog):
+    """Said once where it is raised, as the UI shows it; the web server's record of it (uvicorn
+    logs the exception that left the application, about 100 lines) dropped, its traceback handed
+    to our logger at debug level; any other error logged as before. Installed once."""
+    run = patching.PassRun(S.FIRST)
+    run.refusal = "TokenReduce ToMe: ratio 0.9 cannot be reached.\nLower the ratio."
+    with pytest.raises(patching.Refused) as refused:
+        run.wrapper(None)(None, {})
+    assert capsys.readouterr().out == "[TokenReduce] Refused: TokenReduce ToMe: ratio 0.9 cannot be reached. Lower the ratio.\n"
+    server = logging.getLogger(console.SERVER_LOGGER)
+    before = list(server.filters)
+    try:
+        console.quiet_refusals()
+        console.quiet_refusals()  # Reload UI runs the script again
+        assert len(server.filters) == len(before) + 1
+        caplog.set_level(logging.DEBUG)
+        for error in (refused.value, RuntimeError("wrapped"), ValueError("other")):
+            try:
+                raise error from (refused.value if isinstance(error, RuntimeError) else None)
+            except Exception:  # noqa: BLE001
+                server.error("Exception in ASGI application\n", exc_info=True)
+        records = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
+        assert records == [
+            ("tokenreduce", logging.DEBUG, refused.value.line() + " (the web server's record of it)"),
+            ("tokenreduce", logging.DEBUG, refused.value.line() + " (the web server's record of it)"),
+            (console.SERVER_LOGGER, logging.ERROR, "Exception in ASGI application\n")]
+        assert all(r.exc_info for r in caplog.records)
+    finally:
+        server.filters[:] = before
 
 
 def test_settings_that_do_nothing_here_are_said_not_patched(comfy, models):

@@ -19,6 +19,7 @@ from forge_helpers import (API_NAME, HIRES, generate, png, positional, refused, 
                            start_forge)
 from tokenreduce.methods import MODE_QUERIES
 from tokenreduce_forge.settings import ARGS, HIRES_OWN, TITLE
+from tokenreduce_forge.texts import INTRO_METHODS
 
 skip_without_forge()
 
@@ -100,6 +101,8 @@ def test_the_accordion_in_the_browser(forge):
             text = accordion.inner_text()
             for name in ("ToDo", "ToMe", "factor", "factor_next", "method", "ratio", "Hires. fix pass"):
                 assert name in text, name
+            for line in INTRO_METHODS.values():  # what each method does on which models, one line each
+                assert line in text, line
             assert page.locator(f"#{accordion_id} input[type=checkbox]").count() >= 2
             accordion.screenshot(path=str(out / "accordion_txt2img.png"))
         finally:
@@ -200,7 +203,9 @@ def test_todo_at_its_defaults_changes_the_image_and_reports_what_it_did(forge, p
 
 
 def test_reruns_are_bit_identical_and_leave_nothing_behind(forge, plain):
-    args = [{"ToMe": {"merge_mlp": True, "merge_crossattn": True}, "ToDo": True}]
+    # max_change 0: these merges change the random model's blocks by about 11 %, over the default
+    # budget, which would leave them alone (the next test); here they must run, MLP object patches included.
+    args = [{"ToMe": {"merge_mlp": True, "merge_crossattn": True, "max_change": 0.0}, "ToDo": True}]
     first = generate(forge, args)
     assert not same(first.pixels, plain.pixels)
     assert first.ours()["TokenReduce ToMe report"] == (
@@ -210,6 +215,18 @@ def test_reruns_are_bit_identical_and_leave_nothing_behind(forge, plain):
     # The MLP object patches stay on Forge's shared model after a run: the next plain image
     # must still be the plain image.
     assert same(generate(forge).pixels, plain.pixels)
+
+
+def test_the_quality_budget_leaves_alone_what_changes_too_much_and_says_so(forge, plain):
+    """reduce_when auto's max_change at its default (5 %) on a real Forge: measured on the CPU too,
+    on the model call's own input; merges that change a block by more are left alone, said in the
+    report and the warnings, and the image is the plain one."""
+    result = generate(forge, [{"ToMe": {"merge_mlp": True, "merge_crossattn": True}}])
+    assert same(result.pixels, plain.pixels)
+    report = result.ours()["TokenReduce ToMe report"]
+    assert report.startswith("ToMe · SD15 · 5 of 16 blocks at downsample 1 | auto · downsample 1 (32×32) · left "
+                             "alone: changes its output "), report
+    assert "> 5 %" in report and "Raise max_change" in result.ours()["TokenReduce warnings"]
 
 
 def test_the_api_dict_form_and_the_positional_arguments_agree(forge):
@@ -229,6 +246,8 @@ def test_the_api_dict_form_and_the_positional_arguments_agree(forge):
     ([{"todo": True, "tomme": True}], {}, "TokenReduce: unknown key 'tomme'"),
     ([True, False], {}, "TokenReduce is on, but neither ToDo nor ToMe is selected"),
     ([True, "yes"], {}, "TokenReduce: ToDo 'yes' is not true or false."),
+    (positional(enabled=True, ToDo=False, ToMe=True, ToDo__factor="yes"), {},  # a method switched off: checked too
+     "TokenReduce ToDo: factor 'yes' is not a number."),
     ([{"ToDo": {"level": "4", "factor": 8}}], {"width": 128, "height": 128},
      "TokenReduce ToDo: factor 8 does not fit the 4x4 token grid at downsample 4"),
     ([{"ToMe": {"stride_x": 8, "stride_y": 8, "ratio": 0.9}}], {"width": 56, "height": 56},
@@ -242,8 +261,22 @@ def test_bad_settings_are_refused_before_any_step_and_leave_nothing_behind(forge
         assert same(generate(forge).pixels, plain.pixels)
 
 
+def test_a_refusal_is_one_line_in_the_servers_console(forge):
+    """What the console shows of a refusal: one line, as the UI shows it, and no traceback (the web
+    server's, about 100 lines, only with --loglevel DEBUG)."""
+    start = len(forge.log())
+    message = refused(forge, [{"ToMe": {"ratio": 0.9}}])
+    forge.get("/sdapi/v1/sd-models")  # the server logs an error after its answer: let it
+    time.sleep(1)
+    new = forge.log()[start:]
+    assert [line for line in new.splitlines() if "ratio 0.9" in line] == [f"[{TITLE}] Refused: {message}"], new
+    assert "Traceback" not in new and "Exception in ASGI application" not in new, new
+
+
 def test_settings_that_do_nothing_are_said(forge, plain):
-    result = generate(forge, [{"ToDo": {"level": "8", "factor_next": 2}}])  # SD1.5's middle block is at 8; none at 16
+    # SD1.5's middle block is at 8, none at 16. max_change 0: pooling the 4x4 grid changes the random
+    # model's block by about 20 %, and the budget would leave it alone (said in the warnings too).
+    result = generate(forge, [{"ToDo": {"level": "8", "factor_next": 2, "max_change": 0.0}}])
     assert result.ours()["TokenReduce warnings"] == (
         "TokenReduce ToDo: WARNING: factor_next 2 does nothing: this SD15 model has no transformer blocks at "
         "downsample 16.")

@@ -138,9 +138,7 @@ def before_process(p, args) -> None:
             p.extra_generation_params.update(job.infotext(hires_runs(p)))
     except Exception as failure:  # noqa: BLE001 - refused at the first model call instead
         job = Job(True, problem=f"{PREFIX} failed to read its settings: {failure!r}")
-    setattr(p, JOB, job)
-    if job.problem is not None:
-        say(f"refusing this generation: {job.problem}")
+    setattr(p, JOB, job)  # a problem is said once, where it is raised (patching.PassRun.wrapper)
 
 
 def before_sampling(p, args, kwargs) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from tokenreduce.catalog import NODES
 
 from .settings import FIRST, HIRES, HIRES_OWN, HIRES_SAME, METHOD_TITLES, METHODS, input_arg, method_arg, webui_inputs
-from .texts import ABOUT, HIRES_INFO, HIRES_PASS, INTRO, METHOD_INFO
+from .texts import ABOUT, HIRES_INFO, HIRES_PASS, INTRO, INTRO_METHODS, METHOD_INFO
 
 FILES = {"zh": "zh_CN", "ja": "ja_JP", "ko": "ko_KR"}  # our language -> the name of the WebUI's localization
 
@@ -30,6 +30,7 @@ def english() -> dict:
     """``locales/en/forge.json``: the accordion's own words, in English."""
     return {
         "intro": INTRO,
+        "intro_methods": dict(INTRO_METHODS),
         "hires_pass": HIRES_PASS,
         "about": ABOUT,
         "hires_word": HIRES,
@@ -65,6 +66,7 @@ def table(node_defs: dict, forge: dict) -> dict[str, str]:
     for method in METHODS:
         inputs = node_defs[_node_of(method).node_id]["inputs"]
         title, info = forge["method_titles"][method], forge["method_info"][method]
+        put(INTRO_METHODS[method], forge["intro_methods"][method])
         put(f"{METHOD_TITLES[method]}: {METHOD_INFO[method]}", f"{title}: {info}")  # the switch's tooltip
         put(method_arg(HIRES, method), f"{forge['hires_word']} {method}")
         for spec in webui_inputs(METHODS[method]):
@@ -79,7 +81,7 @@ def shown() -> set[str]:
     """Every text of the accordion a translation must cover (what ``table`` keys)."""
     texts = {INTRO, HIRES_PASS, ABOUT, HIRES_INFO, HIRES_SAME, HIRES_OWN}
     for method in METHODS:
-        texts |= {f"{METHOD_TITLES[method]}: {METHOD_INFO[method]}", method_arg(HIRES, method)}
+        texts |= {f"{METHOD_TITLES[method]}: {METHOD_INFO[method]}", method_arg(HIRES, method), INTRO_METHODS[method]}
         for spec in webui_inputs(METHODS[method]):
             texts |= {input_arg(FIRST, method, spec.name), input_arg(HIRES, method, spec.name), spec.tooltip}
     return texts

@@ -46,6 +46,10 @@ BUILTIN_TOME = "TomePatcher.patch."  # qualname prefix of Forge's built-in ToMe 
 class Refused(Exception):
     """TokenReduce refused this generation; the message says why and what to do."""
 
+    def line(self) -> str:
+        """The refusal as the console says it: one line, as the UI's error box shows it."""
+        return f"[{PREFIX}] {type(self).__name__}: {' '.join(str(self).split())}"
+
 
 class Installed:
     """What TokenReduce added to a patcher, so that a clone of it can take it out again."""
@@ -108,7 +112,9 @@ class PassRun:
 
         def tokenreduce_model_call(apply_model, args):
             if self.refusal is not None:
-                raise Refused(self.refusal)
+                refused = Refused(self.refusal)
+                print(refused.line(), flush=True)  # said once, here; the web server's traceback is not (console.py)
+                raise refused
             c = args["c"]
             options = c["transformer_options"]  # a fresh dict per model call
             sigmas = options["sigmas"]

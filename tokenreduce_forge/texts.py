@@ -4,9 +4,16 @@ what ``ui.py`` shows. Pure Python."""
 
 from __future__ import annotations
 
-INTRO = ("Faster sampling on SD1.x, SD2.x, SDXL and Flux.1: fewer tokens in attention (ToDo), or through "
-         "whole blocks on Flux.1 (ToMe). Start with ToDo at its defaults. What was patched and the tokens removed per level go into the image's parameters. Hover a "
-         "setting for what it does.")
+INTRO = ("Faster sampling with fewer tokens. Start with ToDo at its defaults. What was patched and the tokens "
+         "removed per level go into the image's parameters. Hover a setting for what it does.")
+# Under INTRO, one line per method: what it does on which models (a list item each, which the
+# page translates whole: no inline markup in them).
+INTRO_METHODS = {
+    "ToDo": "ToDo (SD1.x, SD2.x, SDXL, Flux.1): self-attention reads keys and values downsampled on the token "
+            "grid; every query stays.",
+    "ToMe": "ToMe (SD1.x, SD2.x, SDXL): similar tokens are merged before attention and unmerged after; on Flux.1, "
+            "the image tokens are merged before each block and restored after it.",
+}
 HIRES_PASS = "Hires. fix pass"  # the accordion of the hires. fix pass's settings
 ABOUT = "About these settings"  # the accordion with every input's explanation
 METHOD_INFO = {

@@ -10,7 +10,7 @@ from tokenreduce.inputs import BOOL, CHOICE, FLOAT, INT, SEED
 
 from .settings import (ARGS, FIRST, HIRES, HIRES_MODES, HIRES_OWN, METHOD_TITLES, METHODS, TITLE, Arg, input_arg,
                        method_arg, paste_field_names, paste_rule, webui_inputs)
-from .texts import ABOUT, HIRES_INFO, HIRES_PASS, INTRO, METHOD_INFO
+from .texts import ABOUT, HIRES_INFO, HIRES_PASS, INTRO, INTRO_METHODS, METHOD_INFO
 
 
 def control(arg: Arg, elem_id: str):
@@ -65,7 +65,7 @@ def build(script, is_img2img: bool):
     args, made = {arg.name: arg for arg in ARGS}, {}
     with InputAccordion(False, label=TITLE, elem_id=script.elem_id("enabled")) as enabled:
         made["enabled"] = enabled
-        gr.Markdown(INTRO)
+        gr.Markdown("\n".join([INTRO, "", *(f"- {INTRO_METHODS[method]}" for method in METHODS)]))
         _stage(script, FIRST, args, made)
         with gr.Accordion(HIRES_PASS, open=False, visible=not is_img2img):
             made["hires"] = gr.Radio(choices=list(HIRES_MODES), value=HIRES_MODES[0], label=HIRES, tooltip=HIRES_INFO,
