@@ -212,3 +212,22 @@ def test_tiles_split_over_several_backend_calls_give_the_same_output(monkeypatch
     calls.clear()
     split = window_call(q, k, v, HEADS, 2, plan, counted, 4, heads_out=True)
     assert calls == [B] * plan.tiles + [B] and (split - whole).abs().max() < 1e-6
+
+
+def test_a_backend_that_softmaxes_keys_in_chunks_gets_no_nan():
+    """ComfyUI's CPU default (sub-quadratic attention) takes each chunk of keys' max: a chunk of
+    masked keys alone must not give NaN (the mask is finite, not -inf)."""
+    def chunked(q, k, v, bias, size=4):
+        logits = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias
+        chunks = logits.split(size, -1)
+        peaks = [c.amax(-1, keepdim=True) for c in chunks]
+        peak = torch.stack(peaks).amax(0)
+        weights = [(c - m).exp() * (m - peak).exp() for c, m in zip(chunks, peaks)]
+        return torch.cat(weights, -1) @ v / sum(w.sum(-1, keepdim=True) for w in weights)
+
+    plan = plan_of((1, 16, 16), before=4)
+    generator = torch.Generator().manual_seed(8)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    out = window_call(q, k, v, HEADS, 2, plan, chunked, 4, heads_out=True)
+    assert torch.isfinite(out).all()
+    assert (out - windowed(q, k, v, plan, 4)).abs().max() < 1e-5

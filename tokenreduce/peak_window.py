@@ -10,7 +10,7 @@ reduced key set, but one that keeps the peak:
 (c) the far field: the strided keys nearest ToDo keeps (each with its own rotary position), each
     standing for the tokens of its cell that lie outside the window, so its logit gets
     ``+log(count)`` (its cell's share of the softmax mass if its tokens were alike); a cell
-    wholly inside the window gets -inf, as its tokens are already there exactly;
+    wholly inside the window is masked, as its tokens are already there exactly;
 (d) the ``heavy`` keys with the most attention mass over a strided sample of queries, exact;
     each is taken out of its cell's count where it lies outside a tile's window, and masked
     for a tile whose window already holds it, so no token is counted twice.
@@ -44,6 +44,10 @@ VIDEO_TILE = 8  # the smallest tile side on video (see ``window_plan``)
 # Each backend call gathers its tiles' keys (the far field once per tile): at most about this many
 # times the call's own keys, so a large grid runs as a few calls instead of one huge copy.
 GATHERED = 8
+# The bias of a key a query must not see: finite, not -inf, since backends that softmax keys in
+# chunks (ComfyUI's sub-quadratic attention, its CPU default) take a chunk's max, and a chunk of
+# -inf alone gives NaN; e^-10000 is 0 in every dtype, and fp16 holds it.
+MASKED = -1.0e4
 HEAVY_KEYS = 16  # sink keys kept exact (the held-out UNet: 16 bring a layer's change from 25-77 % to 0.4-6 %)
 SAMPLED_QUERIES = 64  # queries whose attention finds the heavy keys (32 did as well as all on the held-out UNet)
 
@@ -195,6 +199,12 @@ def heavy_keys(q: torch.Tensor, k: torch.Tensor, plan: WindowPlan, count: int) -
     return mass.topk(min(count, plan.tokens), dim=-1).indices
 
 
+def _log_counts(counts: torch.Tensor) -> torch.Tensor:
+    """The far field's bias: log of the tokens a key stands for; ``MASKED`` where it stands for
+    none (its cell wholly inside the window, or its one token a heavy key)."""
+    return torch.where(counts > 0, counts.clamp(min=1).log(), MASKED)
+
+
 def _around(x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
     """[B, H, A, D] the tokens before and after the grid."""
     end = plan.start + plan.tokens
@@ -227,13 +237,13 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Wi
         # whole numbers, so the sum is exact in any order.
         counts = plan.counts.expand(b, -1, -1).contiguous().scatter_add_(
             2, cells[:, None, :].expand(b, tiles, heavy), -(~held).float())
-        far_bias = counts.log()  # log 0 = -inf: a cell with nothing outside the window
-        heavy_bias = torch.zeros(held.shape, device=device).masked_fill_(held, -math.inf)
+        far_bias = _log_counts(counts)
+        heavy_bias = torch.zeros(held.shape, device=device).masked_fill_(held, MASKED)
         text_counts = plan.sizes.expand(b, -1).contiguous().scatter_add_(
             1, cells, torch.full(cells.shape, -1.0, device=device))
     else:
         heavy_k = heavy_v = None
-        far_bias = plan.counts.log().expand(b, -1, -1)
+        far_bias = _log_counts(plan.counts).expand(b, -1, -1)
         heavy_bias = torch.zeros(b, tiles, 0, device=device)
         text_counts = plan.sizes.expand(b, -1)
     per_tile = plan.queries.shape[0] // tiles
@@ -267,7 +277,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Wi
     # The queries around the grid: every key around it, the far field with whole cells, the heavy keys.
     keys = [around_k, far_k] + ([heavy_k] if heavy else [])
     values = [around_v, far_v] + ([heavy_v] if heavy else [])
-    text_bias = torch.cat([torch.zeros(b, a, device=device), text_counts.log(), torch.zeros(b, heavy, device=device)], 1)
+    text_bias = torch.cat([torch.zeros(b, a, device=device), _log_counts(text_counts), torch.zeros(b, heavy, device=device)], 1)
     text = attend(_around(q, plan), torch.cat(keys, 2), torch.cat(values, 2), text_bias.to(dtype)[:, None, None])
     end = start + n
     return torch.cat([text.narrow(2, 0, start), out, text.narrow(2, start, length - end)], 2)
