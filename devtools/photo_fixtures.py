@@ -102,7 +102,8 @@ SPECS = {
     "flux": Spec("flux", "FluxSchnell", {
         "image_model": "flux", "in_channels": 16, "out_channels": 16, "vec_in_dim": 64, "context_in_dim": 64,
         "hidden_size": 192, "mlp_ratio": 4.0, "num_heads": 3, "depth": 2, "depth_single_blocks": 4,
-        "axes_dim": [16, 24, 24], "theta": 10000, "patch_size": 2, "qkv_bias": True, "guidance_embed": False},
+        "axes_dim": [16, 24, 24], "theta": 10000, "patch_size": 2, "qkv_bias": True, "guidance_embed": False,
+        "txt_ids_dims": []},
         latent_channels=16, native_px=512, context_dim=64, pooled=True),
     "sd15": Spec("sd15", "SD15", {
         "use_checkpoint": False, "image_size": 32, "in_channels": 4, "out_channels": 4, "model_channels": 32,
@@ -117,8 +118,9 @@ SPECS = {
 
 def model_config(spec: Spec, dtype: torch.dtype = torch.float32):
     import comfy.supported_models as supported
+    from random_dits import for_host  # the config trimmed to the running tree's model fields
 
-    config = getattr(supported, spec.family)(dict(spec.unet_config))
+    config = getattr(supported, spec.family)(for_host(spec.unet_config))
     # The class adds its own head layout (unet_extra_config); ours must win at small widths.
     config.unet_config.update({k: v for k, v in spec.unet_config.items() if k in ("num_heads", "num_head_channels")})
     config.set_inference_dtype(dtype, None)
@@ -293,7 +295,10 @@ def load(name: str, dtype: torch.dtype = torch.float32, folder: Path | None = No
         raise FileNotFoundError(f"{path} is missing: train it with python3 devtools/train_fixtures.py {name}")
     sd = comfy.utils.load_torch_file(str(path))
     model, text, codec = build(spec, dtype)
-    model.diffusion_model.load_state_dict({k[6:]: v.to(dtype) for k, v in sd.items() if k.startswith("model.")})
+    # Through the host's own renaming, as its loaders do (0.33 names Flux's norms .weight, the file .scale).
+    weights = model.model_config.process_unet_state_dict(
+        {k[6:]: v.to(dtype) for k, v in sd.items() if k.startswith("model.")})
+    model.diffusion_model.load_state_dict(weights)
     text.load_state_dict({k[5:]: v for k, v in sd.items() if k.startswith("text.")})
     codec.load_state_dict({k[6:]: v for k, v in sd.items() if k.startswith("codec.")})
     model.eval()

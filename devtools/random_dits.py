@@ -227,9 +227,15 @@ def _tiny_config(family: str) -> dict:
 
 
 def unet_config(family: str, **overrides) -> dict:
-    """The tiny unet_config of the family, trimmed to the fields the running tree's model
-    dataclass has (0.3.75's FluxParams has no txt_ids_dims, its HunyuanVideoParams no meanflow_sum)."""
-    config = {**_tiny_config(family), **overrides}
+    """The tiny unet_config of the family, trimmed to what the running tree accepts (``for_host``)."""
+    return for_host({**_tiny_config(family), **overrides})
+
+
+def for_host(config: dict) -> dict:
+    """A Flux, Chroma or HunyuanVideo unet_config written for the newest tree, trimmed to the
+    fields the running tree's model dataclass has (0.3.75's FluxParams has no txt_ids_dims, its
+    HunyuanVideoParams no meanflow_sum); other configs as they are. photo_fixtures' trained
+    Flux is built through it too."""
     params = None
     if config.get("image_model") in ("flux", "flux2"):
         import comfy.ldm.flux.model as module

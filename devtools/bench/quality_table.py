@@ -152,15 +152,14 @@ def _rel(a, b) -> list:
 
 
 def _random_fixture(pf, fx, seed: int = 0):
-    """The fixture's architecture with random weights (as the benchmark's random models are filled)."""
-    import copy
-
+    """The fixture's architecture with random weights (as the benchmark's random models are filled).
+    Built anew rather than deep-copied: ComfyUI 0.33's model config answers every missing
+    attribute (``__deepcopy__`` too) with None."""
     import comfy.model_management
     import comfy.model_patcher
-    from random_models import randomize_
+    from random_models import build_random
 
-    model = copy.deepcopy(fx.patcher.model)
-    randomize_(model.diffusion_model, seed)
+    model = build_random(lambda: pf.build(fx.spec)[0], seed)
     return comfy.model_patcher.ModelPatcher(model, load_device=comfy.model_management.get_torch_device(),
                                             offload_device=comfy.model_management.unet_offload_device())
 
