@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -168,6 +169,31 @@ def host_version() -> str:
 def host_environment() -> tuple:
     """What of ComfyUI decides how fast a call runs, for the auto rule's keys: its version."""
     return (f"ComfyUI {host_version()}",)
+
+
+@contextlib.contextmanager
+def uncompiled(base_model):
+    """``base_model`` with its eager modules in place of the compiled ones while a rehearsal runs
+    (``ModelCall.rehearse``: a model call run again, uncompiled). ComfyUI's compile wrapper
+    (``comfy_api.torch_helpers``, ``COMPILE_KEY``) swaps the compiled modules in for the duration
+    of each call; where it runs around ours (TorchCompileModel applied before our node) they are in
+    place when ours rehearses. A rehearsal run compiled is traced as a model call of its own (other
+    options, a capture that stops the call in a block): graphs and graph breaks the user's compiled
+    model never had. Swapped back as the wrapper swaps them, on this model copy only."""
+    compiled_modules, inside = [], ()
+    for name, module in base_model.named_modules():
+        if name and not name.startswith(inside) and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+            compiled_modules.append((name, module))
+            inside = (*inside, f"{name}.")  # torch.compile's wrapper holds the eager module: not looked into
+    parents = [(base_model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2], module)
+               for name, module in compiled_modules]
+    for parent, attribute, module in parents:
+        setattr(parent, attribute, module._orig_mod)
+    try:
+        yield base_model
+    finally:
+        for parent, attribute, module in parents:
+            setattr(parent, attribute, module)
 
 
 def compiled(options: dict) -> bool:

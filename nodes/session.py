@@ -18,9 +18,10 @@ import time
 from comfy.patcher_extension import WrappersMP
 
 from ..tokenreduce.change import measure_change
+from ..tokenreduce.measure import copied_containers
 from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from ..tokenreduce.window import SigmaWindow
-from .host import attention_entry, compiled, compute_dtype
+from .host import attention_entry, compiled, compute_dtype, uncompiled
 
 LOG = logging.getLogger("tokenreduce")
 WRAPPER_KEY = "tokenreduce"
@@ -39,16 +40,30 @@ HOST_HOOKS = ("wrappers", "callbacks")
 
 def _rehearsal(base_model, args: tuple, kwargs: dict):
     """options -> this apply_model call run once more with ``options`` as its transformer_options,
-    below every wrapper: through ``BaseModel._apply_model`` (below the APPLY_MODEL wrappers:
-    uncompiled, no sampler wrapper of ours), with no wrapper or callback left in the options (the
-    diffusion model runs its DIFFUSION_MODEL wrappers from there: a cache such as ComfyUI's
-    EasyCache keeps state in its wrapper, and may skip the call). The auto rule of whole-block ToMe
-    captures a block's inputs there; no other pack's wrapper sees it."""
+    below every wrapper: through ``BaseModel._apply_model`` (below the APPLY_MODEL wrappers, no
+    sampler wrapper of ours), uncompiled (``host.uncompiled``: also where the compile wrapper runs
+    around ours), with no wrapper or callback left in the options (the diffusion model runs its
+    DIFFUSION_MODEL wrappers from there: a cache such as ComfyUI's EasyCache keeps state in its
+    wrapper, and may skip the call). The auto rule of whole-block ToMe captures a block's inputs
+    there; no other pack's wrapper sees it.
+
+    The call's inputs are taken now, before the call runs, and each rehearsal gets its own copies
+    of their lists and dicts (``copied_containers``): the UNet pops its control residuals
+    (ControlNet, T2I-Adapter) from the lists it is handed, so a rehearsal on the live ones would
+    take residuals from the user's call (the auto rule rehearses before it), and one after it
+    (measure_change's rerun) would run without the ControlNet."""
+    if len(args) > 5:
+        args = (*args[:5], None, *args[6:])  # the options: given per rehearsal
+    kwargs = {k: v for k, v in kwargs.items() if k != "transformer_options"}
+    args, kwargs = copied_containers(args), copied_containers(kwargs)
+
     def rehearse(options: dict):
         options = {k: v for k, v in options.items() if k not in HOST_HOOKS}
-        if len(args) > 5:
-            return base_model._apply_model(*args[:5], options, *args[6:], **kwargs)
-        return base_model._apply_model(*args, **{**kwargs, "transformer_options": options})
+        given, named = copied_containers(args), copied_containers(kwargs)
+        with uncompiled(base_model):
+            if len(given) > 5:
+                return base_model._apply_model(*given[:5], options, *given[6:], **named)
+            return base_model._apply_model(*given, **{**named, "transformer_options": options})
     return rehearse
 
 

@@ -11,6 +11,7 @@ Tiny random models; a budget of 1e-6 is exceeded by any reduction, 2.0 by none."
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -122,3 +123,129 @@ def test_unet_change_is_measured_on_the_blocks_own_input_and_leaves_no_trace(com
     assert torch.equal(sample(comfy, budgeted, steps=1), first)
     always = patched(comfy, "todo", models["SD15"], reduce_when="always")
     assert torch.equal(sample(comfy, always, steps=1), first)
+
+
+# --- issue #51: measuring leaves no trace ------------------------------------------------------------
+
+
+def test_merge_mlp_left_alone_leaves_no_plan_behind(comfy, models, cpu_store):
+    """ToMe with merge_mlp over the budget: the measurement's reduced run plans the MLP merge of the
+    block it measures (a per-thread slot the feed-forward reads); the run that measured must still
+    run that block's feed-forward whole, as every later run and the unpatched model do."""
+    settings = dict(ratio=0.6, merge_mlp=True, max_change=TINY)
+    tight = patched(comfy, "tome", models["SD15"], **settings)
+    first = sample(comfy, tight, steps=1)
+    decisions = [d for _, d in session_of(tight).last_report.decisions]
+    assert decisions and all(d.over_budget and d.source == "measured" for d in decisions)
+    assert not session_of(tight).last_report.levels  # nothing reduced, as the report says
+    assert torch.equal(first, sample(comfy, models["SD15"], steps=1))  # as unpatched
+    assert torch.equal(sample(comfy, tight, steps=1), first)
+
+
+def t2i_adapter(comfy, seed: int = 3):
+    """A real ComfyUI T2I-Adapter (``comfy.controlnet.T2IAdapter``) around a random-weight adapter
+    of the tiny SD1.5's widths: its control residuals are popped by the UNet (``apply_control``)."""
+    from comfy.controlnet import T2IAdapter
+    from comfy.t2i_adapter.adapter import Adapter
+
+    channels = comfy.models.unet_config("SD15", True)["model_channels"]
+    with torch.device("meta"):  # built without drawing from the global generator, then filled from a private one
+        adapter = Adapter(channels=[channels, 2 * channels, 4 * channels, 4 * channels], nums_rb=1, cin=3 * 64,
+                          ksize=1, sk=True, use_conv=False, xl=False)
+    adapter = adapter.to_empty(device="cpu")
+    comfy.models.randomize_(adapter, seed)
+    return T2IAdapter(adapter, adapter.input_channels, 8, "nearest-exact", device=torch.device("cpu"))
+
+
+def controlled(comfy, strength: float = 1.0) -> tuple[list, list]:
+    """SD1.5 conditionings with the T2I-Adapter applied to both (ComfyUI's ControlNetApplyAdvanced)."""
+    import nodes
+
+    hint = torch.rand(1, 256, 256, 3, generator=torch.Generator().manual_seed(5))
+    positive = comfy.models.conditioning("SD15", True, seed=1)
+    negative = comfy.models.conditioning("SD15", True, seed=2)
+    return nodes.ControlNetApplyAdvanced().apply_controlnet(positive, negative, t2i_adapter(comfy), hint, strength,
+                                                            0.0, 1.0)
+
+
+@pytest.mark.parametrize("name", ["todo", "tome"])
+def test_the_rehearsal_leaves_the_users_control_residuals_alone(comfy, models, cpu_store, name):
+    """ComfyUI's UNet pops its control residuals as it goes (``apply_control``): the rehearsal that
+    captures the measured block's input must run on copies of the call's control lists, or the
+    call itself runs with some residuals gone. The run that measured gives the next run's image."""
+    positive, negative = controlled(comfy)
+    budgeted = patched(comfy, name, models["SD15"], max_change=HUGE)
+    first = sample(comfy, budgeted, steps=1, positive=positive, negative=negative)
+    assert all(d.source == "measured" for _, d in session_of(budgeted).last_report.decisions)
+    assert torch.equal(sample(comfy, budgeted, steps=1, positive=positive, negative=negative), first)
+    always = patched(comfy, name, models["SD15"], reduce_when="always")
+    assert torch.equal(sample(comfy, always, steps=1, positive=positive, negative=negative), first)
+
+
+def test_dit_tome_measures_the_merge_it_runs_with_a_clean_first_frame(comfy, dits, cpu_store):
+    """Wan 2.2 TI2V image to video (a noise mask: the first latent frame clean, kept out of every
+    tile): the auto rule measures the merge the run makes, that frame kept whole too, and a call
+    without the mask (the same shapes, its first frame merged) is another kind, measured apart."""
+    import random_dits
+    from test_tome_dit_frames_inprocess import KEY, _first_frame_mask, _sample
+
+    variant = "wan22_ti2v_5b"
+    seen = []
+    clone = dits(variant).clone()
+
+    def spy(args, extra):  # ours calls it as the merged block: what it merged with, measuring or not
+        options = args["transformer_options"]
+        seen.append((bool(options.get("tokenreduce:measuring")), options.get("tokenreduce:merged grid")))
+        return extra["original_block"](args)
+
+    clone.set_model_patch_replace(spy, "dit", *KEY)
+    budgeted = tome(comfy, clone, ratio=0.5, max_change=HUGE).result[0]
+    size = random_dits.tested_size(variant)
+    latent = torch.randn(random_dits.latent_shape(variant, **size), generator=torch.Generator().manual_seed(2))
+    _sample(comfy, budgeted, variant, latent=latent, noise_mask=_first_frame_mask(latent))
+    measured = [plan for measuring, plan in seen if measuring and plan is not None]
+    ran = [plan for measuring, plan in seen if not measuring and plan is not None]
+    assert measured and ran and all(d.source == "measured" for _, d in session_of(budgeted).last_report.decisions)
+    for plan in measured:
+        assert torch.equal(plan.tiles.extra_index, ran[0].tiles.extra_index) and plan.r == ran[0].r
+        assert torch.equal(plan.tiles.tile_index, ran[0].tiles.tile_index)
+    measurements = cpu_store.measurements
+    _sample(comfy, budgeted, variant, latent=latent)  # no mask: the first frame merges
+    assert cpu_store.measurements > measurements
+
+
+def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_restart(comfy, dits, cpu_store,
+                                                                                     monkeypatch, tmp_path):
+    """ToDo on a DiT captures its block's input in a rehearsal of the model call; a rehearsal that
+    fails (out of memory here) fails the measurement: reduced as set and said in every run's
+    report, kept for the process only, never kept in the file as a change not knowable (after a
+    restart that would reduce at any budget). After a restart it is tried again: measured, and left
+    alone at a budget every reduction exceeds."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+    run_module = sys.modules[f"{PACK}.tokenreduce.run"]
+    model = dits(VARIANT)
+    unpatched = run(comfy, model, VARIANT)
+
+    def out_of_memory(_module, _args, kwargs):
+        if kwargs.get("transformer_options", {}).get(run_module.MEASURING):
+            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+
+    hook = model.get_model_object("diffusion_model").register_forward_pre_hook(out_of_memory, with_kwargs=True)
+    try:
+        tight = todo(comfy, model, max_change=TINY).result[0]
+        for _ in range(2):  # the first run tries, the second is told what the first found
+            run(comfy, tight, VARIANT)
+            decisions = [d for _, d in session_of(tight).last_report.decisions]
+            assert decisions and all(d.source == "failed" and "OutOfMemoryError" in d.error for d in decisions)
+            assert any("could not measure" in w for w in session_of(tight).last_report.warnings)
+    finally:
+        hook.remove()
+    kept = json.loads(cpu_store.path.read_text())["decisions"] if cpu_store.path.exists() else {}
+    assert all(entry.get("change") is not None for entry in kept.values())  # none kept as "not knowable"
+    restarted = pays.Decisions(cpu_store.path)  # a new process on the same file
+    monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: restarted)
+    again = todo(comfy, model, max_change=TINY).result[0]
+    image = run(comfy, again, VARIANT)
+    decisions = [d for _, d in session_of(again).last_report.decisions]
+    assert decisions and all(d.source == "measured" and d.over_budget for d in decisions)
+    assert torch.equal(image, unpatched)

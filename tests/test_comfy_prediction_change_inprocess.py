@@ -162,3 +162,46 @@ def test_no_reduction_no_readout(comfy, models):
     finally:
         handle.remove()
     assert len(calls) == 2 and readout(measured) is None
+
+
+# --- issue #51: the readout's rerun runs what the reduced call ran, unreduced -----------------------
+
+
+def first_output(comfy, model, **sampling) -> torch.Tensor:
+    """The output of ``model``'s first apply_model call in a one-step run."""
+    first: list = []
+    sample(comfy, recording(model, first), steps=1, **sampling)
+    return first[0][2]
+
+
+def true_change(comfy, base, reduced_model, **sampling) -> float:
+    """The first call's change: both runs' first calls get the same inputs (noise, sigma, text)."""
+    full, reduced = first_output(comfy, base, **sampling), first_output(comfy, reduced_model, **sampling)
+    return float((reduced.float() - full.float()).norm() / full.float().norm())
+
+
+def test_merge_mlp_readout_runs_the_feed_forward_whole(comfy, models):
+    """ToMe with merge_mlp: the feed-forward finds its block's plan in a per-thread slot; the
+    readout's unreduced rerun must not find the reduced call's plans there."""
+    base = models["SD15"]
+    measured = apply(comfy, "tome", base, ratio=0.6, merge_mlp=True, measure_change=True, **ALWAYS).result[0]
+    sample(comfy, measured, steps=1)
+    want = true_change(comfy, base, apply(comfy, "tome", base, ratio=0.6, merge_mlp=True, **ALWAYS).result[0])
+    assert want > 1e-4 and readout(measured).change == pytest.approx(want, rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["todo", "tome"])
+def test_the_readout_reruns_with_the_users_control_residuals(comfy, models, name):
+    """ComfyUI's UNet pops its control residuals from the lists it is handed (``apply_control``):
+    the readout's rerun, after the reduced call, runs on copies of them as they were before it,
+    not without the ControlNet; and the sampled image is the one of a run without the readout."""
+    from test_comfy_max_change_inprocess import controlled
+
+    positive, negative = controlled(comfy)
+    base = models["SD15"]
+    measured = apply(comfy, name, base, measure_change=True, **ALWAYS).result[0]
+    plain = apply(comfy, name, base, **ALWAYS).result[0]
+    image = sample(comfy, measured, steps=1, positive=positive, negative=negative)
+    assert torch.equal(image, sample(comfy, plain, steps=1, positive=positive, negative=negative))
+    want = true_change(comfy, base, plain, positive=positive, negative=negative)
+    assert want > 1e-4 and readout(measured).change == pytest.approx(want, rel=1e-4)

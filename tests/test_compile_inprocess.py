@@ -131,3 +131,43 @@ def test_the_auto_rule_measures_outside_the_compiled_model(comfy, models, sdpa_a
     assert measured["breaks"] == kept["breaks"] == 0
     assert measured["graphs"] == kept["graphs"] <= unpatched["graphs"]
     assert all(torch.equal(a, b) for a, b in zip(measured["outputs"], kept["outputs"]))
+
+
+
+def _counted(comfy, model, runs) -> dict:
+    """Sample ``runs`` with ``model`` (compiled already); dynamo's counters and the outputs."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    outputs = [sample(comfy, model, "SD15", **run) for run in runs]
+    result = {"graphs": counters["stats"]["unique_graphs"], "breaks": sum(counters["graph_break"].values()),
+              "outputs": outputs}
+    torch._dynamo.reset()
+    return result
+
+
+@pytest.mark.parametrize("node", ["todo", "tome"])
+def test_a_node_the_budget_leaves_alone_adds_no_graph_break(comfy, models, sdpa_attention, monkeypatch, tmp_path,
+                                                            node):
+    """Issue #51: the quality budget measures its change on the block's own input, captured in a
+    rehearsal of the model call (stopped at the block); that rehearsal runs the diffusion model
+    uncompiled, also where ComfyUI's compile wrapper runs around ours (TorchCompileModel applied
+    before the node: the wrapper has put the compiled model in place when ours runs). A node whose
+    every call the budget leaves alone compiles as the unpatched model does."""
+    import sys
+
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    pays = sys.modules["tokenreduce_pack.tokenreduce.pays"]
+    store = pays.Decisions(tmp_path / "auto_decisions.json")  # the CPU untimed: the change alone is measured
+    monkeypatch.setattr(sys.modules["tokenreduce_pack.nodes.common"], "decisions", lambda: store)
+    compiled = models["SD15"].clone()
+    set_torch_compile_wrapper(compiled, backend="eager")
+    runs = [dict(steps=2)]
+    unpatched = _counted(comfy, compiled, runs)
+    ours = _counted(comfy, apply(comfy, node, compiled, max_change=1e-6).result[0], runs)
+    assert store.measurements and all(decision.change > 1e-6 for _, decision in store.log)
+    assert (ours["breaks"], ours["graphs"]) == (unpatched["breaks"], unpatched["graphs"]) and ours["breaks"] == 0
+    assert torch.equal(ours["outputs"][0], unpatched["outputs"][0])

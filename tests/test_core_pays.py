@@ -503,3 +503,16 @@ def test_a_compare_builder_gives_the_change_where_the_timed_work_runs_on_other_i
         return work._replace(compare=lambda: (lambda: torch.ones(4), lambda: torch.ones(4) * 1.5))
     decision = store(None).decide(GPU_LIKE, KIND, build, change=True)
     assert decision.change == pytest.approx(0.5) and decision.full_ms == 10.0
+
+
+def test_two_processes_measuring_a_kind_alike_without_a_budget_keep_it(tmp_path):
+    """Issue #51, point 9: neither entry has a change (no budget), the times round alike: merging
+    into the file must not fail the run (it raised KeyError: 'change' out of decide())."""
+    first, second = store(tmp_path, 10.0, 8.0), store(tmp_path, 10.0, 8.0)
+    assert first.decide(GPU_LIKE, KIND, Built()).source == pays.MEASURED  # first writes its decision, no change
+    second._refresh = lambda: None  # second measured at the same time: it had not read first's yet
+    decision = second.decide(GPU_LIKE, KIND, Built())
+    assert (decision.reduce, decision.full_ms, decision.reduced_ms, decision.change) == (True, 10.0, 8.0, None)
+    entry = json.loads((tmp_path / "tokenreduce" / "auto_decisions.json").read_text())["decisions"][first.key(
+        GPU_LIKE, KIND)]
+    assert (entry["reduce"], entry["full_ms"], entry["reduced_ms"]) == (True, 10.0, 8.0) and "change" not in entry

@@ -65,3 +65,27 @@ def test_dit_on_a_bare_transformer(method, settings):
             assert plain.report().prediction_change is None
     assert report.prediction_change.change == pytest.approx(relative(reduced, full), rel=1e-5)
     assert report.prediction_change.change > 1e-4
+
+
+def test_unet_readout_reruns_with_the_adapters_residuals():
+    """Issue #51: diffusers' UNet pops ``down_intrablock_additional_residuals`` (a T2I-Adapter's)
+    from the list it is handed; the readout's rerun, after the reduced call, runs on a copy of it as
+    it was before that call, not without the adapter."""
+    model = tiny.unet(size=32)
+    g = torch.Generator().manual_seed(3)
+    sample = torch.randn(1, 4, 32, 32, generator=g)
+    text = torch.randn(1, 8, tiny.TEXT_DIM, generator=g)
+    residuals = [torch.randn(1, 32, 32, 32, generator=g), torch.randn(1, 64, 16, 16, generator=g)]
+
+    def call():  # a fresh list per call, as diffusers' adapter pipelines hand it
+        return model(sample, 500, encoder_hidden_states=text,
+                     down_intrablock_additional_residuals=list(residuals)).sample
+
+    with torch.no_grad():
+        full = call()
+        assert relative(model(sample, 500, encoder_hidden_states=text).sample, full) > 0.1  # the adapter acts
+        with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always", measure_change=True) as patch:
+            reduced = call()
+            report = patch.report()
+    # (a rerun without the adapter would read about its own effect, some 30 %, on this tiny UNet)
+    assert report.prediction_change.change == pytest.approx(relative(reduced, full), rel=1e-5)

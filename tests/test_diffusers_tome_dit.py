@@ -455,3 +455,22 @@ def test_merged_blocks_run_through_the_cores_run_merged_block(monkeypatch):
     with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always"):
         _run(model, inputs)
     assert len(runs) == 1 and blocks == [2, 2, 2]  # the middle block merged, the batch at once
+
+
+@pytest.mark.parametrize("family", ["Wan", "LTX-Video"])
+def test_a_clean_first_frame_stays_whole(family):
+    """Issue #51: Wan 2.2 TI2V and LTX-Video's image to video give each token a timestep of its own,
+    the first latent frame the clean start image: its tokens are kept out of every tile, as the
+    ComfyUI node keeps them (``TokenLayout.whole_frames``), so fewer tokens merge than ratio asks."""
+    from tokenreduce.tome_dit import make_tiles, merged_count
+
+    model = tiny.transformer(family)
+    inputs = tiny.transformer_inputs(family, model, batch=1, frames=2, h=H, w=W)
+    timestep = torch.full((1, 2 * H * W), 700.0)
+    timestep[:, :H * W] = 0.0  # the first frame clean
+    inputs["timestep"] = timestep
+    r = merged_count(make_tiles((2, H, W), (1, 2, 2), None, "cpu", whole_frames=1), 0.5)
+    assert r < H * W  # fewer than half of 2 frames: the first frame's tokens are no tile's
+    with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always", use_rand=False) as patch:
+        _run(model, inputs)
+        assert f"blocks {2 * H * W}→{2 * H * W - r} " in " ".join(patch.report_lines()) + " "

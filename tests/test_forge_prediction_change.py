@@ -51,3 +51,21 @@ def test_the_api_dict_form_turns_it_on_and_the_infotext_says_it(comfy, models):
     assert text.endswith(" % at step 1") and float(text.split()[0]) > 0
     assert "prediction change" in p.extra_generation_params["TokenReduce ToDo report"]
     assert "TokenReduce ToDo measure_change" not in p.extra_generation_params  # not a control: not recorded
+
+
+def test_forge_readout_reruns_with_the_users_control_residuals(comfy, models):
+    """Issue #51: Forge's UNet pops its control residuals (ControlNet, T2I-Adapter) from the lists it
+    is handed; the readout's rerun runs on copies of them as they were before the reduced call, not
+    without the control, and the image is the one of a pass without the readout."""
+    from test_comfy_max_change_inprocess import controlled
+    from test_comfy_prediction_change_inprocess import true_change
+
+    positive, negative = controlled(comfy)
+    measured, run = todo_pass(models["SD15"], True)
+    image = sample(comfy, measured, "SD15", steps=1, positive=positive, negative=negative)
+    assert torch.equal(image, sample(comfy, todo_pass(models["SD15"], False)[0], "SD15", steps=1, positive=positive,
+                                     negative=negative))
+    ((_, report),) = run.finish(True)
+    want = true_change(comfy, models["SD15"], todo_pass(models["SD15"], False)[0], positive=positive,
+                       negative=negative)
+    assert want > 1e-4 and abs(report.prediction_change.change - want) <= 1e-4 * want

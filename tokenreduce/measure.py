@@ -45,18 +45,26 @@ def measuring_options(call: ModelCall, **extra) -> dict:
     dicts and lists are copies (as deep as the host copies options for each run): another pack
     that keeps per-call state there (a counter, a cache) must find it after the timed runs as it
     was before, or the run that measured would differ from later runs."""
-    options = {k: _copied(v) for k, v in call.options.items()
+    options = {k: copied_containers(v) for k, v in call.options.items()
                if not (isinstance(k, str) and k.startswith(CONTEXT_PREFIX))}
     options[MEASURING] = True
     options.update(extra)
     return options
 
 
-def _copied(value):
+def copied_containers(value):
+    """``value`` with its dicts, lists and tuples copied (as deep as they nest), the tensors and
+    other objects in them shared. What a rehearsal of a model call (``ModelCall.rehearse``,
+    measure_change's rerun) is handed: a model may consume the containers it is given (ComfyUI's
+    and Forge's UNets pop their control residuals, ``apply_control``; diffusers' UNet pops
+    ``down_intrablock_additional_residuals``), and the user's call must find them as they were, a
+    rerun after it as they were before it."""
     if isinstance(value, dict):
-        return {k: _copied(v) for k, v in value.items()}
+        return {k: copied_containers(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_copied(v) for v in value]
+        return [copied_containers(v) for v in value]
+    if type(value) is tuple:  # a plain tuple (a NamedTuple is the model's own value: left as it is)
+        return tuple(copied_containers(v) for v in value)
     return value
 
 

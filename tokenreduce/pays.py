@@ -541,8 +541,9 @@ class Decisions:
                     known = {name: value for name, value in current[key].items() if value is not None}
                     merged = {**self._kept[key], **known}
                     # ours completed the file's own entry (a change added to it): not another process's
-                    won = merged if any(merged[k] != self._kept[key].get(k) for k in ("reduce", "full_ms",
-                                                                                     "reduced_ms", "change")) else None
+                    # (.get: an entry measured without a budget has no change, in the file nor here)
+                    won = merged if any(merged.get(k) != self._kept[key].get(k) for k in ("reduce", "full_ms",
+                                                                                         "reduced_ms", "change")) else None
                     current[key] = self._kept[key] = merged
                 for known, entry in current.items():
                     self._kept.setdefault(known, entry)

@@ -36,7 +36,7 @@ from .measure import backend_of, compute_dtype, dit_attention_work, on_copies
 from .pays import AutoRule
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
-from .tome_dit import captured_blocks, take
+from .tome_dit import NotReached, captured_blocks, take
 
 
 FRONTS = 8  # overrides found installed after ours that keep their front object (see _front_of)
@@ -261,8 +261,8 @@ class ToDoDiTPatch(CallPatch):
             return None
         try:  # the model's own block: another pack's replacement at this key (a cache, a counter) runs nowhere here
             ((_, args, extra),) = captured_blocks(call, {"unit": key}).values()
-        except RuntimeError:  # a family whose blocks the model calls without the host's key (NextDiT): not known
-            return None
+        except NotReached:  # a family whose blocks the model calls without the host's key (NextDiT): not known
+            return None  # (any other error, out of memory included, fails the measurement: said, tried again)
         first = min(index for index, planned in enumerate(plan) if planned.block == block)
         options = {**args["transformer_options"], OVERRIDE: installed}
 

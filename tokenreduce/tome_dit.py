@@ -675,6 +675,12 @@ class _Captured(Exception):
     """Ends a rehearsed model call once every block to time has shown its inputs."""
 
 
+class NotReached(RuntimeError):
+    """A rehearsed model call never reached a wanted block (``captured_blocks``): the model calls it
+    without the host's key (NextDiT), or something skipped or replaced it. A fact of the model, not
+    a failure of the try (out of memory, a model error): those propagate as they are."""
+
+
 def captured_blocks(call: ModelCall, wanted: dict) -> dict:
     """{kind: (the block-replace function at its key, the arguments and extras the model handed it)}
     for ``wanted`` ({kind: block-replace key}): the model call rehearsed (``ModelCall.rehearse``:
@@ -705,7 +711,7 @@ def captured_blocks(call: ModelCall, wanted: dict) -> dict:
     except _Captured:
         return found
     missing = ", ".join(f"{kind} ({key})" for kind, key in wanted.items() if kind not in found)
-    raise RuntimeError(f"the model call, run again to time its blocks, never reached the block of {missing} "
+    raise NotReached(f"the model call, run again to time its blocks, never reached the block of {missing} "
                        f"(something in the model skipped or replaced it)")
 
 
@@ -765,7 +771,7 @@ class ToMeDiTPatch(CallPatch):
             context["active"] = False  # nothing merges at this size: the blocks run as they are
             return
         kinds = dict.fromkeys(kind for kind, _ in self.replace_keys().values())
-        left = self.left_alone(context, run, call, kinds, lambda kind: self._pays(run, call, tokens, kind, r))
+        left = self.left_alone(context, run, call, kinds, lambda kind: self._pays(run, call, tokens, kind, r, tiles))
         if not context["active"]:  # reduce_when auto left every kind of block alone
             return
         shortfall = frame_shortfall(self.family.name, tokens.grid, self.strides, self.settings.ratio, r,
@@ -803,22 +809,24 @@ class ToMeDiTPatch(CallPatch):
         """The groups of a plan: the grid's frames where the family's blocks group by frame, else 1."""
         return grid[0] if self.merge.frame_grouped else 1
 
-    def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, r: int) -> bool:
+    def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, r: int, tiles: Tiles) -> bool:
         """reduce_when auto for the blocks of ``kind``: the first merged block of that kind timed
-        as the model runs it unmerged, and planned, merged, run and restored."""
+        as the model runs it unmerged, and planned, merged, run and restored with this call's
+        ``tiles`` (the frames kept whole among what decides the kind: a clean first frame merges
+        nothing, and changes what merges)."""
         if self.rule is None:
             return True
         s = self.settings
         length = self.merge.args[kind].in_tokens(tokens)
         signature = ("tome dit", self.family.name, kind, self._width(kind), length[0] if length else 0, *tokens.grid,
-                     r, s.ratio, *self.strides, s.share_plans, str(compute_dtype(call)),
+                     r, s.ratio, *self.strides, tokens.whole_frames, s.share_plans, str(compute_dtype(call)),
                      backend_of(call, call.options.get(OVERRIDE)), *reuse_signature(s))
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
             n = math.prod(tokens.grid)
             site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
-            return site, lambda: self._work(call, tokens, kind, r)
+            return site, lambda: self._work(call, tokens, kind, r, tiles)
 
         return self.pays(run, call.x.device, signature, describe)
 
@@ -831,17 +839,18 @@ class ToMeDiTPatch(CallPatch):
             return 0
         return sum(p.numel() for p in module.parameters())
 
-    def _work(self, call: ModelCall, tokens: TokenLayout, kind: str, r: int) -> Work:
+    def _work(self, call: ModelCall, tokens: TokenLayout, kind: str, r: int, tiles: Tiles) -> Work:
         """The first merged block of ``kind`` with the inputs the model hands it (captured from a
         rehearsal of this model call), through ours: unmerged (our context off), and merged
-        (planned, merged, run, restored). With share_plans one plan serves every merged block of a
-        model call: the block is timed with its plan made once, and the plan's own time, shared by
-        the merged blocks (and with plan_every by that many steps), is added."""
+        (planned, merged, run, restored) with the tiles this call runs with (its conditioning
+        frames kept whole, its destinations: ``_tiles``), so the change read is the run's. With
+        share_plans one plan serves every merged block of a model call: the block is timed with
+        its plan made once, and the plan's own time, shared by the merged blocks (and with
+        plan_every by that many steps), is added."""
         keys = self.replace_keys()
         key = keys[min(i for i, k in keys.items() if k[0] == kind)]
         ((block, args, extra),) = captured_blocks(call, {kind: key}).values()
         options = args["transformer_options"]
-        tiles = make_tiles(tokens.grid, self.strides, None, call.x.device)
         merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(), plans={})
         full = {**args, "transformer_options": {**options, self.context_key: call_context(False)}}
         reduced = {**args, "transformer_options": {**options, self.context_key: merging}}

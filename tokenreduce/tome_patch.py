@@ -244,7 +244,13 @@ class ToMePatch(CallPatch):
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)
         key = unet_call_key(extra_options)
-        if call is None or key is None or not call["active"]:  # inactive: prepare_call left no MLP plan
+        if call is None or key is None or not call["active"]:
+            if self.settings.merge_mlp and key is not None:
+                # Every block call sets its block's MLP slot, a plan or None: the feed-forward after
+                # it reads this call's, never one an earlier call of the block left on this thread
+                # (the auto rule's reduced run, then a call it leaves alone; the reduced call, then
+                # measure_change's unreduced rerun; a rehearsal, which runs no call context).
+                self.mlp_plans()[key] = None
             return n, context, value
         located = self._locate(call, n, extra_options)
         plan = None if located is None else self._plan(call, key, located[0], n)

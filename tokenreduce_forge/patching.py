@@ -25,7 +25,7 @@ from dataclasses import replace
 from tokenreduce.change import measure_change
 from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.layout import DIT, UNET, model_layout
-from tokenreduce.measure import UNetLevels
+from tokenreduce.measure import UNetLevels, copied_containers
 from tokenreduce.methods import todo_level_factors, todo_select, tome_select, unet_method_problem
 from tokenreduce.pays import Decisions, auto_rule
 from tokenreduce.preflight import todo_factors, tome_strides
@@ -168,9 +168,16 @@ class PassRun:
 
 def _rehearsal(apply_model, args: dict):
     """options -> this model call run once more with ``options`` as its transformer_options, by the
-    model's own apply_model (below Forge's model_function_wrapper: no other extension's wrapper)."""
+    model's own apply_model (below Forge's model_function_wrapper: no other extension's wrapper).
+    The call's conditioning is taken now, before the call runs, and each rehearsal gets its own
+    copies of its lists and dicts (``copied_containers``): Forge's UNet pops its control residuals
+    (ControlNet, T2I-Adapter) from the lists it is handed, so a rehearsal on the live ones would
+    take them from the user's call, and measure_change's rerun after it would run without them."""
+    conditioning = copied_containers({k: v for k, v in args["c"].items() if k != "transformer_options"})
+
     def rehearse(options: dict):
-        return apply_model(args["input"], args["timestep"], **{**args["c"], "transformer_options": options})
+        return apply_model(args["input"], args["timestep"],
+                           **{**copied_containers(conditioning), "transformer_options": options})
     return rehearse
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
+import torch
+
 from ..dit import TokenLayout
 
 Arguments = Callable[[str], object]  # a model call's argument by name (None when not given)
@@ -149,9 +151,18 @@ def _hunyuan_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
     return TokenLayout(grid, (_prod(grid) + _text(arguments), 0), None)
 
 
+def _clean_frames(arguments: Arguments) -> int:
+    """``TokenLayout.whole_frames`` of a diffusers video call: 1 where the call gives each token a
+    timestep of its own (Wan 2.2 TI2V's ``expand_timesteps``, LTX-Video's image to video: the first
+    latent frame is the clean start image), as the ComfyUI side reads the noise mask
+    (``dit.clean_frames``); the values are not read (no host sync)."""
+    timestep = arguments("timestep")
+    return 1 if torch.is_tensor(timestep) and timestep.ndim > 1 and timestep.shape[-1] > 1 else 0
+
+
 def _wan_layout(model, arguments: Arguments, state: dict) -> TokenLayout:
     grid = _image_grid(arguments("hidden_states"), tuple(model.config.patch_size))
-    return TokenLayout(grid, None, (_prod(grid), 0))
+    return TokenLayout(grid, None, (_prod(grid), 0), whole_frames=_clean_frames(arguments))
 
 
 def _ltx_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
@@ -161,7 +172,8 @@ def _ltx_layout(model, arguments: Arguments, state: dict) -> TokenLayout | None:
     p, pt = model.config.patch_size, model.config.patch_size_t
     grid = (dims[0] // pt, dims[1] // p, dims[2] // p)
     tokens = arguments("hidden_states").shape[1]
-    return TokenLayout(grid, None, (tokens, 0)) if _prod(grid) == tokens else None
+    return TokenLayout(grid, None, (tokens, 0), whole_frames=_clean_frames(arguments)) if _prod(grid) == tokens \
+        else None
 
 
 FAMILIES = (

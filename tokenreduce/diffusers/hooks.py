@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from ..measure import copied_containers
 from ..pays import Work, pair
 from ..run import call_context
 from .session import Session
@@ -58,17 +59,30 @@ def track_calls(hooks: Hooks, model: torch.nn.Module, session: Session, prepare:
     the blocks, which a regional torch.compile compiles), close it after."""
     read = argument_reader(model.forward)
 
+    given = {}  # the inputs of the call running now, as they were before it ran
+
     def before(module, args, kwargs):
         arguments = read(args, kwargs)
         timestep = arguments("timestep")
         context = session.open_call(0 if timestep is None else timestep, arguments)
         prepare(context, arguments)
+        # measure_change's rerun comes after the call, which may have consumed the lists it was
+        # handed (the UNet pops down_intrablock_additional_residuals, a T2I-Adapter's): it gets
+        # copies of them as they were now (``copied_containers``), never the live ones
+        given["inputs"] = copied_containers((args, kwargs))
+
+    def after(module, args, kwargs, output):
+        inputs = given.pop("inputs", (args, kwargs))
+
+        def rerun():
+            again, named = copied_containers(inputs)
+            return model.forward(*again, **named)
+        session.close_call(output, rerun)
 
     hooked = model if hooked is None else hooked  # (a compiled wrapper has no truth value: it has no len())
     hooks.pre(hooked, before)
     # measure_change reruns the call by the model's own forward: below these hooks and uncompiled
-    hooks.post(hooked, lambda module, args, kwargs, output: session.close_call(
-        output, lambda: model.forward(*args, **kwargs)))
+    hooks.post(hooked, after)
 
 
 def unet_sample(arguments) -> torch.Tensor:

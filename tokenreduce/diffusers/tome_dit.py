@@ -192,22 +192,23 @@ class DiffusersToMeDiT(CallPatch):
             self.session.run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token "
                                        f"layout ToMe does not know; those calls were left alone.")
             return
-        tiles = self._tiles(layout.grid, arguments("hidden_states").device, context)
+        tiles = self._tiles(layout.grid, arguments("hidden_states").device, context, layout.whole_frames)
         r = merged_count(tiles, self.settings.ratio)
         if r > 0:
             self.current = (layout, tiles, r, {} if self.settings.share_plans else None)
 
-    def _tiles(self, grid: tuple[int, int, int], device, context: dict) -> Tiles:
+    def _tiles(self, grid: tuple[int, int, int], device, context: dict, whole_frames: int = 0) -> Tiles:
         """The call's tiles, made once per run and draw: the first token of every tile (use_rand
         off), or drawn from a private generator seeded from the seed, the timestep and the grid (as
-        the ComfyUI node draws them): the calls of one step share them."""
+        the ComfyUI node draws them): the calls of one step share them. The first ``whole_frames``
+        (a clean start frame: the layout's) are kept out of every tile, as the ComfyUI node keeps them."""
         s, run = self.settings, self.session.run
         seed = derive_seed(s.seed, self._timestep(context), "dit", *grid, *self.strides) if s.use_rand else None
-        key = ("tome dit tiles", grid, self.strides, device, seed)
+        key = ("tome dit tiles", grid, self.strides, whole_frames, device, seed)
         tiles = run.cache.get(key)
         if tiles is None:
             generator = run.generator(device, seed) if seed is not None else None
-            tiles = run.cache[key] = make_tiles(grid, self.strides, generator, device)
+            tiles = run.cache[key] = make_tiles(grid, self.strides, generator, device, whole_frames)
         return tiles
 
     def _timestep(self, context: dict) -> float:
@@ -316,7 +317,7 @@ class DiffusersToMeDiT(CallPatch):
         layout, _, r, _ = self.current
         x = call.get(merged[0].tokens)
         signature = ("diffusers ToMe DiT", self.family.name, kind, tuple(x.shape[1:]) if torch.is_tensor(x) else (),
-                     *layout.grid, r, s.ratio, *self.strides, s.share_plans, str(getattr(x, "dtype", "")), backend,
+                     *layout.grid, r, s.ratio, *self.strides, layout.whole_frames, s.share_plans, str(getattr(x, "dtype", "")), backend,
                      *(("compiled",) if self._compiled(block) else ()), *reuse_signature(s))
 
         def describe():
