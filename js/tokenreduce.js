@@ -32,10 +32,13 @@ const STYLE = {
   maxWarningLines: 4,
 };
 
-function overlayShown() {
+function setting(id) {
   const settings = app.extensionManager?.setting;
-  const value = settings ? settings.get(SETTING_SHOW) : app.ui?.settings?.getSettingValue?.(SETTING_SHOW);
-  return value !== false;
+  return settings ? settings.get(id) : app.ui?.settings?.getSettingValue?.(id);
+}
+
+function overlayShown() {
+  return setting(SETTING_SHOW) !== false;
 }
 
 // Node ids inside subgraphs come as "outer:inner"; walk down from the root graph.
@@ -209,6 +212,33 @@ function queueSync(canvas) {
   });
 }
 
+// --- Nodes 2.0: a node with folded inputs as tall as what it shows ------------------------------
+//
+// LiteGraph sizes a node from the widgets it shows (its isWidgetVisible reads widget.advanced),
+// but the frontend (1.49.6) marks advanced inputs only in widget.options, so a new node gets the
+// height of all its inputs; Nodes 2.0 takes that height as the node's least height, and the
+// folded inputs leave an empty area. So in Nodes 2.0 our nodes are sized with the folded inputs
+// left out: the node is as tall as its content, which grows and shrinks as the user unfolds and
+// folds them (the frontend records the size it measures). The classic canvas folds nothing and
+// is sized as before. A saved workflow keeps the sizes it was saved with.
+
+const ALWAYS_SHOW_ADVANCED = "Comfy.Node.AlwaysShowAdvancedWidgets";
+
+function foldedInNodes2(node, widget) {
+  return widget.options?.advanced === true && !node.showAdvanced && setting(ALWAYS_SHOW_ADVANCED) !== true;
+}
+
+// LiteGraph's own computeSize, with the folded widgets marked the way it reads them for the call.
+function sizeWithFoldedLeftOut(node, computeSize, args) {
+  const marked = (node.widgets ?? []).filter((w) => !w.advanced && foldedInNodes2(node, w));
+  for (const widget of marked) widget.advanced = true;
+  try {
+    return computeSize.apply(node, args);
+  } finally {
+    for (const widget of marked) widget.advanced = undefined;
+  }
+}
+
 // --- classic canvas: the overlay under the node --------------------------------------------------
 
 function drawOverlay(node, ctx) {
@@ -300,6 +330,11 @@ app.registerExtension({
       // In Nodes 2.0 the report widget is part of the node from the start (the last widget).
       if (vueNodesMode()) syncReportWidget(this);
       return result;
+    };
+
+    const computeSize = nodeType.prototype.computeSize;
+    nodeType.prototype.computeSize = function () {
+      return vueNodesMode() ? sizeWithFoldedLeftOut(this, computeSize, arguments) : computeSize.apply(this, arguments);
     };
 
     const onRemoved = nodeType.prototype.onRemoved;

@@ -28,6 +28,7 @@ METHODS = {"TokenReduceToMe": TOME, "TokenReduceToDo": TODO}
 EXAMPLE = "sd15_txt2img_tome"
 PATCH = make_examples.PATCH  # the example's ToMe node
 SHOW_ADVANCED = "Show advanced inputs"  # the node's footer button in 1.49.6 (Nodes 2.0)
+HIDE_ADVANCED = "Hide advanced inputs"  # the same button while they are shown
 ARTIFACTS = REPO / "test-artifacts" / "browser" / f"{FRONTEND}-{VUE}"
 
 
@@ -76,6 +77,21 @@ def _assert_folded(ui: Frontend, node_id: int, method) -> None:
     assert not {s.name for s in method.inputs if s.advanced} & shown, shown
 
 
+def _room_left_empty(ui: Frontend, node_id: int) -> float:
+    """How much taller (px) the node's element is than its content: its height, less the height
+    it takes with no least height (``--node-height`` 0, as the frontend measures a node's content
+    when it is resized)."""
+    return ui.evaluate("""(id) => {
+        const element = document.querySelector(`.lg-node[data-node-id="${id}"]`);
+        const height = () => element.getBoundingClientRect().height;
+        const shown = height(), least = element.style.getPropertyValue('--node-height');
+        element.style.setProperty('--node-height', '0px');
+        const content = height();
+        element.style.setProperty('--node-height', least);
+        return shown - content;
+    }""", node_id)
+
+
 def test_nodes_2_folds_the_advanced_inputs_and_saved_workflows_keep_their_values(ui):
     # New nodes, as a user adds them: the design card's inputs, the rest folded.
     tome = ui.add_node("TokenReduceToMe", pos=(40, 60))
@@ -90,8 +106,16 @@ def test_nodes_2_folds_the_advanced_inputs_and_saved_workflows_keep_their_values
     ui.settle()
     _assert_folded(ui, tome, TOME)
     _assert_folded(ui, todo, TODO)
+    # As tall as what they show: no empty area where the folded inputs would be (issue #52).
+    assert _room_left_empty(ui, tome) < 1 and _room_left_empty(ui, todo) < 1
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     ui.screenshot_of_nodes([tome, todo], path=ARTIFACTS / "advanced_inputs.png")
+    # The ToMe node unfolded and folded again: as tall as its content each time.
+    node = ui.page.locator(f'.lg-node[data-node-id="{tome}"]')
+    for label in (SHOW_ADVANCED, HIDE_ADVANCED):
+        node.get_by_text(label).click()
+        ui.settle()
+        assert _room_left_empty(ui, tome) < 1, label
 
     # A saved workflow: loaded with every value in its place, folded; unfolded on request; exported as saved.
     saved = workflow.load(REPO / "example_workflows" / f"{EXAMPLE}.json")
