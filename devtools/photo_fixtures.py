@@ -58,7 +58,7 @@ PHOTOS = (
     Photo("rocket", "a rocket", "public domain (SpaceX)"),
     Photo("hubble_deep_field", "a galaxy field", "public domain (NASA)"),
     Photo("retina", "a retina", "CC0"),
-    Photo("grass", "grass", "CC0 (CC0Textures)"),
+    Photo("grass", "grass", "CC0 (linolafett, DeviantArt)"),
     Photo("gravel", "gravel", "CC0 (CC0Textures)"),
     Photo("brick", "a brick wall", "CC0 (CC0Textures)"),
     Photo("camera", "", "CC0 (Lav Varshney)", held_out=True),
@@ -340,7 +340,7 @@ def denoise_gain(name: str, folder: Path | None = None, px: int | None = None, s
     decode = lambda latent: fixture.vae.decode(model.process_latent_out(latent))  # noqa: E731
     ceiling = psnr(decode(clean), photos)
     before, after = psnr(decode(seen), photos), psnr(decode(denoised), photos)
-    return {"px": px, "sigma": round(float(sigma[0]), 4), "noisy_psnr": round(before, 2),
+    return {"caption": EMPTY, "noise_seed": seed, "px": px, "sigma": round(float(sigma[0]), 4), "noisy_psnr": round(before, 2),
             "denoised_psnr": round(after, 2), "gain_db": round(after - before, 2), "codec_psnr": round(ceiling, 2)}
 
 
