@@ -96,7 +96,7 @@ def _install_missing(python: str, packages: dict, install: bool) -> None:
 def _worker_args(workers: int | None, named: bool, pytest_args: list[str]) -> list[str]:
     """pytest-xdist's arguments. The whole suite runs on two workers: much of it waits on a
     server, a browser or a subprocess, or runs tiny models whose Python overhead uses one core,
-    so a second worker fills the other (measured: CONTRIBUTING.md, "Tests"). Each module stays
+    so a second worker fills the other (CONTRIBUTING.md, "Tests"). Each module stays
     on one worker (``--dist loadgroup``, groups set in tests/conftest.py) so its servers start once."""
     if any(arg == "-n" or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in pytest_args):
         return []  # the caller chose
