@@ -191,9 +191,9 @@ def test_window_is_refused_where_it_does_not_run():
     assert "ComfyUI only" in dit_method_problem("ToDo", FAMILY["Flux.1"], "window")  # diffusers, Forge
 
 
-def test_tiles_split_over_several_backend_calls_give_the_same_output(monkeypatch):
-    """A large grid's tiles go to the backend in a few calls (``GATHERED`` bounds each call's copy
-    of the far field): one tile a call gives what one call for all gives."""
+def test_tiles_split_into_chunks_give_the_same_output(monkeypatch):
+    """A large grid's queries run in chunks of whole tiles (``LOGITS`` bounds each chunk's logits):
+    one tile a chunk gives what one chunk for all gives; the backend sees only the text's queries."""
     from tokenreduce import peak_window
 
     plan = plan_of((2, 12, 10), before=5, tile=(1, 4, 4), halo=(1, 2, 2))
@@ -202,16 +202,33 @@ def test_tiles_split_over_several_backend_calls_give_the_same_output(monkeypatch
     calls = []
 
     def counted(*args):
-        calls.append(args[0].shape[0])
+        calls.append(args[0].shape)
         return sdpa(*args)
 
-    monkeypatch.setattr(peak_window, "GATHERED", 10 ** 6)  # every tile in one call
+    monkeypatch.setattr(peak_window, "LOGITS", 10 ** 9)  # every tile in one chunk
     whole = window_call(q, k, v, HEADS, 2, plan, counted, 4, heads_out=True)
-    assert calls == [B * plan.tiles, B]  # the tiles, then the text's queries
-    monkeypatch.setattr(peak_window, "GATHERED", 0)  # at least one tile a call
-    calls.clear()
+    assert calls == [(B, HEADS, 5, D)]  # the grid's queries by hand, the text's through the backend
+    monkeypatch.setattr(peak_window, "LOGITS", 0)  # at least one tile a chunk
     split = window_call(q, k, v, HEADS, 2, plan, counted, 4, heads_out=True)
-    assert calls == [B] * plan.tiles + [B] and (split - whole).abs().max() < 1e-6
+    assert (split - whole).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_softmax_by_hand_gives_what_the_fused_kernel_gives(monkeypatch, dtype):
+    """Off the CPU (or on a torch without its fused kernel's log-sum-exp) the grid's queries run by
+    hand, one softmax over both key sets: the same attention as the two fused calls merged."""
+    from tokenreduce import peak_window
+
+    plan = plan_of((2, 12, 10), before=5, after=2, tile=(1, 4, 4), halo=(1, 2, 2))
+    generator = torch.Generator().manual_seed(9)
+    q, k, v = (rand(generator, plan.length).to(dtype) for _ in range(3))
+    fused = window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True)
+    monkeypatch.setattr(peak_window, "_fused", lambda q: None)
+    by_hand = window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True)
+    assert by_hand.dtype == dtype
+    assert (by_hand.float() - fused.float()).abs().max() < (1e-5 if dtype == torch.float32 else 5e-2)
+    monkeypatch.setattr(peak_window, "LOGITS", 0)  # one tile a chunk
+    assert (window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True).float() - by_hand.float()).abs().max() < 1e-5
 
 
 def test_a_backend_that_softmaxes_keys_in_chunks_gets_no_nan():

@@ -17,14 +17,25 @@ reduced key set, but one that keeps the peak:
 
 Queries outside the grid (text) see (a), (c) with whole cells, and (d).
 
-Block-sparse as one batched attention call: the tiles are folded into the batch, every tile has
-the same number of queries and keys (tiles and windows are clamped inside the grid, so a last
-tile may overlap its neighbour; the overlapping queries are computed twice and read once), and
-the far field is the same key list for every tile: only its additive bias (the host backend's
-``mask``) differs. No ragged shapes, no host syncs; index tensors are built once per layout
-(``window_plan``) and cached by the caller. The bias keeps SDPA off its flash kernel (its
-memory-efficient kernel takes the bias); an extra q/k channel would keep flash but breaks the
-head size most kernels need, so the bias it is.
+How it runs: the far field, the tokens around the grid and the heavy keys are the same keys for
+every grid query, so they are read once, by every query of a chunk of tiles at once (only their
+bias differs from tile to tile: the log counts, a per-query mask); each tile's window keys are
+gathered once and attended by its own queries (the tiles in the batch; every tile has the same
+number of queries and keys: tiles and windows are clamped inside the grid, so a last tile may
+overlap its neighbour, its overlapping queries computed twice and read once). The two parts are
+one softmax per query: on the CPU two calls of torch's fused attention kernel merged by their
+log-sum-exps (``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``, a private op: the
+only one that returns them), elsewhere the same softmax by hand in float32 (logits of a chunk of
+tiles, two products per part). Either way the grid's queries bypass the host's attention backend
+(ComfyUI's sub-quadratic attention or SDPA); chunks of whole tiles of at most ``LOGITS`` logits
+keep the memory bounded (no [N, N] tensor). The queries around the grid (text) go to the host's
+backend, with the far field's log counts as its additive ``mask``. No ragged shapes, no host
+syncs, a fixed split into chunks: reruns are bit for bit. Index tensors are built once per layout
+(``window_plan``) and cached by the caller.
+
+Cost, measured on one CPU thread (a shared machine; ``docs/dit-and-video.md``): about 1.5x plain
+nearest ToDo's time on a 64x64 grid (3 heads x 64 or 8 x 128), about 4x on the 32x32 fixture
+(its calls are small); GPU speed is not measured.
 """
 
 from __future__ import annotations
@@ -41,9 +52,9 @@ HALO = 2  # tokens of exact keys beyond the query tile on each side (the issue's
 TIME_TILE, TIME_HALO = 2, 1  # video: two frames of queries per tile, seeing a frame before and after them
 TILES = (16, 8, 4)  # query tile sides tried, largest first (see ``tile_side``)
 VIDEO_TILE = 8  # the smallest tile side on video (see ``window_plan``)
-# Each backend call gathers its tiles' keys (the far field once per tile): at most about this many
-# times the call's own keys, so a large grid runs as a few calls instead of one huge copy.
-GATHERED = 8
+# The grid's queries run in chunks of whole tiles of at most this many logits (all heads and
+# batch rows together): float32, so 16 MiB of logits at a time, whatever the grid.
+LOGITS = 2 ** 22
 # The bias of a key a query must not see: finite, not -inf, since backends that softmax keys in
 # chunks (ComfyUI's sub-quadratic attention, its CPU default) take a chunk's max, and a chunk of
 # -inf alone gives NaN; e^-10000 is 0 in every dtype, and fp16 holds it.
@@ -57,10 +68,7 @@ def tile_side(h: int, w: int, halo: int = HALO) -> int:
     window ((side + 2 halo)^2 keys) is at most 1/16 of the grid's tokens (at factor 2 a quarter
     of the far field), the smallest where none is. Larger tiles share more of each key set; the
     window's keys are the cost over plain ToDo and the share of image keys each query sees
-    (the 32x32 Flux fixture: 4 -> 29.7 %; 8 would give 35.5 %; at 64x64 8 -> 28 %). The far
-    field is copied once per tile, so a tile of Qt queries adds about 1/Qt of a key read per
-    key the query attends to: on a GPU (about 200 flops a byte) tiles of 64 or more queries keep
-    that copy under the attention's own arithmetic."""
+    (the 32x32 Flux fixture: 4 -> 29.7 %; 8 would give 35.5 %; at 64x64 8 -> 28 %)."""
     for side in TILES:
         if (side + 2 * halo) ** 2 * 16 <= h * w:
             return side
@@ -213,23 +221,41 @@ def _around(x: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
     return torch.cat([x.narrow(2, 0, plan.start), x.narrow(2, end, x.shape[2] - end)], 2)
 
 
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(2, index)`` of a contiguous [B, H, L, D] as a 3-d gather: several times
+    faster in torch's CPU kernels."""
+    return x.flatten(0, 1).index_select(1, index).unflatten(0, x.shape[:2])
+
+
+def _shared_keys(k: torch.Tensor, v: torch.Tensor, plan: WindowPlan, found) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, H, A + M (+ heavy), D] the keys and values every query sees: the tokens around the grid,
+    the far field, the heavy keys."""
+    grid_k, grid_v = k.narrow(2, plan.start, plan.tokens), v.narrow(2, plan.start, plan.tokens)
+    far = plan.far + plan.start
+    keys, values = [_around(k, plan), _take(k, far)], [_around(v, plan), _take(v, far)]
+    if found is not None:
+        take = found[:, None, :, None].expand(k.shape[0], k.shape[1], found.shape[1], k.shape[3])
+        keys.append(grid_k.gather(2, take))
+        values.append(grid_v.gather(2, take))
+    return torch.cat(keys, 2), torch.cat(values, 2)
+
+
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: WindowPlan,
                      attend: Callable, heavy: int = HEAVY_KEYS) -> torch.Tensor:
     """Attention of q, k, v ([B, H, L, D], L = ``plan.length``) with the key sets of the module
-    docstring; ``attend(q, k, v, bias)`` is the backend: [B', H, Lq, D] each, ``bias`` an additive
-    [B', 1, 1, K] mask in q's dtype; returns its [B', H, Lq, D]. Returns [B, H, L, D]."""
+    docstring. The grid's queries are computed here, by hand (not by the host's backend; see the
+    module docstring); ``attend(q, k, v, bias)`` is the backend for the queries around the grid:
+    [B, H, A, D] each, ``bias`` an additive [B, 1, 1, K] mask in q's dtype; returns its
+    [B, H, A, D]. Returns [B, H, L, D]."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # no copy where they are (tokens at dim 2)
     b, heads, length, dim = q.shape
     start, n, tiles = plan.start, plan.tokens, plan.tiles
     dtype, device = q.dtype, q.device
-    grid_k, grid_v = k.narrow(2, start, n), v.narrow(2, start, n)
-    around_k, around_v = _around(k, plan), _around(v, plan)
-    a = around_k.shape[2]
-    far_k, far_v = grid_k.index_select(2, plan.far), grid_v.index_select(2, plan.far)
     heavy = min(heavy, n)
+    found = heavy_keys(q, k, plan, heavy) if heavy else None  # [B, kh]
+    shared_k, shared_v = _shared_keys(k, v, plan, found)  # [B, H, A + M + kh, D]
+    a = shared_k.shape[2] - plan.kept - heavy
     if heavy:
-        found = heavy_keys(q, k, plan, heavy)  # [B, kh]
-        take = found[:, None, :, None].expand(b, heads, heavy, dim)
-        heavy_k, heavy_v = grid_k.gather(2, take), grid_v.gather(2, take)
         cells = plan.cell[found]  # [B, kh]
         where = plan.coords[found]  # [B, kh, 3]
         held = ((where[:, None] >= plan.low[None, :, None]) & (where[:, None] < plan.high[None, :, None])).all(-1)
@@ -237,50 +263,99 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Wi
         # whole numbers, so the sum is exact in any order.
         counts = plan.counts.expand(b, -1, -1).contiguous().scatter_add_(
             2, cells[:, None, :].expand(b, tiles, heavy), -(~held).float())
-        far_bias = _log_counts(counts)
-        heavy_bias = torch.zeros(held.shape, device=device).masked_fill_(held, MASKED)
+        bias = torch.cat([_log_counts(counts), torch.zeros(held.shape, device=device).masked_fill_(held, MASKED)], 2)
         text_counts = plan.sizes.expand(b, -1).contiguous().scatter_add_(
             1, cells, torch.full(cells.shape, -1.0, device=device))
     else:
-        heavy_k = heavy_v = None
-        far_bias = _log_counts(plan.counts).expand(b, -1, -1)
-        heavy_bias = torch.zeros(b, tiles, 0, device=device)
+        bias = _log_counts(plan.counts).expand(b, -1, -1)
         text_counts = plan.sizes.expand(b, -1)
-    per_tile = plan.queries.shape[0] // tiles
-    windows = plan.windows.view(tiles, -1)
-    kw = windows.shape[1]
-    tile_q = q.narrow(2, start, n).index_select(2, plan.queries).unflatten(2, (tiles, per_tile)).transpose(1, 2)
-    bias = torch.cat([torch.zeros(b, tiles, a + kw, device=device), far_bias, heavy_bias], 2).to(dtype)
-    keys = a + kw + plan.kept + heavy
-    chunk = max(1, GATHERED * length // keys)  # tiles per backend call: a fixed split, the same every call
-
-    def tile_keys(x, around, far, extra, first, count):
-        window = x.index_select(2, windows[first:first + count].reshape(-1)).unflatten(2, (count, kw)).transpose(1, 2)
-        parts = [around.unsqueeze(1).expand(b, count, heads, a, dim), window,
-                 far.unsqueeze(1).expand(b, count, heads, far.shape[2], dim)]
-        if extra is not None:
-            parts.append(extra.unsqueeze(1).expand(b, count, heads, extra.shape[2], dim))
-        return torch.cat(parts, 3).flatten(0, 1)  # [B*count, H, K, D]
-
-    outs = []
-    for first in range(0, tiles, chunk):
-        count = min(chunk, tiles - first)
-        out = attend(tile_q[:, first:first + count].flatten(0, 1),
-                     tile_keys(grid_k, around_k, far_k, heavy_k, first, count),
-                     tile_keys(grid_v, around_v, far_v, heavy_v, first, count),
-                     bias[:, first:first + count].flatten(0, 1)[:, None, None])
-        outs.append(out.unflatten(0, (b, count)))
-    out = (outs[0] if len(outs) == 1 else torch.cat(outs, 1)).transpose(1, 2).flatten(2, 3)
-    out = out.index_select(2, plan.back)  # [B, H, N, D]
+    out = _grid_attention(q, k, v, shared_k, shared_v, a, bias, plan)  # [B, H, N, D] in raster order
     if length == n:
         return out
     # The queries around the grid: every key around it, the far field with whole cells, the heavy keys.
-    keys = [around_k, far_k] + ([heavy_k] if heavy else [])
-    values = [around_v, far_v] + ([heavy_v] if heavy else [])
-    text_bias = torch.cat([torch.zeros(b, a, device=device), _log_counts(text_counts), torch.zeros(b, heavy, device=device)], 1)
-    text = attend(_around(q, plan), torch.cat(keys, 2), torch.cat(values, 2), text_bias.to(dtype)[:, None, None])
+    text_bias = torch.cat([torch.zeros(b, a, device=device), _log_counts(text_counts),
+                           torch.zeros(b, heavy, device=device)], 1)
+    text = attend(_around(q, plan), shared_k, shared_v, text_bias.to(dtype)[:, None, None])
     end = start + n
     return torch.cat([text.narrow(2, 0, start), out, text.narrow(2, start, length - end)], 2)
+
+
+def _grid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared_k: torch.Tensor,
+                    shared_v: torch.Tensor, a: int, bias: torch.Tensor, plan: WindowPlan) -> torch.Tensor:
+    """The grid's queries (q, k, v: [B, H, L, D], contiguous) over their tile's window keys and the
+    ``shared`` keys (the first ``a`` unbiased, the rest with their tile's row of ``bias``
+    [B, T, M + kh]): one softmax per query over both, by hand. The shared keys are read once
+    for all tiles (one dense product per chunk of queries, tiles in order), the window keys per
+    tile; logits and their softmax in float32; chunks of whole tiles, at most ``LOGITS``
+    logits each (a fixed split: the same every call). Returns [B, H, N, D] in raster order."""
+    b, heads, _, dim = q.shape
+    tiles = plan.tiles
+    per_tile = plan.queries.shape[0] // tiles
+    windows = (plan.windows + plan.start).view(tiles, -1)
+    kw = windows.shape[1]
+    dtype = q.dtype
+    # Logits in base 2: exp2 is as exact and, in torch's CPU kernels, several times faster than exp
+    # (which also slows tenfold on logits far below the peak, the masked ones). The scale goes on
+    # the logits, as torch's SDPA puts it (on q it rounds differently).
+    scale = dim ** -0.5 * math.log2(math.e)
+    tile_q = _take(q, plan.queries + plan.start)  # [B, H, T*Qt, D], tile by tile
+    shared_kt = shared_k.transpose(2, 3).contiguous()  # small; the product reads it faster so
+    keys = shared_k.shape[2]
+    chunk = max(1, LOGITS // (b * heads * per_tile * (keys + kw)))  # tiles per chunk
+    out = torch.empty_like(tile_q)
+    fused = _fused(q)
+    for first in range(0, tiles, chunk):
+        count = min(chunk, tiles - first)
+        rows = slice(first * per_tile, (first + count) * per_tile)
+        part = tile_q[:, :, rows]
+        index = windows[first:first + count].reshape(-1)
+        window_k = _take(k, index).unflatten(2, (count, kw))  # [B, H, c, Kw, D]
+        window_v = _take(v, index).unflatten(2, (count, kw))
+        if fused is not None:
+            out[:, :, rows] = _merged(fused, part, shared_k, shared_v, window_k, window_v, a,
+                                      bias[:, first:first + count])
+            continue
+        far = (part @ shared_kt).float().mul_(scale)  # [B, H, c*Qt, S]: float() is a no-op in float32
+        tiled = far.view(b, heads, count, per_tile, keys)
+        tiled[..., a:] += bias[:, None, first:first + count, None] * math.log2(math.e)
+        near = (part.view(b, heads, count, per_tile, dim) @ window_k.transpose(3, 4)).float().mul_(scale)
+        peak = torch.maximum(tiled.amax(-1, keepdim=True), near.amax(-1, keepdim=True))
+        tiled.sub_(peak).exp2_()
+        near.sub_(peak).exp2_()
+        total = tiled.sum(-1, keepdim=True) + near.sum(-1, keepdim=True)
+        result = (far.to(dtype) @ shared_v).float().view(b, heads, count, per_tile, dim)
+        result += (near.to(dtype) @ window_v).float()
+        out[:, :, rows] = (result / total).flatten(2, 3)
+    return _take(out, plan.back)
+
+
+def _fused(q: torch.Tensor):
+    """torch's fused CPU attention kernel that also returns each query's log-sum-exp (a private
+    aten op: ``None`` where this torch lacks it, or off the CPU)."""
+    if q.device.type != "cpu":
+        return None
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _merged(fused, q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor, window_k: torch.Tensor,
+            window_v: torch.Tensor, a: int, bias: torch.Tensor) -> torch.Tensor:
+    """One chunk of tiles (q [B, H, c*Qt, D], window keys [B, H, c, Kw, D], ``bias`` [B, c, M + kh])
+    as two calls of the ``fused`` kernel, the shared keys (every query of the chunk at once, its
+    tile's bias as a per-query mask) and each tile's window (the tiles in its batch), merged by
+    their log-sum-exps: the one softmax over both, exactly."""
+    b, heads, rows, dim = q.shape
+    count, kw = window_k.shape[2:4]
+    per_tile = rows // count
+    mask = torch.cat([bias.new_zeros(b, count, a), bias], 2).to(q.dtype)  # [B, c, S]
+    mask = mask[:, :, None].expand(b, count, per_tile, -1).reshape(b, 1, rows, -1)
+    far, far_lse = fused(q, shared_k, shared_v, attn_mask=mask)[:2]  # [B, H, c*Qt, D], [B, H, c*Qt]
+    tiled = q.unflatten(2, (count, per_tile)).transpose(1, 2).flatten(0, 1)  # [B*c, H, Qt, D]
+    near, near_lse = fused(tiled, window_k.transpose(1, 2).flatten(0, 1), window_v.transpose(1, 2).flatten(0, 1))[:2]
+    near = near.unflatten(0, (b, count)).transpose(1, 2).flatten(2, 3)
+    near_lse = near_lse.unflatten(0, (b, count)).transpose(1, 2).flatten(2, 3)
+    peak = torch.maximum(far_lse, near_lse)
+    far_weight, near_weight = (far_lse - peak).exp_()[..., None], (near_lse - peak).exp_()[..., None]
+    return ((far.float() * far_weight + near.float() * near_weight) / (far_weight + near_weight)).to(q.dtype)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
