@@ -1,7 +1,9 @@
 """The attention peakedness measurement (devtools/bench/peakedness.py, ``benchmark.py --peakedness``):
 its statistics on hand-built q/k (one-hot attention: top weight 1, entropy 0; uniform: 1/n and
-ln n; text mass, 2x2 pooling), that the capture reads each call's heads as the attention
-function does, and that measuring leaves the trained fixtures' outputs bit for bit unchanged."""
+ln n; text mass, 2x2 pooling), the kind of peak where it is known (a key every query shares:
+sink; each query on its neighbours: local; uniform: flat; each on a far key of its own:
+scattered), that the capture reads each call's heads as the attention function does, and that
+measuring leaves the trained fixtures' outputs bit for bit unchanged."""
 
 from __future__ import annotations
 
@@ -95,6 +97,100 @@ def test_peaked_on_text_and_odd_grid():
     assert odd["top"] == pytest.approx(1 / 15)
 
 
+def grid_qk(h: int, w: int, attends, text: int = 0, sharp: float = 50.0):
+    """q, k [1, 1, tokens, tokens] (scale 1): image query i scores ``sharp`` on the keys
+    ``attends(i)`` (token indices) and 0 on the rest, so it spreads its attention evenly over them."""
+    tokens = text + h * w
+    k = torch.eye(tokens)[None, None]
+    q = torch.zeros(1, 1, tokens, tokens)
+    for i in range(h * w):
+        q[0, 0, text + i, attends(i)] = sharp
+    return q, k
+
+
+def chebyshev(h: int, w: int, i: int, r: int, text: int = 0) -> list[int]:
+    """The token indices of the image keys within Chebyshev distance r of image position i."""
+    y, x = divmod(i, w)
+    return [text + yy * w + xx for yy in range(max(0, y - r), min(h, y + r + 1))
+            for xx in range(max(0, x - r), min(w, x + r + 1))]
+
+
+def test_kind_sink():
+    """Every query on the same key (an image key far from most queries, or a text token): the
+    16 heaviest keys hold everything, every query shares the top key: sink."""
+    h = w = 16
+    q, k = grid_qk(h, w, lambda i: [37])
+    stats = peakedness.attention_stats(q, k, (0, h, w), scale=1.0)
+    assert stats["shared_top16"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["shared_top1"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["top_shared"] == pytest.approx(1.0)
+    assert stats["own_top16"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["shared_uniform"] == pytest.approx(16 / 256)
+    assert stats["top_near"] == pytest.approx(9 / 256)  # only the sink's own neighbours
+    assert stats["local_r1"] == pytest.approx(9 / 256, abs=1e-6)
+    assert stats["kind"] == "sink"
+    text = 4
+    q, k = grid_qk(h, w, lambda i: [1], text=text)
+    on_text = peakedness.attention_stats(q, k, (text, h, w), scale=1.0)
+    assert on_text["text_mass"] == pytest.approx(1.0, abs=1e-6)
+    assert on_text["top_near"] == 0.0 and on_text["local_r2"] == pytest.approx(0.0, abs=1e-6)
+    assert on_text["kind"] == "sink"
+
+
+def test_kind_local():
+    """Each query spread over its 3x3 neighbourhood: all its mass within distance 1, its top key
+    within one step, and no 16 keys shared by many queries: local."""
+    h = w = 16
+    q, k = grid_qk(h, w, lambda i: chebyshev(h, w, i, 1))
+    stats = peakedness.attention_stats(q, k, (0, h, w), scale=1.0)
+    assert stats["local_r1"] == pytest.approx(1.0, abs=1e-4)  # float32 sums over the queries
+    assert stats["local_r2"] == pytest.approx(1.0, abs=1e-4)
+    inner = (h - 2) * (w - 2) * 9 + 4 * 4 + (2 * (h - 2) + 2 * (w - 2)) * 6  # neighbours summed over the grid
+    assert stats["local_r1_uniform"] == pytest.approx(inner / (h * w) ** 2)
+    assert stats["top_near"] == pytest.approx(1.0)
+    assert stats["shared_top16"] < 0.1  # each key ~ 9 queries' ninth: 16 of 256 keys' share
+    assert stats["top_shared"] < 0.05
+    assert stats["kind"] == "local"
+    one_hot = peakedness.attention_stats(*one_hot_qk(4, 6), (0, 4, 6))  # on its own key, even on a small grid
+    assert one_hot["kind"] == "local" and one_hot["top_near"] == 1.0
+
+
+def test_kind_flat_and_scattered():
+    """Uniform attention is flat, on a large grid and on a small one (SD's 4x4 middle, where 16
+    keys are all the keys and the 5x5 window nearly all, and so hold only their uniform share);
+    each query on one far key of its own is peaked but neither shared nor local: scattered."""
+    for h, w in ((16, 16), (4, 4)):
+        n = h * w
+        stats = peakedness.attention_stats(torch.zeros(2, 2, n, 8), torch.randn(2, 2, n, 8), (0, h, w))
+        assert stats["shared_top16"] == pytest.approx(stats["shared_uniform"], rel=1e-5)
+        assert stats["local_r2"] == pytest.approx(stats["local_r2_uniform"], rel=1e-5)
+        assert stats["own_top16"] == pytest.approx(min(16, n) / n, rel=1e-5)
+        assert stats["kind"] == "flat"
+    h = w = 16
+    far = torch.randperm(h * w, generator=torch.Generator().manual_seed(0))
+    q, k = grid_qk(h, w, lambda i: [int((i + 100 + far[i] % 50) % (h * w))])
+    stats = peakedness.attention_stats(q, k, (0, h, w), scale=1.0)
+    assert stats["own_top16"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["shared_top16"] < 0.3 and stats["top_near"] < 0.1
+    assert stats["kind"] == "scattered"
+
+
+def test_kind_rule():
+    """The thresholds, at their edges: an excess of PEAK_EXCESS over the uniform share makes a
+    set hold the peak; local also needs NEAR_TOP; both make "sink + local"; missing metrics None."""
+    base = {"shared_top16": 0.02, "shared_uniform": 0.02, "local_r2": 0.03, "local_r2_uniform": 0.03,
+            "top_near": 0.9, "own_top16": 0.1}
+    excess = peakedness.PEAK_EXCESS
+    assert peakedness.peak_kind(base) == "flat"
+    assert peakedness.peak_kind({**base, "shared_top16": 0.02 + excess}) == "sink"
+    assert peakedness.peak_kind({**base, "shared_top16": 0.019 + excess}) == "flat"
+    assert peakedness.peak_kind({**base, "local_r2": 0.03 + excess}) == "local"
+    assert peakedness.peak_kind({**base, "local_r2": 0.03 + excess, "top_near": 0.4}) == "flat"
+    assert peakedness.peak_kind({**base, "local_r2": 0.5, "shared_top16": 0.5}) == "sink + local"
+    assert peakedness.peak_kind({**base, "own_top16": 0.3}) == "scattered"
+    assert peakedness.peak_kind({**base, "top_near": None}) is None
+
+
 class CheckedCapture(peakedness.Capture):
     """A Capture that also recomputes each call's attention from the heads it reads and checks
     it against the attention function's own output (the layout is read as the model uses it)."""
@@ -145,6 +241,9 @@ def test_capture_leaves_the_output_bit_identical(comfy, name, px, layers):
         entry = summary[label]
         assert 0 < entry["top"] <= 1 and 0 <= entry["entropy"] <= entry["max_entropy"] + 1e-6
         assert entry["by_t"]["0.5"]["top"] == entry["top"]
+        assert entry["kind"] in ("sink", "local", "sink + local", "scattered", "flat")
+        assert 0 <= entry["local_r1"] <= entry["local_r2"] <= 1 and 0 <= entry["top_near"] <= 1
+        assert entry["shared_top1"] <= entry["shared_top16"] <= entry["own_top16"] + 1e-6
     if name == "flux":
         assert capture.layers["double 0"] == {"grid": [8, 8], "keys": 72, "text_tokens": 8, "downsample": None}
         assert 0 < summary["double 0"]["text_mass"] < 1
