@@ -18,6 +18,9 @@
   the host's version, once.
 - The dtype a model computes in: 0.33 names it (``BaseModel.get_dtype_inference``); 0.3.75
   computes it inline in ``_apply_model`` (the manual-cast dtype, else the weights' dtype).
+- The weights a block computes with (the quality budget's per-model change): the patcher's base
+  weights and LoRA patches, read alike in both (``weights_fingerprint``; ``current_patcher`` is
+  the BaseModel's in both).
 - Expert inputs: 0.33's V3 inputs take ``advanced=True`` (sent in object_info as
   ``"advanced": true``; its frontend folds them behind the node's "Show advanced inputs");
   0.3.75's refuse the keyword, so there every input shows as before
@@ -35,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from ..tokenreduce.fingerprint import fingerprint
 from ..tokenreduce.run import OVERRIDE
 ATTENTION_MODULE = "comfy.ldm.modules.attention"
 COMPILE_KEY = "torch.compile"  # comfy_api.torch_helpers' key of the compiling wrapper
@@ -77,6 +81,34 @@ def decisions_file() -> Path:
     import folder_paths
 
     return Path(folder_paths.get_user_directory()) / "tokenreduce" / "auto_decisions.json"
+
+
+def weights_fingerprint(base_model, path: str, module: torch.nn.Module) -> str:
+    """The fingerprint of the weights ``module`` (at ``path`` under ``base_model``'s diffusion model)
+    computes with, for the quality budget's per-model change (``tokenreduce/fingerprint.py``): read
+    from the patcher's view, each parameter's base weight (the patcher's backup where it patched the
+    weight in place, else the module's own) and the patches on its key (``ModelPatcher.patches``:
+    the LoRA's tensors sampled, with their strengths, offsets and functions).
+
+    Why the patcher's view and not the live module's: ComfyUI applies a LoRA either in place (the
+    module then holds base + LoRA) or, under lowvram, in each forward (comfy.ops casts the weight
+    through ``weight_function``: ``LowVramPatch``; the module holds the base weight), so the live
+    module says another thing in each mode, and in the second nothing of the LoRA. Base + patches
+    reads the same in both, for what the block really computes with; computing the patched weight
+    instead would cost a whole LoRA merge per block. Scheduled weight hooks (``comfy.hooks``) are
+    read as the module holds them when the rule decides. Where no patcher is known (a model called
+    outside ComfyUI's sampler), the module's own weights."""
+    patcher = getattr(base_model, "current_patcher", None)
+    patches, backup = getattr(patcher, "patches", None) or {}, getattr(patcher, "backup", None) or {}
+    prefix = f"diffusion_model.{path}." if path else "diffusion_model."
+    parts = []
+    for name, parameter in module.named_parameters():
+        key = prefix + name
+        kept = backup.get(key)
+        parts.append((name, kept.weight if kept is not None else parameter))
+        for number, patch in enumerate(patches.get(key, ())):
+            parts.append((f"{name} patch {number}", patch))  # (strength, adapter, strength_model, offset, function)
+    return fingerprint(parts)
 
 
 # The first ComfyUI version known to call Wan S2V's blocks (and the original block it hands a block

@@ -12,6 +12,7 @@ step is inside the window, what the patch prepares per call, and room for its no
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -21,7 +22,7 @@ from ..tokenreduce.change import measure_change
 from ..tokenreduce.measure import copied_containers
 from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from ..tokenreduce.window import SigmaWindow
-from .host import attention_entry, compiled, compute_dtype, uncompiled
+from .host import attention_entry, compiled, compute_dtype, uncompiled, weights_fingerprint
 
 LOG = logging.getLogger("tokenreduce")
 WRAPPER_KEY = "tokenreduce"
@@ -154,7 +155,8 @@ class PatchSession:
         base_model = executor.class_obj  # the BaseModel this call runs (a device's own copy under multi-GPU)
         call = ModelCall(_arg(args, kwargs, 0, "x"), _arg(args, kwargs, 3, "c_crossattn"), inputs, options, sigmas,
                          compute_dtype(base_model), attention_entry(), getattr(base_model, "diffusion_model", None),
-                         compiled(options), _rehearsal(base_model, args, kwargs))
+                         compiled(options), _rehearsal(base_model, args, kwargs),
+                         functools.partial(weights_fingerprint, base_model))
         # Where auto already left every site of such calls alone: no noise level read, nothing prepared.
         context = run.open_call(sigmas, options, aside=self.patch.steps_aside(run, call))
         self.patch.prepare_call(context, run, call)

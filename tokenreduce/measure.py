@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from .pays import Work, pair
-from .run import CONTEXT_PREFIX, MEASURING, OVERRIDE, ModelCall, call_context
+from .run import CONTEXT_PREFIX, MEASURING, OVERRIDE, ModelCall, call_context, weights_of
 
 
 def sample(shape: tuple, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -181,6 +181,21 @@ def on_copies(block: Callable, args: dict, extra: dict) -> Callable:
     return run
 
 
+def dit_block_fingerprint(call: ModelCall, model: torch.nn.Module, paths: Callable[[torch.nn.Module], list],
+                          block: int) -> str:
+    """The weights the DiT block ``block`` (its module path ``paths(model)[block]``) runs with in
+    ``call`` (``run.weights_of``), in the model copy the call runs; the whole diffusion model's
+    where the family cannot say the block's path."""
+    model = call.model if call.model is not None else model
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the module it compiled
+    try:
+        path = paths(model)[block]
+        module = model.get_submodule(path)
+    except (AttributeError, IndexError, KeyError, TypeError):
+        path, module = "", model
+    return weights_of(call, path, module)
+
+
 class UNetLevels:
     """A patched UNet as the auto rule sees it: the first block of each level (all blocks of a
     level have the same shapes), the kind of a call at a level, the work that times it. The
@@ -198,6 +213,11 @@ class UNetLevels:
         model = call.model if call.model is not None else self.model
         model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the module it compiled
         return model.get_submodule(self.first[level].path.removeprefix("diffusion_model."))
+
+    def fingerprint(self, call: ModelCall, level: int) -> str:
+        """The weights the level's measured block (its first) runs with in ``call``: the quality
+        budget's change is kept per model (``run.weights_of``)."""
+        return weights_of(call, self.first[level].path.removeprefix("diffusion_model."), self.block(call, level))
 
     def block_dim(self, call: ModelCall, level: int) -> int:
         return int(self.block(call, level).norm1.normalized_shape[0])

@@ -41,11 +41,21 @@ reducing it changes the unit's output by more than a budget: ``change = ||reduce
 ||full||`` (relative L2 over every tensor the unit returns), computed once, from the first
 (warm-up) run of the two pieces of work the ``Work`` names (or, where the timed work runs on random
 inputs, of the unit run on the call's own inputs: ``Work.compare``). The change is kept with the
-speed in the same entry; the budget is applied when a decision is read (``within_budget``), so one
-measurement serves every budget. An entry kept without a change (an older file, or measured with
-no budget) is completed: the change alone is measured (untimed) and added. On a CPU, with a budget,
-the change is measured (each side run once, untimed) and kept the same way; without one nothing is
-run there.
+speed in the same entry, per model: speed is a property of the shapes, the change one of the weights
+(two models of one shape, a fine-tune, a LoRA'd clone, a second expert: each changes as much as its
+own weights make it), so an entry keeps its changes under ``"changes"``, one per fingerprint of the
+weights the measured unit runs with (``fingerprint.py``: a strided sample of each of its parameters,
+hashed, LoRA and other weight patches included as each host's adapter reads them,
+``ModelCall.fingerprint``), read once per run and kind where the rule decides (``decide``'s
+``model``). The budget is applied when a decision is read (``within_budget``), so one measurement
+serves every budget. An entry kept without a change for the model (an older file, measured with no
+budget, another model of the shape, or an entry's ``"change"`` kept without a fingerprint: not
+trusted for any model) is completed: the change alone is measured (untimed) and added under the
+model's fingerprint. On a CPU, with a budget, the change is measured (each side run once, untimed)
+and kept the same way; without one nothing is run there. The file's format is extended, not
+changed: ``"changes"`` is an object of fingerprints to changes that older versions leave as it is;
+a caller that names no model (``model`` None: none of the pack's patches) keeps the one shared
+``"change"`` of earlier versions.
 
 Host-free: the host gives the path of the file; the patches give the work.
 """
@@ -315,14 +325,25 @@ def read_entries(text: str) -> tuple[dict, int]:
 def _usable_entry(entry) -> bool:
     def number(value):
         return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
-    # "change" came later (the quality budget): an entry without it is usable for speed.
+    def change(value):
+        return number(value) and (value is None or value >= 0)
+    # "change" came later (the quality budget), "changes" (per model) later still: an entry
+    # without them is usable for speed.
+    changes = entry.get("changes", {}) if isinstance(entry, dict) else None
     return (isinstance(entry, dict) and isinstance(entry.get("reduce"), bool) and "full_ms" in entry
             and "reduced_ms" in entry and number(entry["full_ms"]) and number(entry["reduced_ms"])
-            and number(entry.get("change")) and (entry.get("change") is None or entry["change"] >= 0))
+            and change(entry.get("change")) and isinstance(changes, dict)
+            and all(isinstance(k, str) and change(v) for k, v in changes.items()))
 
 
-def _decision_of(entry: dict, source: str) -> Decision:
-    return Decision(entry["reduce"], entry["full_ms"], entry["reduced_ms"], source, change=entry.get("change"))
+def _has_change(entry: dict, model: str | None) -> bool:
+    """Whether ``entry`` holds the change of ``model`` (None: the kind's one shared change)."""
+    return "change" in entry if model is None else model in (entry.get("changes") or {})
+
+
+def _decision_of(entry: dict, source: str, model: str | None = None) -> Decision:
+    change = entry.get("change") if model is None else (entry.get("changes") or {}).get(model)
+    return Decision(entry["reduce"], entry["full_ms"], entry["reduced_ms"], source, change=change)
 
 
 class Decisions:
@@ -353,7 +374,7 @@ class Decisions:
         self.environment = runtime() + tuple(environment)
         self._lock = threading.RLock()
         self._kept: dict = {}  # key -> stored entry (dict): what this process decided or read
-        self._failed: dict = {}  # key -> the Decision (FAILED) of a kind whose measuring failed, for the process
+        self._failed: dict = {}  # (key, model) -> the Decision (FAILED) of a kind whose measuring failed, for the process
         self._file_state = None  # (mtime_ns, size) of the file as last read or written; None: none
         self._memory_only = False  # the file cannot be used or written: said once, never touched
         self._said: set = set()
@@ -389,12 +410,15 @@ class Decisions:
         return json.dumps([name, VERSION, *self.environment, *kind], separators=(",", ":"))
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str = "",
-               fresh: bool = False, change: bool = False) -> Decision:
+               fresh: bool = False, change: bool = False, model: str | Callable[[], str] | None = None) -> Decision:
         """Whether to reduce calls of ``kind`` on ``device``: kept, or measured now with the work
         ``work()`` builds (only built when measuring). ``fresh``: measure even if kept. ``change``:
         the decision must hold the change reducing makes (a quality budget applies): an entry kept
         without it has the change measured and added (untimed), and on a CPU, where nothing is
-        timed, the change alone is measured and kept. A kind whose measuring failed is not
+        timed, the change alone is measured and kept. ``model``: the fingerprint of the weights the
+        measured unit runs with (or what makes it: called only where a change is asked for), under
+        which the change is kept and read; the speed is the kind's, whatever the model. None: the
+        kind's one shared change (callers that cannot name the weights). A kind whose measuring failed is not
         measured again in this process (a failure is not worth a try per run, and a try may cost a
         model call): its FAILED decision, reducing as set, is handed out again with its reason for
         each run to say; ``fresh`` or removing the file tries anew."""
@@ -402,31 +426,37 @@ class Decisions:
         if not timed and not change:
             return Decision(True, None, None, CPU)
         key = self.key(device, kind)
+        model = (model() if callable(model) else model) if change else None  # read once, where it matters
         with self._lock:
             self._refresh()
             entry = None if fresh else self._kept.get(key)
             lacks_time = timed and (entry is None or entry["full_ms"] is None)
-            lacks_change = change and (entry is None or "change" not in entry)  # None: not knowable here
+            lacks_change = change and (entry is None or not _has_change(entry, model))  # None: not knowable here
             if entry is not None and not lacks_time and not lacks_change:
-                return _decision_of(entry, KEPT)
-            failed = None if fresh else self._failed.get(key)
+                return _decision_of(entry, KEPT, model)
+            failed = None if fresh else self._failed.get((key, model))
             if failed is not None:  # tried once in this process: said again, not measured again
                 return failed._replace(seconds=0.0)
             decision = self._measure(device, work, lacks_time, lacks_change)
             if decision.source == FAILED:
-                self._failed[key] = decision
+                self._failed[(key, model)] = decision
                 return decision
-            self._failed.pop(key, None)
-            measured = {"change": decision.change} if lacks_change else {}
+            self._failed.pop((key, model), None)
+            measured = {}
+            if lacks_change and model is None:
+                measured["change"] = decision.change
+            elif lacks_change:  # the other models' changes of the kind stay (measure again included)
+                others = (self._kept.get(key) or {}).get("changes") or {}
+                measured["changes"] = {**others, model: decision.change}
             if lacks_time or entry is None:
                 measured.update(reduce=decision.reduce, full_ms=decision.full_ms, reduced_ms=decision.reduced_ms)
             self._kept[key] = {**(entry or {}), **measured, "site": site,
                                "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            decision = _decision_of(self._kept[key], MEASURED)._replace(seconds=decision.seconds)
+            decision = _decision_of(self._kept[key], MEASURED, model)._replace(seconds=decision.seconds)
             self.log.append((site, decision))
-            kept = self._save(key, replace=fresh)
+            kept = self._save(key, replace=fresh, model=model)
             if kept is not None:  # another process decided this kind first: its decision, from this run on
-                return _decision_of(kept, KEPT)
+                return _decision_of(kept, KEPT, model)
             return decision
 
     def _measure(self, device: torch.device, build: Callable[[], Work], timed: bool, change: bool) -> Decision:
@@ -498,7 +528,9 @@ class Decisions:
             return
         self._file_state = state
         for key, entry in entries.items():  # another process's kinds are added; ours stay as they are
-            self._kept.setdefault(key, entry)
+            ours = self._kept.setdefault(key, entry)
+            if ours is not entry:  # ... and its models' changes of a kind we hold, for models we have none of
+                self._kept[key] = _with_changes(ours, entry, ours=True)
 
     def _read(self) -> dict | None:
         """The file's usable decisions ({} where there is none yet); None: the file cannot be used."""
@@ -519,10 +551,13 @@ class Decisions:
                            f"that are not decisions; those kinds are measured again.")
         return entries
 
-    def _save(self, key: str, replace: bool) -> dict | None:
+    def _save(self, key: str, replace: bool, model: str | None = None) -> dict | None:
         """Merge this process's decision of ``key`` into the file: the file's own wins unless
-        ``replace`` (measure again). Returns the file's entry where it won (another process wrote
-        the kind meanwhile): this process adopts it, so a restart changes nothing; else None."""
+        ``replace`` (measure again), for the speed and for each model's change; the models' changes
+        the other side lacks are added both ways (a measure again replaces ``model``'s, not the
+        other models'). Returns the file's entry where it won for the speed or for ``model``'s change
+        (another process wrote it meanwhile): this process adopts it, so a restart changes nothing;
+        else None."""
         if self.path is None or self._memory_only:
             return None
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -535,15 +570,20 @@ class Decisions:
                 current = self._read()
                 if current is None:
                     return None
-                if replace or key not in current:
+                if key not in current:
                     current[key] = self._kept[key]
+                elif replace:  # ours, with the changes of models the file has and we do not
+                    current[key] = self._kept[key] = _with_changes(self._kept[key], current[key], ours=True)
                 else:  # the file's measurements win; what it lacks (a change, times) is added from ours
-                    known = {name: value for name, value in current[key].items() if value is not None}
-                    merged = {**self._kept[key], **known}
+                    ours = self._kept[key]
+                    known = {name: value for name, value in current[key].items()
+                             if value is not None and name != "changes"}
+                    merged = _with_changes({**ours, **known}, current[key], ours=False)
                     # ours completed the file's own entry (a change added to it): not another process's
                     # (.get: an entry measured without a budget has no change, in the file nor here)
-                    won = merged if any(merged.get(k) != self._kept[key].get(k) for k in ("reduce", "full_ms",
-                                                                                         "reduced_ms", "change")) else None
+                    won = merged if any(merged.get(k) != ours.get(k) for k in ("reduce", "full_ms", "reduced_ms",
+                                                                                "change")) \
+                        or _decision_of(merged, KEPT, model).change != _decision_of(ours, KEPT, model).change else None
                     current[key] = self._kept[key] = merged
                 for known, entry in current.items():
                     self._kept.setdefault(known, entry)
@@ -562,6 +602,15 @@ class Decisions:
                 temporary.unlink(missing_ok=True)
             except OSError:  # no folder to have left it in
                 pass
+
+
+def _with_changes(entry: dict, other: dict, ours: bool) -> dict:
+    """``entry`` with the models' changes of both: ``entry``'s win where ``ours``, else ``other``'s
+    (a change not known, None, never wins over a number)."""
+    mine, theirs = entry.get("changes") or {}, other.get("changes") or {}
+    first, second = (mine, theirs) if ours else (theirs, mine)
+    changes = {**second, **{m: c for m, c in first.items() if c is not None or second.get(m) is None}}
+    return {**entry, "changes": changes} if changes else entry
 
 
 _STORES: dict = {}  # path -> Decisions: the rule's memory, one store per file for the process
@@ -605,11 +654,14 @@ class AutoRule:
     def __deepcopy__(self, memo):
         return self
 
-    def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str) -> Decision:
+    def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str,
+               model: str | Callable[[], str] | None = None) -> Decision:
+        """``model``: the fingerprint of the measured unit's weights (see ``Decisions.decide``)."""
         fresh = False
         if self.remeasure:
             with self._lock:
                 fresh = (device, kind) not in self._remeasured
                 self._remeasured.add((device, kind))
-        decision = self.decisions.decide(device, kind, work, site, fresh=fresh, change=self.max_change > 0)
+        decision = self.decisions.decide(device, kind, work, site, fresh=fresh, change=self.max_change > 0,
+                                         model=model)
         return within_budget(decision, self.max_change)

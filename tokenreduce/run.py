@@ -34,6 +34,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from .describe import RunCalls, run_warnings
+from .fingerprint import module_fingerprint
 from .pays import CPU, MEASURED, AutoRule, Decision, Work, synchronizer
 from .window import SigmaWindow, steps_of
 
@@ -75,6 +76,19 @@ class ModelCall(NamedTuple):
     # options -> runs this model call once more, uncompiled and outside the host's wrappers, with the
     # options given (the auto rule captures a DiT block's inputs there to time it); None: the host has none
     rehearse: Callable | None = None
+    # (path, module) -> the fingerprint of the weights ``module`` (at ``path`` under the diffusion
+    # model) computes with, as the host applies them (LoRA and other weight patches included; see
+    # ``fingerprint.py``): the quality budget keeps a change per model. None: the live module's own.
+    fingerprint: Callable[[str, torch.nn.Module], str] | None = None
+
+
+def weights_of(call: ModelCall, path: str, module: torch.nn.Module) -> str:
+    """The fingerprint of the weights the unit ``module`` (at ``path`` under the call's diffusion
+    model) runs with in ``call``: the host's reading where it gives one, else the module's own
+    parameters. Read where the auto rule decides a kind (once per run), never in a block call."""
+    if call.fingerprint is not None:
+        return call.fingerprint(path, module)
+    return module_fingerprint(module)
 
 
 def plan_key(call: ModelCall) -> tuple:
@@ -397,18 +411,20 @@ class CallPatch:
         return cached[0]
 
     def pays(self, run: RunState, device: torch.device, kind: tuple,
-             describe: Callable[[], tuple[str, Callable[[], Work]]]) -> bool:
+             describe: Callable[[], tuple[str, Callable[[], Work]]], model: Callable[[], str] | None = None) -> bool:
         """Whether to reduce this kind of call in this run: always without an auto rule, else the
         rule's decision, the same for the whole run and said in its report. ``describe()`` gives
         the site's name and the builder of the work that times it; asked only the first time the
-        run meets the kind (the rest of the run's calls pay a lookup)."""
+        run meets the kind (the rest of the run's calls pay a lookup). ``model()``: the fingerprint
+        of the weights the measured unit runs with (``weights_of``), under which the quality
+        budget's change is kept; read then too, and only where a budget applies."""
         if self.rule is None:
             return True
         key = ("auto", device, kind)
         decision = run.cache.get(key)
         if decision is None:
             site, work = describe()
-            decision = run.cache[key] = self.rule.decide(device, kind, work, site)
+            decision = run.cache[key] = self.rule.decide(device, kind, work, site, model=model)
             if decision.source != CPU:
                 run.decided(site, device, decision, self.rule.decisions.where)
         return decision.reduce

@@ -32,7 +32,7 @@ import torch
 from .describe import grid_text
 from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
-from .measure import backend_of, compute_dtype, dit_attention_work, on_copies
+from .measure import backend_of, compute_dtype, dit_attention_work, dit_block_fingerprint, on_copies
 from .pays import AutoRule
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
@@ -243,7 +243,8 @@ class ToDoDiTPatch(CallPatch):
                     dit_attention_work(call.attention, geometry, length, call, installed, self.context_key,
                                        context, slot, lambda: self._own_block(call, plan, slot, context, installed)))
 
-        return self.pays(run, call.x.device, signature, describe)
+        return self.pays(run, call.x.device, signature, describe,
+                         lambda: dit_block_fingerprint(call, self.model, self.family.blocks, plan[slot].block))
 
     def _own_block(self, call: ModelCall, plan: tuple, slot: int, reducing: dict,
                    installed: Callable) -> tuple[Callable, Callable] | None:

@@ -41,7 +41,8 @@ class ToDoPatch(CallPatch):
         grid = grid_at(tuple(call.x.shape[-2:]), level)
         kind = self.unet.kind(call, level, grid, ("ToDo", self.factors[level], self.method))
         return self.pays(run, call.x.device, kind, lambda: (
-            level_text(level, grid), self.unet.work(call, level, grid, self.context_key, self._measuring_context)))
+            level_text(level, grid), self.unet.work(call, level, grid, self.context_key, self._measuring_context)),
+            lambda: self.unet.fingerprint(call, level))
 
     @staticmethod
     def _measuring_context() -> dict:

@@ -45,7 +45,7 @@ import torch
 from .describe import grid_text
 from .dit import BlockArgs, TokenLayout
 from .grid_patches import grid_reading_patches
-from .measure import backend_of, compute_dtype, measuring_options, on_copies
+from .measure import backend_of, compute_dtype, dit_block_fingerprint, measuring_options, on_copies
 from .pays import AutoRule, Work
 from .run import (MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped,
                   plan_key)
@@ -828,7 +828,9 @@ class ToMeDiTPatch(CallPatch):
             site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
             return site, lambda: self._work(call, tokens, kind, r, tiles)
 
-        return self.pays(run, call.x.device, signature, describe)
+        first = min(i for i, key in self.replace_keys().items() if key[0] == kind)  # the block measured
+        return self.pays(run, call.x.device, signature, describe,
+                         lambda: dit_block_fingerprint(call, self.model, self.family.blocks, first))
 
     def _width(self, kind: str) -> int:
         """Parameters of the first merged block of ``kind`` (which model of the family, for the kind)."""

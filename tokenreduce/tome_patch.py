@@ -151,7 +151,8 @@ class ToMePatch(CallPatch):
                      s.matching, s.share_plans, *reuse_signature(s))
         kind = self.unet.kind(call, level, grid, reduction)
         return self.pays(run, call.x.device, kind,
-                         lambda: (level_text(level, grid), lambda: self._work(call, level, grid)))
+                         lambda: (level_text(level, grid), lambda: self._work(call, level, grid)),
+                         lambda: self.unet.fingerprint(call, level))
 
     def _work(self, call: ModelCall, level: int, grid: tuple[int, int]) -> Work:
         """A block of the level unmerged and merged (plan, merge, the smaller calls, unmerge).

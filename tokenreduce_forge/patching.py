@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from tokenreduce.change import measure_change
 from tokenreduce.describe import header, todo_info, tome_info
+from tokenreduce.fingerprint import fingerprint
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels, copied_containers
 from tokenreduce.methods import todo_level_factors, todo_select, tome_select, unet_method_problem
@@ -120,7 +121,8 @@ class PassRun:
             sigmas = options["sigmas"]
             call = ModelCall(args["input"], c.get("c_crossattn"),
                              {k: v for k, v in c.items() if k not in ("c_crossattn", "transformer_options")},
-                             options, sigmas, self.dtype, self.attention, rehearse=_rehearsal(apply_model, args))
+                             options, sigmas, self.dtype, self.attention, rehearse=_rehearsal(apply_model, args),
+                             fingerprint=weights_fingerprint)
             contexts = []
             for method in self.methods:
                 context = method.run.open_call(sigmas, options, aside=method.patch.steps_aside(method.run, call))
@@ -164,6 +166,20 @@ class PassRun:
             reports.append((method, report))
         self._sigmas = []
         return reports
+
+
+def weights_fingerprint(path: str, module) -> str:
+    """The fingerprint of the weights ``module`` (a UNet block) computes with in Forge, for the
+    quality budget's per-model change (``tokenreduce/fingerprint.py``): Forge's LoRA loader patches
+    weights in place (the module holds base + LoRA, read as it is), except online LoRAs (GGUF and
+    bitsandbytes weights, or "online" set), kept on the layer as ``forge_online_loras`` and applied
+    in each forward: those patches, sampled with their strengths, are added per layer."""
+    parts = list(module.named_parameters())
+    for name, layer in module.named_modules():
+        online = getattr(layer, "forge_online_loras", None)
+        if online:
+            parts.append((f"{name} online LoRAs", online))
+    return fingerprint(parts)
 
 
 def _rehearsal(apply_model, args: dict):

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from ..fingerprint import fingerprint
 from ..measure import copied_containers
 from ..pays import Work, pair
 from ..run import call_context
@@ -166,3 +167,21 @@ def attention_backend(processor) -> str:
         except Exception:  # noqa: BLE001 - another diffusers version: the class alone names it
             backend = None
     return f"{base.__name__}:{getattr(backend, 'value', backend) or ''}"
+
+
+def weights_fingerprint(module: torch.nn.Module) -> str:
+    """The fingerprint of the weights the unit ``module`` computes with, for the quality budget's
+    per-model change (``tokenreduce/fingerprint.py``). diffusers holds a LoRA in the module: fused
+    into the weights (read as they are), or as PEFT layers whose ``lora_A``/``lora_B`` are the
+    module's own parameters; what PEFT keeps beside them (each adapter's scaling, which adapters
+    are active, whether they are disabled: ``set_adapters``' weights) is added per layer."""
+    parts = list(module.named_parameters())
+    for name, layer in module.named_modules():
+        scaling = getattr(layer, "scaling", None)
+        if isinstance(scaling, dict) and scaling:
+            try:
+                state = (list(getattr(layer, "active_adapters", None) or ()), bool(getattr(layer, "disable_adapters", False)))
+            except Exception:  # noqa: BLE001 - a PEFT version without them: the scaling must do
+                state = ()
+            parts.append((f"{name} adapters", scaling, state))
+    return fingerprint(parts)

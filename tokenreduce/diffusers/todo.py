@@ -37,7 +37,7 @@ from ..grid import grid_at
 from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys
-from .hooks import Hooks, Switch, UNetCalls, attention_backend
+from .hooks import Hooks, Switch, UNetCalls, attention_backend, weights_fingerprint
 from .models import self_attention
 from .session import Session
 
@@ -84,7 +84,8 @@ class UNetToDo(UNetCalls, CallPatch):
         kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method,
                 attention_backend(module.processor))
         return self.decided(context, kind, self.pays(self.session.run, x.device, kind, lambda: (
-            level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs)))))
+            level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs))),
+            lambda: weights_fingerprint(module)))
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         for site in self.sites:
@@ -218,7 +219,7 @@ class DiTToDo(CallPatch):
                 call = (lambda: dispatch(q, k, v, backend=backend))
             grid = plan.grid if plan.grid[0] > 1 else plan.grid[1:]
             return f"{grid_text(grid)} grid, attention ({length} keys)", lambda: self.switch.work(call)
-        return self.pays(self.session.run, hidden.device, kind, describe)
+        return self.pays(self.session.run, hidden.device, kind, describe, lambda: weights_fingerprint(attention))
 
     # --- in the attention call --------------------------------------------------------------
     def _reduced(self, q, k, v, mask, dim: int):

@@ -32,7 +32,7 @@ from ..describe import level_text
 from ..grid import grid_at
 from ..run import note_reduced, note_skipped
 from ..tome_patch import ToMePatch
-from .hooks import Hooks, Switch, UNetCalls, attention_backend, unet_sample
+from .hooks import Hooks, Switch, UNetCalls, attention_backend, unet_sample, weights_fingerprint
 from .models import self_attention
 from .session import Session
 
@@ -110,7 +110,8 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         def describe():  # timed in a context of its own (the core's), as the ComfyUI path times
             return level_text(level, grid), lambda: self.switch.work(
                 lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device))
-        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe))
+        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe,
+                                                     lambda: weights_fingerprint(module)))
 
     def end_block(self, module, args, kwargs, output):
         self.current = self._merged_input = None

@@ -41,7 +41,7 @@ from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
 from ..tome_dit import (Tiles, block_plan, gathered, make_tiles, merged_count, plan_block, plan_sequence_index,
                         reuse_signature, run_merged_block, take)
-from .hooks import attention_backend
+from .hooks import attention_backend, weights_fingerprint
 from .session import Session
 
 PE = "tokenreduce positions"  # the key under which a block's rotary positions go through merged_args
@@ -325,7 +325,7 @@ class DiffusersToMeDiT(CallPatch):
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
             site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
             return site, lambda: self._work(original, call, merged)
-        return self.pays(self.session.run, x.device, signature, describe)
+        return self.pays(self.session.run, x.device, signature, describe, lambda: weights_fingerprint(block))
 
     def _work(self, original, call: dict, merged: tuple) -> Work:
         """The block unmerged and merged, as the ComfyUI node times its blocks: with share_plans the
