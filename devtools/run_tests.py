@@ -97,12 +97,13 @@ def _worker_args(workers: int | None, named: bool, pytest_args: list[str]) -> li
     """pytest-xdist's arguments. The whole suite runs on two workers: much of it waits on a
     server, a browser or a subprocess, or runs tiny models whose Python overhead uses one core,
     so a second worker fills the other (CONTRIBUTING.md, "Tests"). Each module stays
-    on one worker (``--dist loadgroup``, groups set in tests/conftest.py) so its servers start once."""
+    on one worker (``--dist loadfile``) so its servers start once; the memory-heavy ones take
+    turns (tests/conftest.py, ``ONE_AT_A_TIME``)."""
     if any(arg == "-n" or arg.startswith(("-n", "--numprocesses", "--dist")) for arg in pytest_args):
         return []  # the caller chose
     if workers is None:
         workers = 1 if named or (os.cpu_count() or 1) < 2 else 2
-    return ["-n", str(workers), "--dist", "loadgroup"] if workers > 1 else []
+    return ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
 
 
 def main() -> int:

@@ -43,18 +43,26 @@ def threads_per_worker() -> int:
 
 
 # Modules whose servers or browsers hold full-size random SDXL (several GB a process) or install
-# shared tools (Chromium, frontends): one worker runs them one after another, so two of them never
-# sit in memory or in apt at once on a 24 GB, 2-core machine.
+# shared tools (Chromium, frontends): run_tests.py's two workers (``--dist loadfile``: a module
+# stays on one worker, so its servers start once) never run two of them at once on a 24 GB,
+# 2-core machine: each holds a lock shared by the run's workers while its module runs.
 ONE_AT_A_TIME = {"test_browser", "test_browser_advanced_inputs", "test_comfy_soak", "test_comfy_server_sdxl",
                  "test_forge_server", "test_forge_server_sdxl", "test_forge_flux"}
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    """With ``--dist loadgroup`` (run_tests.py's whole-suite run) a module's tests stay on one
-    worker, so its module-scoped servers and models are built once; ONE_AT_A_TIME share one."""
-    for item in items:
-        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else item.nodeid
-        item.add_marker(pytest.mark.xdist_group("one-at-a-time" if module in ONE_AT_A_TIME else module))
+@pytest.fixture(scope="module", autouse=True)
+def one_at_a_time(request):
+    """Holds the run's lock while a module of ONE_AT_A_TIME runs (another worker waits for it)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None or request.module.__name__.rpartition(".")[2] not in ONE_AT_A_TIME:
+        yield
+        return
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / f"tokenreduce-tests-{run}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def pytest_addoption(parser) -> None:
