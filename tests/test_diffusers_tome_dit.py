@@ -373,7 +373,7 @@ def test_auto_kind_names_the_attention_backend_compiled_and_share_plans(flux, mo
         patch = applied.patches[0]
         patch.patch.wrapped = True  # under a torch.compile wrapper
         seen = []
-        monkeypatch.setattr(type(patch.patch), "pays", lambda self, run, device, kind, describe: seen.append(kind) or True)
+        monkeypatch.setattr(type(patch.patch), "pays", lambda self, run, device, kind, describe, model=None: seen.append(kind) or True)
         _call(flux)
     assert all("compiled" in kind for kind in seen) and seen
 
