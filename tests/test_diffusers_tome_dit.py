@@ -354,7 +354,7 @@ def _kinds(model, monkeypatch, **settings) -> list[tuple]:
 
     kinds = []
     monkeypatch.setattr(diffusers_tome_dit.DiffusersToMeDiT, "pays",
-                        lambda self, run, device, kind, describe: kinds.append(kind) or True)
+                        lambda self, run, device, kind, describe, model=None: kinds.append(kind) or True)
     with apply_patch(model, "ToMe", ratio=0.5, reduce_when="auto", **settings):
         _call(model)
     return kinds
