@@ -212,11 +212,6 @@ class BlockPlan(NamedTuple):
     # what every block merged with this plan takes alike (sequence indices, the rotary, mask and
     # modulation gathers, each row's plan), made by the first of them: ``gathered``; None: nothing kept
     gathers: dict | None = None
-    # with a similarity bound (``spread``): the change each source the plan chose takes back, a mix of
-    # the changes of the merged rows around it: (rows [B, r, 9] merged rows of its 3 x 3 neighbours,
-    # weights [B, r, 9, 1] float32 summing to 1, map [B, N]: the row each grid position reads in the
-    # merged change with those r mixes appended); None: each position reads its merged row whole
-    spread: tuple | None = None
 
     @property
     def tokens(self) -> int:
@@ -227,70 +222,9 @@ class BlockPlan(NamedTuple):
         return self.tokens - self.r
 
 
-# Merging only what is alike (issue #50, point 3): with a bound, a source whose cosine similarity to
-# its tile's destination (the block's input tokens) is at or above bound + SIMILARITY_RAMP merges
-# whole, one at or below the bound not at all, linearly between; ``ratio`` is the most that may
-# merge, and a chosen source that is not alike takes back a mix of the changes around it (``_spread``)
-# instead of its group's. SIMILARITY_BOUND is the bound the DiT path plans with: None (off), because
-# on the trained Flux fixture (ToMe 0.5, 4 captions x 1 seed, text to image, 4 steps) it barely
-# moves the picture: LPIPS 0.640 without, 0.626 at 0.5 (37.6 % of the merged blocks' image tokens
-# alike), 0.645 at 0.9 (0.2 % alike): the error is the half of the tokens not computed, not the
-# mosaic's shape. What it costs: one merged single block 0.96x today's CPU time at 0.5.
-SIMILARITY_BOUND: float | None = None
-SIMILARITY_RAMP = 0.05
-SPREAD_SHARPNESS = 10.0  # how sharply a chosen source's restored change follows the tokens most like it
-
-
-def alike(similarity: torch.Tensor, bound: float | None) -> torch.Tensor | None:
-    """How much of a source of cosine ``similarity`` merges into its destination: 0 at or below
-    ``bound``, 1 from ``bound + SIMILARITY_RAMP`` on, linear between (a smooth edge: a small change
-    of the tokens moves a weight a little, never a token from merged to whole); None for no bound."""
-    if bound is None:
-        return None
-    return ((similarity - bound) / SIMILARITY_RAMP).clamp(0, 1)
-
-
-def _neighbours(grid: tuple[int, int, int], device) -> torch.Tensor:
-    """[N, 9] the grid positions of each position's 3 x 3 neighbourhood in its frame (itself among
-    them; clamped at the borders, where a neighbour repeats)."""
-    t, h, w = grid
-    y = torch.arange(h, device=device).view(h, 1, 1, 1)
-    x = torch.arange(w, device=device).view(1, w, 1, 1)
-    d = torch.arange(-1, 2, device=device)
-    ny = (y + d.view(1, 1, 3, 1)).clamp(0, h - 1)
-    nx = (x + d.view(1, 1, 1, 3)).clamp(0, w - 1)
-    within = (ny * w + nx).view(1, h * w, 9)
-    return (within + (torch.arange(t, device=device) * h * w).view(t, 1, 1)).view(t * h * w, 9)
-
-
-def _spread(normed: torch.Tensor, tiles: Tiles, restore_map: torch.Tensor, positions: torch.Tensor,
-            chosen: torch.Tensor, chosen_slot: torch.Tensor) -> tuple:
-    """``BlockPlan.spread`` of a plan whose chosen sources are at the grid positions ``chosen``
-    [B, r] (in the order of their appended rows) and at ``chosen_slot`` [B, N] (-1 elsewhere)
-    within them: each takes the changes of the merged rows its 3 x 3 neighbours read, weighted by
-    ``softmax(SPREAD_SHARPNESS * cosine)`` of its token and each row's token (``positions``), so
-    a source alike to its destination takes its group's change, one that is not a mix of those
-    of the tokens around it most like it (no 2 x 2 mosaic). ``normed``: [B, N, C] unit tokens."""
-    b, _, c = normed.shape
-    r = chosen.shape[1]
-    around = _neighbours(tiles.grid, normed.device)[chosen]  # [B, r, 9]
-    rows = restore_map.gather(1, around.flatten(1))  # [B, r*9]
-    stands = positions.gather(1, rows)  # the token each row stands for
-    own = normed.gather(1, chosen.unsqueeze(-1).expand(-1, -1, c))
-    theirs = normed.gather(1, stands.unsqueeze(-1).expand(-1, -1, c)).view(b, r, 9, c)
-    weights = torch.softmax(SPREAD_SHARPNESS * (theirs * own.unsqueeze(2)).sum(-1), -1).float()
-    m = positions.shape[1]
-    smooth_map = torch.where(chosen_slot >= 0, m + chosen_slot, restore_map)
-    return rows.view(b, r, 9), weights.unsqueeze(-1), smooth_map
-
-
-def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1,
-               bound: float | None = None) -> BlockPlan:
+def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1) -> BlockPlan:
     """The merge of ``grid_tokens`` [B, N, C]: the ``r`` sources most similar (cosine) to their own
     tile's destination merge into it, per sample. Tensor work only: no host sync, no scatter.
-    ``bound`` (ToMe on DiTs: ``SIMILARITY_BOUND``): of those ``r``, only the ones alike (``alike``)
-    merge, the others stay out of their destination's mean and take back none of its change (the
-    plan's ``weight``; the merged count stays ``r``: static shapes); None: all ``r`` merge.
     ``frames`` > 1 (the grid's frame count, tiles within frames: stride_t 1, ``r`` a multiple of
     it): grouped by frame, each frame's ``r / frames`` most similar sources merge and the merged
     tokens are frame by frame, each frame's as a plan of that frame alone orders them
@@ -300,19 +234,12 @@ def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1,
     b, _, c = grid_tokens.shape
     n_tiles, k = tiles.tile_index.shape
     extra = tiles.extra_index.shape[0]
-    if bound is None:
-        members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
-        members = members.to(accumulating(members.dtype))
-        normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-        unit = None
-    else:  # every token's unit vector: the spread compares chosen sources with their neighbours too
-        unit = grid_tokens.to(accumulating(grid_tokens.dtype))
-        unit = unit / unit.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-        normed = unit.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
+    members = grid_tokens.index_select(1, tiles.tile_index.flatten()).view(b, n_tiles, k, c)
+    members = members.to(accumulating(members.dtype))
+    normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     similarity = (normed[:, :, 1:] * normed[:, :, :1]).sum(-1).flatten(1)  # [B, S]
-    alikeness = alike(similarity, bound)
     if frames > 1:
-        return _plan_frames(similarity, tiles, r, frames, alikeness, unit)
+        return _plan_frames(similarity, tiles, r, frames)
     order = torch.argsort(similarity, dim=1, descending=True, stable=True)
     rank = torch.argsort(order, dim=1)  # each source's place in that order (the inverse permutation)
     merges = rank < r
@@ -325,33 +252,10 @@ def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1,
     sources = tiles.tile_index[:, 1:].flatten()
     positions = torch.cat([tiles.extra_index.expand(b, extra), tiles.tile_index[:, 0].expand(b, n_tiles),
                            sources[kept]], 1)
-    merges = merges.view(b, n_tiles, k - 1)
-    if alikeness is None:
-        return BlockPlan(tiles, r, merges.unsqueeze(-1).float(), kept, positions, restore_map, gathers={})
-    chosen = sources[order[:, :r]]
-    slot = _chosen_slots(tiles, torch.where(merges, rank.view(b, n_tiles, k - 1), -1))
-    return BlockPlan(tiles, r, _alike_mask(merges, alikeness), kept, positions, restore_map, gathers={},
-                     spread=_spread(unit, tiles, restore_map, positions, chosen, slot))
+    return BlockPlan(tiles, r, merges.view(b, n_tiles, k - 1, 1).float(), kept, positions, restore_map, gathers={})
 
 
-def _alike_mask(merges: torch.Tensor, alikeness: torch.Tensor) -> torch.Tensor:
-    """[B, T, k-1, 1] how much each source adds to its destination's mean: its alikeness where the
-    plan chose it (an unlike one adds nothing: the destination stays its own token), else 0."""
-    return torch.where(merges, alikeness.view(merges.shape).float(), 0.0).unsqueeze(-1)
-
-
-def _chosen_slots(tiles: Tiles, source_slots: torch.Tensor) -> torch.Tensor:
-    """[B, N] per grid position its chosen source's place among the appended rows (``source_slots``
-    [B, T, k-1], -1 for sources not chosen), -1 for every other position."""
-    b, n_tiles, _ = source_slots.shape
-    none = source_slots.new_full((1, 1, 1), -1)
-    slots = torch.cat([none.view(1, 1).expand(b, tiles.extra_index.shape[0]),
-                       torch.cat([none.expand(b, n_tiles, 1), source_slots], 2).flatten(1)], 1)
-    return slots.index_select(1, tiles.inverse)
-
-
-def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int,
-                 alikeness: torch.Tensor | None = None, unit: torch.Tensor | None = None) -> BlockPlan:
+def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int) -> BlockPlan:
     """``plan_block`` grouped by frame. The tiles, the edge tokens outside them and the sources
     are frame-major with the same count in every frame (stride_t 1), so each frame is ranked
     apart (one sort over [B, frames, S / frames]) and the merged rows, numbered as ``merge``
@@ -380,12 +284,7 @@ def _plan_frames(similarity: torch.Tensor, tiles: Tiles, r: int, frames: int,
     positions = torch.cat([tiles.extra_index.view(1, frames, counts[0]).expand(b, -1, -1),
                            tiles.tile_index[:, 0].view(1, frames, -1).expand(b, -1, -1),
                            sources[kept].view(b, frames, -1)], 2).flatten(1)
-    if alikeness is None:
-        return BlockPlan(tiles, r, merges.unsqueeze(-1).float(), kept, positions, restore_map, frames, gathers={})
-    chosen = sources[(order[:, :, :r_frame] + frame_start * per_frame).flatten(1)]
-    slot = _chosen_slots(tiles, torch.where(merges, (rank + frame_start * r_frame).view(b, n_tiles, k - 1), -1))
-    return BlockPlan(tiles, r, _alike_mask(merges, alikeness), kept, positions, restore_map, frames, gathers={},
-                     spread=_spread(unit, tiles, restore_map, positions, chosen, slot))
+    return BlockPlan(tiles, r, merges.unsqueeze(-1).float(), kept, positions, restore_map, frames, gathers={})
 
 
 def gathered(plan: BlockPlan, key: tuple, source, compute: Callable[[], object]):
@@ -408,8 +307,7 @@ def plan_row(plan: BlockPlan, i: int) -> BlockPlan:
     """Row ``i`` of ``plan``: the plan of that sample alone (a batch of 1), kept with the plan."""
     return gathered(plan, ("row", i), None, lambda: plan._replace(
         mask=plan.mask[i:i + 1], kept=plan.kept[i:i + 1], positions=plan.positions[i:i + 1],
-        restore_map=plan.restore_map[i:i + 1], gathers={},
-        spread=tuple(part[i:i + 1] for part in plan.spread) if plan.spread is not None else None))
+        restore_map=plan.restore_map[i:i + 1], gathers={}))
 
 
 def accumulating(dtype: torch.dtype) -> torch.dtype:
@@ -612,24 +510,13 @@ def _merged_mask(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, args: di
 def restored(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, x: torch.Tensor, merged: torch.Tensor,
              out: torch.Tensor) -> torch.Tensor:
     """The block's output over the full sequence: every grid token its own input plus the change
-    the block made to the merged token it was part of (as much of it as the plan's ``weight``
-    gives it back: none for a source whose destination was not alike); the tokens around the grid
-    as the block left them. ``merged``: the merged grid tokens (``merged_args``), or the merged
-    sequence."""
+    the block made to the merged token it was part of; the tokens around the grid as the block
+    left them. ``merged``: the merged grid tokens (``merged_args``), or the merged sequence."""
     _, start = spec.in_tokens(layout)
     m = plan.merged_tokens
     merged_grid = merged if merged.shape[1] == m else merged.narrow(1, start, m)
     change = out.narrow(1, start, m) - merged_grid
-    if plan.spread is None:
-        change = restore(plan, change)
-    else:  # each chosen source's mix of the changes around it, appended; then one gather
-        rows, weights, smooth_map = plan.spread
-        b, r, c = rows.shape[0], rows.shape[1], change.shape[-1]
-        around = change.gather(1, rows.view(b, -1, 1).expand(-1, -1, c)).view(b, r, 9, c)
-        weights = gathered(plan, ("spread", change.dtype), None, lambda: weights.to(change.dtype))
-        mixed = torch.cat([change, (around * weights).sum(2)], 1)
-        change = mixed.gather(1, smooth_map.unsqueeze(-1).expand(-1, -1, c))
-    grid = x.narrow(1, start, plan.tokens) + change
+    grid = x.narrow(1, start, plan.tokens) + restore(plan, change)
     return torch.cat([out.narrow(1, 0, start), grid, out.narrow(1, start + m, out.shape[1] - start - m)], 1)
 
 
@@ -645,8 +532,8 @@ def block_plan(plans: dict | None, x: torch.Tensor, where: tuple[int, int], layo
     plan = plans.get(SHARED_PLAN) if plans is not None else None
     if plan is None or plan.restore_map.shape[0] != x.shape[0]:
         grid = x.narrow(1, where[1], math.prod(layout.grid))
-        plan = plan_block(grid, tiles, r, frames, SIMILARITY_BOUND) if timer is None else \
-            timer.timed(x.device, lambda: plan_block(grid, tiles, r, frames, SIMILARITY_BOUND))
+        plan = plan_block(grid, tiles, r, frames) if timer is None else \
+            timer.timed(x.device, lambda: plan_block(grid, tiles, r, frames))
         if plans is not None:
             plans[SHARED_PLAN] = plan
     return plan
@@ -975,7 +862,7 @@ class ToMeDiTPatch(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"], compare=compare)
         spec = self.merge.args[kind]
         grid = sequence_of(spec, args[spec.tokens]).narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid), SIMILARITY_BOUND)
+        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid))
         # the block calls one plan serves: every merged block of every kind (those of a kind auto may
         # still leave alone included: not decided yet), over plan_every steps
         calls_per_plan = len(keys) * getattr(self.settings, "plan_every", 1)

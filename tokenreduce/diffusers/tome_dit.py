@@ -39,7 +39,7 @@ from ..dit import BlockArgs
 from ..pays import Work
 from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
-from ..tome_dit import (SIMILARITY_BOUND, Tiles, block_plan, gathered, make_tiles, merged_count, plan_block, plan_sequence_index,
+from ..tome_dit import (Tiles, block_plan, gathered, make_tiles, merged_count, plan_block, plan_sequence_index,
                         reuse_signature, run_merged_block, take)
 from .hooks import attention_backend, weights_fingerprint
 from .session import Session
@@ -337,7 +337,7 @@ class DiffusersToMeDiT(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         x = call[merged[0].tokens]
         grid = x.narrow(1, merged[0].in_tokens(layout)[1], math.prod(layout.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r, bound=SIMILARITY_BOUND)
+        runs["plan"] = lambda: plan_block(grid, tiles, r)
         blocks = len(self.sites)
         return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / blocks)
 
