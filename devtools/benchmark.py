@@ -9,6 +9,7 @@
     python3 devtools/benchmark.py --quality OUT          # trained photo fixtures: LPIPS, SSIM, PSNR per setting
         [--fixtures sd15 flux] [--seeds 16] [--long-seeds N] [--steps 20 4] [--modes t2i i2i] [--candidates]
     python3 devtools/benchmark.py --peakedness           # attention peakedness per layer of the photo fixtures
+    python3 devtools/benchmark.py --window-speed         # ToDo's window against nearest, one attention call (CPU)
     python3 devtools/benchmark.py --prediction-change OUT  # measure_change's readout beside LPIPS (photo fixtures)
     python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
         [--families Flux Wan21] [--size 512] [--repeats N] [--threads N]
@@ -80,6 +81,10 @@ def main() -> int:
         pinned = host.run_inside_host(__file__)
         from bench import prediction_change
         return prediction_change.main(sys.argv[1:], pinned.comfyui)
+    if "--window-speed" in sys.argv[1:]:  # ToDo's window against nearest, one attention call (bench/window_speed.py)
+        host.run_inside_host(__file__)
+        from bench import window_speed
+        return window_speed.main(sys.argv[1:])
     if "--peakedness" in sys.argv[1:]:  # attention peakedness per layer of the photo fixtures (bench/peakedness.py)
         pinned = host.run_inside_host(__file__)
         from bench import peakedness
