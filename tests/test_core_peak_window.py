@@ -142,6 +142,18 @@ def test_reruns_are_bit_identical_and_layouts_agree():
     assert torch.equal(out, first.transpose(1, 2).flatten(2))
 
 
+def test_at_batch_one_the_plan_is_not_written_and_reruns_agree():
+    """Flux at CFG 1 calls with batch 1: the heavy keys' count corrections must go to a copy of
+    the plan's counts (an expanded batch of one is contiguous already), not into the plan."""
+    plan = plan_of((1, 16, 16), before=4)
+    counts, sizes = plan.counts.clone(), plan.sizes.clone()
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, HEADS, plan.length, D, generator=generator) for _ in range(3))
+    first = window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True)
+    assert torch.equal(plan.counts, counts) and torch.equal(plan.sizes, sizes)
+    assert torch.equal(first, window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_runs(dtype):
     plan = plan_of((1, 12, 10), before=5)
@@ -182,13 +194,12 @@ def test_the_override_runs_the_window_on_flux_and_reports_what_each_query_sees()
     assert masked.shape == (2, 125, 8)
 
 
-def test_window_is_refused_where_it_does_not_run():
+def test_window_is_refused_on_unets_only():
     from tokenreduce.methods import dit_method_problem, unet_method_problem
     from test_core_dit import FAMILY
 
     assert "DiTs" in unet_method_problem("ToDo", "window") and unet_method_problem("ToDo", "nearest") is None
-    assert dit_method_problem("ToDo", FAMILY["Flux.1"], "window", window=True) is None
-    assert "ComfyUI only" in dit_method_problem("ToDo", FAMILY["Flux.1"], "window")  # diffusers, Forge
+    assert dit_method_problem("ToDo", FAMILY["Flux.1"], "window") is None  # every host: ComfyUI, diffusers, Forge
 
 
 def test_tiles_split_into_chunks_give_the_same_output(monkeypatch):

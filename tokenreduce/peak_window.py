@@ -261,10 +261,12 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Wi
         held = ((where[:, None] >= plan.low[None, :, None]) & (where[:, None] < plan.high[None, :, None])).all(-1)
         # Each heavy key outside a tile's window leaves its cell's count there; the counts are
         # whole numbers, so the sum is exact in any order.
-        counts = plan.counts.expand(b, -1, -1).contiguous().scatter_add_(
+        # clone, not contiguous(): at batch 1 the expanded plan is contiguous already, and the
+        # scatter would write into the plan itself (every call's counts drifting)
+        counts = plan.counts.expand(b, -1, -1).clone().scatter_add_(
             2, cells[:, None, :].expand(b, tiles, heavy), -(~held).float())
         bias = torch.cat([_log_counts(counts), torch.zeros(held.shape, device=device).masked_fill_(held, MASKED)], 2)
-        text_counts = plan.sizes.expand(b, -1).contiguous().scatter_add_(
+        text_counts = plan.sizes.expand(b, -1).clone().scatter_add_(
             1, cells, torch.full(cells.shape, -1.0, device=device))
     else:
         bias = _log_counts(plan.counts).expand(b, -1, -1)
