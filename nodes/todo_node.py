@@ -51,7 +51,7 @@ class ToDoPatchNode(PatchNode):
     @classmethod
     def _patch_dit(cls, model, settings, target) -> io.NodeOutput:
         family = target.layout.family
-        problem = dit_method_problem(cls.NODE_ID, family, settings.method, window=True)
+        problem = dit_method_problem(cls.NODE_ID, family, settings.method)
         if problem:
             raise ValueError(problem)
         title = header("ToDo", target)

@@ -249,3 +249,56 @@ def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_res
     decisions = [d for _, d in session_of(again).last_report.decisions]
     assert decisions and all(d.source == "measured" and d.over_budget for d in decisions)
     assert torch.equal(image, unpatched)
+
+
+class _PaysOnThisDevice:
+    """Stopwatch factory of a device where reducing pays: the reduced work takes half the time (the
+    CPU really times the window, whose speed on a tiny grid is not what this test is about)."""
+
+    def __call__(self, device):
+        def stopwatch(name, work):
+            work()
+            return 0.002 if name == "full" else 0.001
+        return stopwatch
+
+
+def test_dit_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, dits, monkeypatch, tmp_path):
+    """The budget's milder step (issues #50, #51): where ToDo's nearest changes the block more than
+    max_change, the window (each query's neighbourhood exact) is measured in its place and runs
+    where it is within the budget; the report names both decisions; the image is the window's."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+
+    def store(name: str):
+        decisions = pays.Decisions(tmp_path / f"{name}.json", stopwatch=_PaysOnThisDevice())
+        monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: decisions)
+        return decisions
+
+    model = dits(VARIANT)
+    changes = {}
+    for method in ("nearest", "window"):  # each measured alone, within a budget nothing exceeds
+        store(method)
+        node = todo(comfy, model, max_change=HUGE, method=method).result[0]
+        images = {method: run(comfy, node, VARIANT)}
+        (_, decision), = session_of(node).last_report.decisions
+        assert decision.reduce and decision.source == "measured"
+        changes[method] = decision.change
+        if method == "window":
+            window_image = images[method]
+    assert changes["window"] < changes["nearest"]
+    budget = (changes["window"] + changes["nearest"]) / 2
+    store("ladder")
+    node = todo(comfy, model, max_change=budget).result[0]
+    image = run(comfy, node, VARIANT)
+    (_, nearest), (site, window) = session_of(node).last_report.decisions
+    assert nearest.over_budget and not nearest.reduce
+    assert window.reduce and site.endswith("method window instead")
+    lines = lines_of(node)
+    assert any("left alone: changes its output" in line for line in lines)
+    assert any("method window instead" in line and line.endswith("· reduced") for line in lines)
+    assert torch.equal(image, window_image)
+    assert not torch.equal(image, run(comfy, model, VARIANT))
+    # where the window is over the budget too, the kind is left alone: the unpatched image
+    store("both over")
+    tight = todo(comfy, model, max_change=TINY).result[0]
+    assert torch.equal(run(comfy, tight, VARIANT), run(comfy, model, VARIANT))
+    assert all(not d.reduce for _, d in session_of(tight).last_report.decisions)

@@ -129,12 +129,93 @@ def test_rope_families_refuse_average_pooling_sd3_allows_it():
         model(**inputs)
 
 
+@pytest.mark.parametrize("family", ["Flux", "SD3", "Wan"])  # dispatcher [B, N, heads, D]; SDPA [B, heads, N, D]; video
+def test_method_window_runs_each_grid_call_whole_through_the_core(monkeypatch, family):
+    """method window (peak_window.py): every reduced grid call, queries included, goes to
+    window_call with the plan made once per layout; reruns are bit for bit and it is not nearest.
+    At factor 1.05 every grid key is its own cell (count 1) and the window, far field and heavy
+    keys partition the keys exactly: full attention, within float rounding."""
+    from tokenreduce.diffusers import todo
+
+    model = tiny.transformer(family)
+    frames = 2 if family in VIDEO else 1
+    # 16x16: the windows (4x4 tiles, 2 tokens around) do not cover the grid. Batch 2, as under CFG.
+    inputs = tiny.transformer_inputs(family, model, batch=2, frames=frames, h=16, w=16)
+    plans, kept = [], []
+    real, real_kept = todo.window_call, todo.kept_keys
+
+    def spy(q, k, v, heads, dim, plan, *args, **kwargs):
+        plans.append(plan)
+        assert q.shape == k.shape and q.shape[dim] == plan.length  # the whole call, every query
+        return real(q, k, v, heads, dim, plan, *args, **kwargs)
+    monkeypatch.setattr(todo, "window_call", spy)
+    monkeypatch.setattr(todo, "kept_keys", lambda *args: kept.append(args) or real_kept(*args))
+    settings = {"skip_first_blocks": 0, "skip_last_blocks": 0}
+    with torch.no_grad():
+        unpatched = model(**inputs, return_dict=False)[0]
+        with apply_patch(model, "ToDo", **settings):
+            nearest = model(**inputs, return_dict=False)[0]
+        assert not plans and kept
+        reduced_calls, kept[:] = len(kept) // 2, []  # nearest: keys and values of each reduced call
+        with apply_patch(model, "ToDo", method="window", **settings) as patch:
+            windowed = model(**inputs, return_dict=False)[0]
+            calls = len(plans)
+            assert torch.equal(model(**inputs, return_dict=False)[0], windowed)
+            report = patch.report()
+        with apply_patch(model, "ToDo", method="window", factor=1.05, **settings):
+            whole = model(**inputs, return_dict=False)[0]
+    assert calls == reduced_calls and not kept  # every reduced call windowed, none nearest
+    assert len({id(plan) for plan in plans[:2 * calls]}) == len({plan.length for plan in plans})  # one a kind, kept
+    assert not torch.equal(windowed, nearest) and not torch.equal(windowed, unpatched)
+    assert (whole - unpatched).abs().max() < 1e-5
+    tokens = frames * 256
+    assert report.levels[0].tokens == {"q": (tokens, tokens), "k/v": (tokens, round(plans[0].seen * tokens))}
+    assert not report.warnings and report.skipped_calls == 0
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_a_window_call_takes_the_calls_own_scale(dim):
+    """Lumina 2's proportional attention passes a scale of its own: it goes on q, so the window
+    (here every key exact: target = grid) gives SDPA's attention with that scale."""
+    from tokenreduce.diffusers.todo import _windowed
+    from tokenreduce.peak_window import window_plan
+
+    grid, text, heads = (1, 6, 6), 5, 2
+    length = text + 36
+    plan = window_plan(length, text, grid, grid, (1.0, 1.0, 1.0), "cpu")
+    generator = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, heads, length, 8, generator=generator) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.2)
+    layout = (lambda x: x) if dim == 2 else (lambda x: x.transpose(1, 2))  # the dispatcher's [B, N, heads, D]
+    out = _windowed(layout(q), layout(k), layout(v), dim, plan, 0.2)
+    assert (layout(out) - expected).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("family", ["Chroma", "HunyuanVideo"])
+def test_method_window_keeps_nearest_on_calls_with_a_mask(monkeypatch, family):
+    """As in ComfyUI (todo_dit.py): a grid call with an attention mask of its own (Chroma's and
+    HunyuanVideo's text padding) is not windowed; its keys are kept as nearest keeps them."""
+    from tokenreduce.diffusers import todo
+
+    monkeypatch.setattr(todo, "window_call", None)  # never called
+    model = tiny.transformer(family)
+    inputs = tiny.transformer_inputs(family, model, batch=2, frames=2 if family in VIDEO else 1)
+    settings = {"skip_first_blocks": 0, "skip_last_blocks": 0}
+    with torch.no_grad():
+        with apply_patch(model, "ToDo", **settings):
+            nearest = model(**inputs, return_dict=False)[0]
+        with apply_patch(model, "ToDo", method="window", **settings) as patch:
+            windowed = model(**inputs, return_dict=False)[0]
+    assert torch.equal(windowed, nearest) and patch.report().levels
+
+
 def test_unet_todo_pools_the_normed_tokens_as_comfyui_does():
     pipe = tiny.pipeline()
     attention = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
     seen = []
     base = tiny.generate(pipe, steps=2, size=64)
-    with apply_patch(pipe, "ToDo", factor=2, method="average") as patch:
+    # always: the spy sees the pipeline's calls only, not max_change's measuring ones (on the CPU too)
+    with apply_patch(pipe, "ToDo", factor=2, method="average", reduce_when="always") as patch:
         hook = attention.register_forward_pre_hook(lambda m, a, kw: seen.append((a[0], kw["encoder_hidden_states"])),
                                                    with_kwargs=True)
         reduced = tiny.generate(pipe, steps=2, size=64)

@@ -81,7 +81,8 @@ def test_queries_only_mode_keeps_keys_and_values_full(pipes):
     pipe = pipes["SD15"]
     seen = []
     attention = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
-    with apply_patch(pipe, "ToMe", mode="queries only (ComfyUI built-in)"):
+    # always: the spy sees the pipeline's calls only, not max_change's measuring ones (on the CPU too)
+    with apply_patch(pipe, "ToMe", mode="queries only (ComfyUI built-in)", reduce_when="always"):
         # Registered after the patch's own pre-hook: sees what the processor gets.
         hook = attention.register_forward_pre_hook(
             lambda m, args, kwargs: seen.append((args[0].shape[1], kwargs.get("encoder_hidden_states"))),

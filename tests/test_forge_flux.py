@@ -281,6 +281,27 @@ def test_output_differs_within_a_bounded_error_and_reruns_bit_for_bit(forge, une
     assert 0 < error < 0.05, error  # 0.009 here
 
 
+def test_method_window_runs_on_forges_own_flux(forge, unet, monkeypatch):
+    """method window: each reduced block's call runs whole through the core's window
+    (peak_window.window_call, every query); reruns bit for bit; not nearest; at factor 1.05 (every
+    grid key its own cell: window, far field and heavy keys partition the keys) the unpatched output."""
+    from tokenreduce import todo_dit
+
+    latent = (2, 4, 32, 32)  # a 16x16 grid: the windows (4x4 tiles, 2 tokens around) do not cover it
+    windowed, real = [], todo_dit.window_call
+    monkeypatch.setattr(todo_dit, "window_call", lambda q, *args, **kwargs: windowed.append(q.shape) or
+                        real(q, *args, **kwargs))
+    baseline = sample(unet, sigmas=(1.0,), latent=latent)
+    nearest = sample(install(unet, todo(), latent)[0], sigmas=(1.0,), latent=latent)
+    assert not windowed
+    first = sample(install(unet, todo(method="window", reduce_when="always"), latent)[0], sigmas=(1.0,), latent=latent)
+    assert windowed == [(2, 2, TEXT + 256, 16)] * 3  # the three reduced blocks, each call whole
+    assert torch.equal(sample(install(unet, todo(method="window", reduce_when="always"), latent)[0], sigmas=(1.0,), latent=latent), first)
+    assert not torch.equal(first, nearest) and not torch.equal(first, baseline)
+    whole = sample(install(unet, todo(method="window", reduce_when="always", factor=1.05), latent)[0], sigmas=(1.0,), latent=latent)
+    assert (whole - baseline).abs().max() < 1e-5
+
+
 def test_the_model_and_forges_module_are_unchanged_after_the_clone(forge, monkeypatch):
     unet = make_unet(forge)
     baseline = sample(unet)

@@ -291,9 +291,9 @@ def apply_rope(q, k, pe):
     return q + pe[:, :, :, :1, 0, 0], k - pe[:, :, :, :1, 0, 0]
 
 
-def attention_function(q, k, v, heads, skip_reshape=False):
+def attention_function(q, k, v, heads, mask=None, skip_reshape=False):
     seen.append((q.shape[2], k.shape[2]))
-    out = torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+    out = torch.softmax(q @ k.transpose(-1, -2) + (0 if mask is None else mask), -1) @ v
     return out.transpose(1, 2).flatten(2)
 
 
@@ -371,3 +371,34 @@ def test_tome_and_todo_stack_on_forges_flux_in_either_order():
     assert not torch.equal(both, only_todo) and not torch.equal(both, only_tome) and not torch.equal(both, unpatched)
     assert not any("forward" in m.__dict__ for m in model.modules())
     assert "k/v in merged blocks" in methods[0].run.report("ToDo", 0.0, 1.0, 0.0, True, None).levels[0].tokens
+
+
+def test_todo_window_on_forges_flux_runs_each_grid_call_whole_through_the_core(monkeypatch):
+    """method window on Forge's Flux: the core's override (todo_dit.py) runs each reduced block's
+    call whole through peak_window.window_call (every query; rope applied before), the text
+    queries through Forge's attention function with the far field's log counts as the mask;
+    reruns bit for bit; not nearest."""
+    from tokenreduce import todo_dit
+    from tokenreduce.peak_window import window_plan
+
+    torch.manual_seed(0)
+    model = ToyAttentionFlux()
+    # A 12x12 grid (the windows, 4x4 tiles and 2 tokens around, do not cover it); batch 2.
+    x, context = torch.randn(2, 4, 24, 24), torch.randn(2, 6, 8)
+    windowed, real = [], todo_dit.window_call
+    monkeypatch.setattr(todo_dit, "window_call", lambda q, *args, **kwargs: windowed.append(q.shape) or
+                        real(q, *args, **kwargs))
+    with torch.no_grad():
+        (nearest,), _, _ = _forge_run(model, {"ToDo": {"reduce_when": "always"}}, x, context)
+        model.seen.clear()
+        (first, again), (method,), _ = _forge_run(model, {"ToDo": {"method": "window", "reduce_when": "always"}}, x,
+                                                  context, seeds=(0.7, 0.7))
+    n, text = 144, 6
+    assert windowed == [(2, 2, text + n, 4)] * 6  # blocks 1..3, twice: the whole call
+    # Forge's attention: the blocks left whole, and the text queries of the windowed ones over
+    # the text, the 6x6 far field and the 16 heavy keys.
+    assert model.seen == ([(text + n, text + n)] + [(text, text + 36 + 16)] * 3 + [(text + n, text + n)]) * 2
+    assert torch.equal(first, again) and torch.isfinite(first).all() and not torch.equal(first, nearest)
+    seen = window_plan(text + n, text, (1, 12, 12), (1, 6, 6), (1.0, 2.0, 2.0), "cpu").seen
+    tokens = method.run.report("ToDo", 0.0, 1.0, 0.0, True, None).levels[0].tokens
+    assert tokens == {"q": (n, n), "k/v": (n, round(seen * n))}

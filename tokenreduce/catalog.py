@@ -69,7 +69,8 @@ COMPARE_NODE = ToolText(
     "TokenReduceImageCompare", "Image Compare (TokenReduce)",
     "What a reduction cost your image: compares two image batches image by image (the same seed with and "
     "without a TokenReduce node, say) and reports PSNR, SSIM and, where its weights are installed, LPIPS per "
-    "image and their mean, with a heat map of where they differ.",
+    "image and for the batch (SSIM and LPIPS their mean; PSNR that of the mean squared error, so one "
+    "identical pair does not make it infinite), with a heat map of where they differ.",
     (Output("image_a", "The reference images, e.g. decoded from the sampler without TokenReduce. Matched to "
                        "image_b by index; one image is compared with each of image_b's."),
      Output("image_b", "The images to compare with image_a, e.g. from the same seed with a TokenReduce node. The "
@@ -79,7 +80,7 @@ COMPARE_NODE = ToolText(
     (Output("difference", "A heat map per image pair, black where the two agree, through red and yellow to white "
                           "where they differ by 1/gain or more. Connect a Preview Image."),
      Output("report", "PSNR (dB, higher: closer), SSIM (1: same structure) and LPIPS (0: perceptually the same) "
-                      "per image and their mean, as text.")),
+                      "per image and for the batch (PSNR of the mean squared error, SSIM and LPIPS their mean), as text.")),
 )
 
 TOOLS = (COMPARE_NODE,)

@@ -231,7 +231,7 @@ TODO = Method("ToDo", (
                   "settings mean the same on both."),
     Input("method", CHOICE, "nearest", options=(*DOWNSAMPLE_METHODS, WINDOW), advanced=True,
           tooltip="How keys/values are pooled on the grid: nearest (strided subsampling, fastest), average (mean "
-                  "of each cell), bilinear or bicubic (antialiased interpolation). window (DiTs in ComfyUI): "
+                  "of each cell), bilinear or bicubic (antialiased interpolation). window (DiTs): "
                   "each tile of queries also sees its neighbourhood exactly and the 16 keys with the most "
                   "attention, the strided keys weighted by the tokens each stands for; much closer to the "
                   "unpatched picture on trained models, but slower: on one CPU thread about 1.5x nearest's "
@@ -300,13 +300,11 @@ def tome_select(layout, level):
     return sites
 
 
-def dit_method_problem(label: str, family, method: str, window: bool = False) -> str | None:
+def dit_method_problem(label: str, family, method: str) -> str | None:
     """Why ToDo's ``method`` cannot reduce this DiT ``family`` (None: it can); every host says this.
-    ``window``: the host runs ToDo's DiT attention through the core's override, which the window
-    method needs (ComfyUI); the others refuse it by name."""
+    window runs on every DiT family and host (its keys keep their positions, as nearest's)."""
     if method == WINDOW:
-        return None if window else (f"{label}: method window runs on DiTs in ComfyUI only so far; use nearest "
-                                    "here.")
+        return None
     allowed = DIT_METHODS_WITH_ROPE if family.rope else DIT_METHODS
     if method in allowed:
         return None

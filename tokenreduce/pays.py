@@ -410,7 +410,8 @@ class Decisions:
         return json.dumps([name, VERSION, *self.environment, *kind], separators=(",", ":"))
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str = "",
-               fresh: bool = False, change: bool = False, model: str | Callable[[], str] | None = None) -> Decision:
+               fresh: bool = False, change: bool = False, model: str | Callable[[], str] | None = None,
+               time_cpu: bool = False) -> Decision:
         """Whether to reduce calls of ``kind`` on ``device``: kept, or measured now with the work
         ``work()`` builds (only built when measuring). ``fresh``: measure even if kept. ``change``:
         the decision must hold the change reducing makes (a quality budget applies): an entry kept
@@ -421,8 +422,10 @@ class Decisions:
         kind's one shared change (callers that cannot name the weights). A kind whose measuring failed is not
         measured again in this process (a failure is not worth a try per run, and a try may cost a
         model call): its FAILED decision, reducing as set, is handed out again with its reason for
-        each run to say; ``fresh`` or removing the file tries anew."""
-        timed = self.measures(device)
+        each run to say; ``fresh`` or removing the file tries anew. ``time_cpu``: time this kind on
+        a CPU too, for a reduction that can cost more than it saves there (ToDo's window on a small
+        grid: more work than full attention)."""
+        timed = self.measures(device) or time_cpu
         if not timed and not change:
             return Decision(True, None, None, CPU)
         key = self.key(device, kind)
@@ -655,13 +658,13 @@ class AutoRule:
         return self
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str,
-               model: str | Callable[[], str] | None = None) -> Decision:
-        """``model``: the fingerprint of the measured unit's weights (see ``Decisions.decide``)."""
+               model: str | Callable[[], str] | None = None, time_cpu: bool = False) -> Decision:
+        """``model``, ``time_cpu``: see ``Decisions.decide``."""
         fresh = False
         if self.remeasure:
             with self._lock:
                 fresh = (device, kind) not in self._remeasured
                 self._remeasured.add((device, kind))
         decision = self.decisions.decide(device, kind, work, site, fresh=fresh, change=self.max_change > 0,
-                                         model=model)
+                                         model=model, time_cpu=time_cpu)
         return within_budget(decision, self.max_change)

@@ -413,21 +413,30 @@ class CallPatch:
     def pays(self, run: RunState, device: torch.device, kind: tuple,
              describe: Callable[[], tuple[str, Callable[[], Work]]], model: Callable[[], str] | None = None) -> bool:
         """Whether to reduce this kind of call in this run: always without an auto rule, else the
-        rule's decision, the same for the whole run and said in its report. ``describe()`` gives
-        the site's name and the builder of the work that times it; asked only the first time the
-        run meets the kind (the rest of the run's calls pay a lookup). ``model()``: the fingerprint
-        of the weights the measured unit runs with (``weights_of``), under which the quality
-        budget's change is kept; read then too, and only where a budget applies."""
+        rule's decision (``decision``)."""
+        decision = self.decision(run, device, kind, describe, model)
+        return decision is None or decision.reduce
+
+    def decision(self, run: RunState, device: torch.device, kind: tuple,
+                 describe: Callable[[], tuple[str, Callable[[], Work]]], model: Callable[[], str] | None = None,
+                 time_cpu: bool = False) -> Decision | None:
+        """The auto rule's decision for this kind of call in this run (None: no rule, reduce), the
+        same for the whole run and said in its report. ``describe()`` gives the site's name and the
+        builder of the work that times it; asked only the first time the run meets the kind (the
+        rest of the run's calls pay a lookup). ``model()``: the fingerprint of the weights the
+        measured unit runs with (``weights_of``), under which the quality budget's change is kept;
+        read then too, and only where a budget applies. ``time_cpu``: timed on a CPU too (a
+        reduction that can be slower than none there; see ``pays.Decisions.decide``)."""
         if self.rule is None:
-            return True
+            return None
         key = ("auto", device, kind)
         decision = run.cache.get(key)
         if decision is None:
             site, work = describe()
-            decision = run.cache[key] = self.rule.decide(device, kind, work, site, model=model)
+            decision = run.cache[key] = self.rule.decide(device, kind, work, site, model=model, time_cpu=time_cpu)
             if decision.source != CPU:
                 run.decided(site, device, decision, self.rule.decisions.where)
-        return decision.reduce
+        return decision
 
     def call_context(self, options: dict) -> dict | None:
         """This call's context, or None when the model is called outside a sampling run (then

@@ -33,7 +33,7 @@ from .describe import grid_text
 from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
 from .measure import backend_of, compute_dtype, dit_attention_work, dit_block_fingerprint, on_copies
-from .pays import AutoRule
+from .pays import CPU, AutoRule, Decision
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 from .tome_dit import NotReached, captured_blocks, take
@@ -80,6 +80,26 @@ def keep_plans(tokens: TokenLayout, factor: float, temporal_factor: float, devic
     factors = (temporal_factor, factor, factor)
     return {(kind, spec[0]): _keep_plan(spec[0], spec[1], tokens.grid, target, factors, device)
             for kind, spec in (("joint", tokens.joint), ("image", tokens.image)) if spec is not None}
+
+
+def window_plans(plans: dict, factor: float, temporal_factor: float, device) -> dict:
+    """Method window: (call kind, key length) -> peak_window.WindowPlan over the same grid and far
+    field as ``plans`` (``keep_plans``); every host builds them once per layout with this."""
+    return {key: window_plan(key[1], keep.start, keep.grid, keep.target, (temporal_factor, factor, factor), device)
+            for key, keep in plans.items()}
+
+
+def reduced_tokens(keep: KeepPlan, window: WindowPlan | None = None) -> dict:
+    """What a reduced grid call's queries see, as every host's report states it: every query,
+    and the kept keys (or, with ``window``, the mean share of the grid's keys a query sees)."""
+    keys = keep.kept if window is None else round(window.seen * keep.tokens)
+    return {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, keys)}
+
+
+def window_runs(mask, queries: int, length: int) -> bool:
+    """Whether a grid call of ``length`` keys runs windowed (``peak_window.window_call``, the whole
+    call): only without a mask of its own and with every query (else its keys are kept as nearest)."""
+    return mask is None and queries == length
 
 
 def kept_keys(x: torch.Tensor, dim: int, keep: KeepPlan, method: str) -> torch.Tensor:
@@ -152,16 +172,23 @@ class ToDoDiTPatch(CallPatch):
                           f"does not know (reference streams it cannot place); those calls were left alone.")
             return
         plans = self._keep_plans(run, tokens, call.x.device)
-        left = frozenset(kind for kind, length in plans
-                         if not self._pays(run, call, tokens, kind, length, plans, installed, after, (plan, first_slot)))
+        left, windowed = set(), set()
+        for kind, length in plans:
+            method = self._method(run, call, tokens, kind, length, plans, installed, after, (plan, first_slot))
+            if method is None:
+                left.add(kind)
+            elif method == WINDOW:
+                windowed.add((kind, length))
         if len(left) == len({kind for kind, _ in plans}):
             context["active"] = False  # nothing of this call pays: the override passes every call through
             return
         context["plan"] = plan
         context["keep"] = plans
-        if self.method == WINDOW:
-            context["windows"] = self._window_plans(run, tokens, plans, call.x.device)
-        context["left"] = left
+        if windowed:
+            windows = self._window_plans(run, tokens, plans, call.x.device)
+            context["windows"] = windows if len(windowed) == len(windows) else \
+                {key: window for key, window in windows.items() if key in windowed}
+        context["left"] = frozenset(left)
         context["calls"] = 0
 
     def _call_plan(self, run: RunState, call: ModelCall) -> tuple[tuple | str, dict]:
@@ -219,32 +246,51 @@ class ToDoDiTPatch(CallPatch):
                 self._fronts.popitem(last=False)
             return front
 
-    def _pays(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
-              installed: Callable, after: Callable | None, planned: tuple) -> bool:
-        """reduce_when auto for one kind of grid call (joint or image-only) of this layout, timed
-        through ``installed`` (our override, as this call runs it), which calls ``after``."""
+    def _method(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
+                installed: Callable, after: Callable | None, planned: tuple) -> str | None:
+        """How calls of one kind (joint or image-only) of this layout are reduced in this run: the
+        node's method, or None (left alone) by reduce_when auto. The quality budget's milder step:
+        where nearest changes the block's output by more than ``max_change``, the window (which
+        keeps each query's peak: issue #50) is measured in its place and runs where it is within
+        the budget and pays; the report names both."""
+        decision = self._decision(run, call, tokens, kind, length, plans, installed, after, planned, self.method)
+        if decision is None or decision.reduce:
+            return self.method
+        if self.method != "nearest" or not decision.over_budget:
+            return None
+        milder = self._decision(run, call, tokens, kind, length, plans, installed, after, planned, WINDOW)
+        return WINDOW if milder.reduce else None
+
+    def _decision(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
+                  installed: Callable, after: Callable | None, planned: tuple, method: str):
+        """reduce_when auto's decision (None: no rule) for one kind of grid call of this layout
+        reduced by ``method``, timed through ``installed`` (our override, as this call runs it),
+        which calls ``after``. The window is timed on a CPU too: on a small grid it is more work
+        than full attention (the Flux fixture's 32x32: docs/benchmarks.md)."""
         if self.rule is None:
-            return True
+            return None
         plan, first_slot = planned
         slot = first_slot.get(kind)
         if slot is None:
-            return False  # no reduced block makes calls of this kind
+            return Decision(False, None, None, CPU)  # no reduced block makes calls of this kind
         geometry = self._geometry.get(kind)
         if geometry is None:
             geometry = self._geometry[kind] = geometry_of(self.family, self.model, kind)
         signature = ("dit", self.family.name, kind, length, plans[(kind, length)].kept, *geometry,
-                     str(compute_dtype(call)), backend_of(call, after), self.method)
+                     str(compute_dtype(call)), backend_of(call, after), method)
+        instead = "" if method == self.method else f", method {method} instead"
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]  # an image: no frames to name
-            windows = {"windows": self._window_plans(run, tokens, plans, call.x.device)} if self.method == WINDOW else {}
+            windows = {"windows": self._window_plans(run, tokens, plans, call.x.device)} if method == WINDOW else {}
             context = call_context(True, plan=plan, keep=plans, left=frozenset(), calls=slot, **windows)
-            return (f"{grid_text(grid)} grid, {kind} attention ({length} keys)",
+            return (f"{grid_text(grid)} grid, {kind} attention ({length} keys){instead}",
                     dit_attention_work(call.attention, geometry, length, call, installed, self.context_key,
                                        context, slot, lambda: self._own_block(call, plan, slot, context, installed)))
 
-        return self.pays(run, call.x.device, signature, describe,
-                         lambda: dit_block_fingerprint(call, self.model, self.family.blocks, plan[slot].block))
+        return self.decision(run, call.x.device, signature, describe,
+                             lambda: dit_block_fingerprint(call, self.model, self.family.blocks, plan[slot].block),
+                             time_cpu=method == WINDOW)
 
     def _own_block(self, call: ModelCall, plan: tuple, slot: int, reducing: dict,
                    installed: Callable) -> tuple[Callable, Callable] | None:
@@ -291,10 +337,7 @@ class ToDoDiTPatch(CallPatch):
         cache_key = ("todo dit window", tokens, device)
         found = run.cache.get(cache_key)
         if found is None:
-            found = run.cache[cache_key] = {
-                key: window_plan(key[1], keep.start, keep.grid, keep.target,
-                                 (self.temporal_factor, self.factor, self.factor), device)
-                for key, keep in plans.items()}
+            found = run.cache[cache_key] = window_plans(plans, self.factor, self.temporal_factor, device)
         return found
 
     # --- in the model call ----------------------------------------------------------------
@@ -341,10 +384,9 @@ class ToDoDiTPatch(CallPatch):
             note_skipped(call)
             return args, kwargs
         window = call.get("windows", {}).get((slot.kind, length))
-        if window is not None and mask is None and q.shape[dim] == length:
+        if window is not None and window_runs(mask, q.shape[dim], length):
             call["window"] = (window, dim)  # run by _run_before: the whole call, not only its keys
-            note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
-                         lambda: {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, round(window.seen * keep.tokens))})
+            note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1, lambda: reduced_tokens(keep, window))
             return args, kwargs
         args = (q, kept_keys(k, dim, keep, self.select), kept_keys(v, dim, keep, self.select), *args[3:])
         if mask is not None and mask.shape[-1] == length:
@@ -353,8 +395,7 @@ class ToDoDiTPatch(CallPatch):
                 args = (*args[:4], mask, *args[5:])
             else:
                 kwargs = {**kwargs, "mask": mask}
-        note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1,
-                     lambda: {"q": (keep.tokens, keep.tokens), "k/v": (keep.tokens, keep.kept)})
+        note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1, lambda: reduced_tokens(keep))
         return args, kwargs
 
     def _windowed(self, window: tuple[WindowPlan, int], after, func, args: tuple, kwargs: dict) -> torch.Tensor:

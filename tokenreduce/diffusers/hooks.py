@@ -136,22 +136,37 @@ class Switch:
         self.session = session
         self.forced: bool | None = None
 
-    def work(self, call: Callable[[], object], context: Callable[[], dict] = lambda: call_context(True)) -> Work:
-        """The two sides of one module call for the auto rule (``context()``: the timing context)."""
-        def side(reduce: bool) -> Callable[[], None]:
-            def run():
+    def work(self, call: Callable[[], object], context: Callable[[], dict] = lambda: call_context(True),
+             unit: Callable[[], object] | None = None) -> Work:
+        """The two sides of one module call for the auto rule (``context()``: the timing context).
+        ``unit``: the block whose output the quality budget compares, run on the input the model
+        handed it in this call (``on_copies``), unreduced and reduced (``pays.Work.compare``).
+        None: no change is read (one attention call on random tensors, no residual: it changes
+        as much on random weights as on trained ones); the budget is then not applied (said)."""
+        def side(reduce: bool, run: Callable[[], object]) -> Callable[[], object]:
+            def forced():
                 self.forced = reduce
                 saved, self.session.context = self.session.context, context()
                 try:
                     with torch.no_grad():
-                        call()
+                        return run()
                 finally:
                     self.forced = None
                     self.session.context = saved
-            return run
-        # max_change: no change is read from these (one attention module's output, no residual:
-        # it changes as much on random weights as on trained ones); the budget is not applied here.
-        return pair(side(False), side(True))._replace(compare=lambda: None)
+            return forced
+        compare = (lambda: (side(False, unit), side(True, unit))) if unit is not None else (lambda: None)
+        return pair(side(False, call), side(True, call))._replace(compare=compare)
+
+
+def on_copies(module: torch.nn.Module, args: tuple, kwargs: dict) -> Callable[[], object]:
+    """``module``'s call on what the model handed it, each run on fresh copies: its tensors cloned
+    (both sides compared start from the same input, whatever a block adds to it in place) and its
+    lists and dicts copied (what it may consume stays for the real call)."""
+    def run():
+        again, named = copied_containers((args, kwargs))
+        fresh = lambda value: value.clone() if torch.is_tensor(value) else value  # noqa: E731
+        return module(*map(fresh, again), **{name: fresh(value) for name, value in named.items()})
+    return run
 
 
 def attention_backend(processor) -> str:

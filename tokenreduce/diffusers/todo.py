@@ -17,7 +17,10 @@ the original's code run with those two names bound to ours: the processor's own 
 signature, nothing copied, and the module's other processors untouched. Ours index the keys
 (nearest: strided, each kept key with its own rotated position) or pool them (average) on the
 grid part of the sequence the call's layout predicts, and pass everything else as it is; then
-the original is called. The per-call layout is computed by the transformer's pre-hook, outside
+the original is called. With method window they run the whole call (queries too) through the
+core's ``peak_window.window_call`` instead, as ComfyUI's override does (``todo_dit.py``), and
+keep nearest's keys where it cannot run (a mask of the call's own).
+The per-call layout is computed by the transformer's pre-hook, outside
 the blocks (which a regional ``compile_repeated_blocks`` compiles) and kept while it does not
 change, so a compiled block sees the same objects every step.
 """
@@ -34,14 +37,16 @@ import torch.nn.functional as F
 from ..describe import grid_text, level_text
 from ..downsample import downsample_tokens
 from ..grid import grid_at
+from ..peak_window import HEAVY_KEYS, WINDOW, sdpa, window_call
 from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
-from ..todo_dit import keep_plans, kept_keys
-from .hooks import Hooks, Switch, UNetCalls, attention_backend, weights_fingerprint
+from ..todo_dit import keep_plans, kept_keys, reduced_tokens, window_plans, window_runs
+from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, weights_fingerprint
 from .models import self_attention
 from .session import Session
 
 DISPATCH = "dispatch_attention_fn"
+EXTRAS = ("dropout_p", "is_causal", "scale")  # after the mask, by position or name: SDPA's and the dispatcher's order
 
 
 class UNetToDo(UNetCalls, CallPatch):
@@ -55,8 +60,9 @@ class UNetToDo(UNetCalls, CallPatch):
         self.sites = sites
         self.session = session
         self.switch = Switch(session)
+        self.block_input = None  # max_change: (block, args, kwargs) of the site's block call running now
 
-    def attn1(self, level: int):
+    def attn1(self, block: torch.nn.Module, level: int):
         factor = self.factors[level]
 
         def before(module, args, kwargs):
@@ -69,27 +75,49 @@ class UNetToDo(UNetCalls, CallPatch):
             if tokens != h * w or x.ndim not in (3, 4):
                 note_skipped(context)  # tokens that are not the block's grid (another patch reshaped them)
                 return None
-            if not self._reduces(context, module, level, (h, w), x, args, kwargs):
+            if not self._reduces(context, block, module, level, (h, w), x, args, kwargs):
                 return None
             keys = downsample_tokens(x if x.ndim == 3 else normed_tokens(module, x, kwargs), h, w, factor, self.method)
             note_reduced(context, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, keys.shape[1])})
             return args, {**kwargs, "encoder_hidden_states": keys}
         return before
 
-    def _reduces(self, context: dict, module, level: int, grid, x, args, kwargs) -> bool:
+    def _reduces(self, context: dict, block, module, level: int, grid, x, args, kwargs) -> bool:
+        """reduce_when auto: the self-attention call timed with full and pooled keys; max_change:
+        the change of the whole block (its residuals, norms, cross-attention and MLP too) on the
+        input the model handed it in this call, kept by ``keep_block_input``."""
         if self.switch.forced is not None:
             return self.switch.forced
         if self.rule is None:
             return True
         kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method,
                 attention_backend(module.processor))
-        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, lambda: (
-            level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs))),
-            lambda: weights_fingerprint(module)))
+
+        def describe():
+            held = self.block_input
+            unit = on_copies(*held) if held is not None and held[0] is block else None
+            return level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs), unit=unit)
+        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe,
+                                                     lambda: weights_fingerprint(block)))
+
+    def keep_block_input(self, module, args, kwargs):
+        """Pre-hook of a site's block (before its self-attention's): what the model hands it,
+        held while it runs for the quality budget's measurement (not while we measure)."""
+        if self.switch.forced is None:
+            self.block_input = (module, args, kwargs)
+
+    def drop_block_input(self, module, args, kwargs, output):
+        if self.switch.forced is None:
+            self.block_input = None  # no activation held past its block
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
+        budget = self.rule is not None and self.rule.max_change > 0
         for site in self.sites:
-            hooks.pre(self_attention(model.get_submodule(site.path)), self.attn1(site.level))
+            block = model.get_submodule(site.path)
+            if budget:  # registered first: for a plain attention the block is its own self-attention
+                hooks.pre(block, self.keep_block_input)
+                hooks.post(block, self.drop_block_input)
+            hooks.pre(self_attention(block), self.attn1(block, site.level))
 
 
 def normed_tokens(attention: torch.nn.Module, feature_map: torch.Tensor, kwargs: dict) -> torch.Tensor:
@@ -115,11 +143,13 @@ class DiTToDo(CallPatch):
         self.factor = factor
         self.temporal_factor = temporal_factor if family.video else 1.0
         self.method = method
+        self.select = "nearest" if method == WINDOW else method  # how kept_keys reduces where the window does not run
         self.sites = sites
         self.session = session
         self.switch = Switch(session)
         self.active = False  # read in the blocks: set per model call
         self.plans: dict = {}  # key length -> KeepPlan of the current layout (the same dict while it holds)
+        self.windows: dict = {}  # method window: key length -> peak_window.WindowPlan of the current layout
         self._layout: tuple | None = None  # (TokenLayout, device) the plans are for
         self._classes: dict = {}  # processor class -> our subclass
         self._dispatchers: dict = {}  # processor class -> the dispatch_attention_fn it calls
@@ -145,13 +175,16 @@ class DiTToDo(CallPatch):
         if (layout, hidden.device) != self._layout:  # a new size, or the model moved (offloading)
             plans = keep_plans(layout, self.factor, self.temporal_factor, hidden.device)
             self._layout, self.plans = (layout, hidden.device), {length: plan for (_, length), plan in plans.items()}
+            if self.method == WINDOW:
+                self.windows = {length: window for (_, length), window in
+                                window_plans(plans, self.factor, self.temporal_factor, hidden.device).items()}
         self.active = bool(self.plans) and self._pays(hidden)
         if not self.active:
             return
         if self._compiled():  # compiled blocks run no Python to note what they did: the plan says it
-            plan = next(iter(self.plans.values()))
+            length, plan = next(iter(self.plans.items()))
             note_reduced(context, plan.grid if plan.grid[0] > 1 else plan.grid[1:], 1,
-                         lambda: {"q": (plan.tokens, plan.tokens), "k/v": (plan.tokens, plan.kept)})
+                         lambda: reduced_tokens(plan, self.windows.get(length)))
         else:  # the calls note what they reduce; a call that reaches none is counted (close_call)
             context["expects"] = True
 
@@ -222,11 +255,12 @@ class DiTToDo(CallPatch):
         return self.pays(self.session.run, hidden.device, kind, describe, lambda: weights_fingerprint(attention))
 
     # --- in the attention call --------------------------------------------------------------
-    def _reduced(self, q, k, v, mask, dim: int):
-        """q, k, v and the mask of a grid call with the keys/values reduced, or as they came."""
+    def _reduced(self, q, k, v, mask, dim: int, extras: dict):
+        """k, v and the mask of a grid call with the keys/values reduced, or as they came; and the
+        call's WindowPlan where it runs whole as method window (then k, v and mask as they came)."""
         active = self.active if self.switch.forced is None else self.switch.forced
         if not active:
-            return k, v, mask
+            return k, v, mask, None
         length = k.shape[dim]
         plan = self.plans.get(length)
         eager = not torch.compiler.is_compiling()
@@ -234,23 +268,36 @@ class DiTToDo(CallPatch):
                 (mask is not None and mask.shape[-1] not in (1, length)):
             if eager and self.session.context is not None:
                 note_skipped(self.session.context)  # not the predicted layout: left alone
-            return k, v, mask
-        if mask is not None and mask.shape[-1] == length:
-            mask = mask.index_select(-1, plan.index)
+            return k, v, mask, None
+        window = self.windows.get(length)
+        # As ComfyUI's (todo_dit.py), and only where the call's heads and extras are what the window computes.
+        if window is not None and not (window_runs(mask, q.shape[dim], length) and q.shape == k.shape == v.shape
+                                       and not extras.get("dropout_p") and not extras.get("is_causal")):
+            window = None
         if eager and self.session.context is not None:  # what this call reduced (compiled: noted before the call)
             note_reduced(self.session.context, plan.grid if plan.grid[0] > 1 else plan.grid[1:], 1,
-                         lambda: {"q": (plan.tokens, plan.tokens), "k/v": (plan.tokens, plan.kept)})
-        return kept_keys(k, dim, plan, self.method), kept_keys(v, dim, plan, self.method), mask
+                         lambda: reduced_tokens(plan, window))
+        if window is not None:
+            return k, v, mask, window
+        if mask is not None and mask.shape[-1] == length:
+            mask = mask.index_select(-1, plan.index)
+        return kept_keys(k, dim, plan, self.select), kept_keys(v, dim, plan, self.select), mask, None
 
     def _dispatch(self, original):
         def dispatch_attention_fn(query, key, value, attn_mask=None, *args, **kwargs):  # [B, N, heads, D]
-            key, value, attn_mask = self._reduced(query, key, value, attn_mask, 1)
-            return original(query, key, value, attn_mask, *args, **kwargs)
+            extras = {**dict(zip(EXTRAS, args)), **kwargs}
+            k, v, mask, window = self._reduced(query, key, value, attn_mask, 1, extras)
+            if window is not None:
+                return _windowed(query, key, value, 1, window, extras.get("scale"))
+            return original(query, k, v, mask, *args, **kwargs)
         return dispatch_attention_fn
 
     def _sdpa(self, query, key, value, attn_mask=None, *args, **kwargs):  # [B, heads, N, D]
-        key, value, attn_mask = self._reduced(query, key, value, attn_mask, 2)
-        return F.scaled_dot_product_attention(query, key, value, attn_mask, *args, **kwargs)
+        extras = {**dict(zip(EXTRAS, args)), **kwargs}
+        k, v, mask, window = self._reduced(query, key, value, attn_mask, 2, extras)
+        if window is not None:
+            return _windowed(query, key, value, 2, window, extras.get("scale"))
+        return F.scaled_dot_product_attention(query, k, v, mask, *args, **kwargs)
 
     # --- installing ---------------------------------------------------------------------------
     def _reducing_class(self, cls: type) -> type:
@@ -306,3 +353,17 @@ class DiTToDo(CallPatch):
         self._swapped.clear()
         self._blocks.clear()
         self.state.clear()
+
+
+def _windowed(q, k, v, dim: int, window, scale: float | None) -> torch.Tensor:
+    """A grid call (tokens at ``dim``: 1, diffusers' dispatcher's [B, N, heads, D]; 2, SDPA's
+    [B, heads, N, D]) run whole by ``peak_window.window_call``, returned in the layout it came in.
+    Its queries around the grid (text) go to torch's SDPA with the far field's log counts as the
+    mask, not to the processor's backend: some of the dispatcher's backends (flash, sage) drop an
+    ``attn_mask``. A scale of the call's own (Lumina 2's proportional attention) goes on q, as the
+    window computes with the default one."""
+    dim_scale = q.shape[-1] ** -0.5
+    if scale is not None and scale != dim_scale:
+        q = q * (scale / dim_scale)
+    out = window_call(q, k, v, q.shape[3 - dim], dim, window, sdpa, HEAVY_KEYS, heads_out=True)  # [B, heads, N, D]
+    return out if dim == 2 else out.transpose(1, 2)

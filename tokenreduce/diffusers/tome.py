@@ -32,7 +32,7 @@ from ..describe import level_text
 from ..grid import grid_at
 from ..run import note_reduced, note_skipped
 from ..tome_patch import ToMePatch
-from .hooks import Hooks, Switch, UNetCalls, attention_backend, unet_sample, weights_fingerprint
+from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, unet_sample, weights_fingerprint
 from .models import self_attention
 from .session import Session
 
@@ -108,8 +108,11 @@ class DiffusersToMe(UNetCalls, ToMePatch):
                 attention_backend(self_attention(module).processor))
 
         def describe():  # timed in a context of its own (the core's), as the ComfyUI path times
+            # max_change: the block's change on the input the model hands it now (this pre-hook's),
+            # before the block runs: a block over budget is left alone from this call on
             return level_text(level, grid), lambda: self.switch.work(
-                lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device))
+                lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device),
+                unit=on_copies(module, args, kwargs))
         return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe,
                                                      lambda: weights_fingerprint(module)))
 

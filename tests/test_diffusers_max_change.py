@@ -1,0 +1,150 @@
+"""The quality budget (``max_change``, issue #51) on diffusers UNets: before a level is reduced,
+its first block is run on the input the model hands it in that call, unreduced and reduced; a
+level whose block output changes by more than the budget is left alone, and the report says so
+in the other hosts' words. The measurement leaves no trace: the call that measured returns what
+the next call (the decision kept) returns, T2I-Adapter residuals included. Tiny random-weight
+UNets built from configs; decisions kept in a file of the test's own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+diffusers = pytest.importorskip("diffusers")
+
+from tokenreduce import pays  # noqa: E402
+from tokenreduce.diffusers import api, apply_patch, tiny  # noqa: E402
+
+METHODS = {"ToDo": {}, "ToMe": {"use_rand": False}}  # ToMe's timed block merges with top-left targets
+
+
+@pytest.fixture
+def store(monkeypatch, tmp_path):
+    """The auto rule's decisions in a file of this test's (the CPU untimed: the budget alone decides)."""
+    decisions = pays.Decisions(tmp_path / "auto_decisions.json")
+    monkeypatch.setattr(api, "decisions_at", lambda path: decisions)
+    return decisions
+
+
+def unet_and_call(size: int = 32, adapter: bool = False):
+    """A tiny SD UNet and a call of it (batch 2, as CFG), with a T2I-Adapter's residuals: a fresh
+    list per call, as diffusers' adapter pipelines hand it (the UNet pops from it)."""
+    model = tiny.unet(size=size)
+    g = torch.Generator().manual_seed(3)
+    sample = torch.randn(2, 4, size, size, generator=g)
+    text = torch.randn(2, 8, tiny.TEXT_DIM, generator=g)
+    residuals = [torch.randn(2, 32, size, size, generator=g), torch.randn(2, 64, size // 2, size // 2, generator=g)]
+
+    def call(handed: list | None = None):  # handed: the list the call was given, as the call left it
+        extra = {"down_intrablock_additional_residuals": list(residuals)} if adapter else {}
+        if handed is not None:
+            handed.append(extra["down_intrablock_additional_residuals"])
+        with torch.no_grad():
+            return model(sample, 500, encoder_hidden_states=text, **extra).sample
+    return model, call
+
+
+def unet2d_and_call():
+    """A tiny UNet2DModel (DDPM): plain self-attentions, each its own site's block."""
+    model = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                                  block_out_channels=(16, 32), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                  up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8,
+                                  attention_head_dim=8)
+    tiny._random_weights(model, 0)
+    sample = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+    def call():
+        with torch.no_grad():
+            return model(sample, 500).sample
+    return model, call
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("build", [unet_and_call, unet2d_and_call], ids=["UNet2DCondition", "UNet2D"])
+def test_over_budget_the_unet_is_left_alone_and_the_report_says_why(store, method, build):
+    """Fails before issue #51's diffusers budget: there both methods reduced at any budget and
+    the report said nothing of it."""
+    model, call = build()
+    unpatched = call()
+    with apply_patch(model, method, reduce_when="auto", max_change=1e-6, **METHODS[method]) as patch:
+        out = call()
+        report = patch.report()
+        lines = patch.report_lines()
+    assert torch.equal(out, unpatched)
+    assert not report.levels and report.active_steps == ()
+    assert report.decisions and all(d.decision.over_budget and not d.decision.reduce for d in report.decisions)
+    assert any(line.startswith("auto · downsample ") and "· left alone: changes its output " in line
+               and line.endswith(" > 0.0001 %") for line in lines), lines
+    assert any("reducing changed the output of some by more than max_change" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("build", [unet_and_call, unet2d_and_call], ids=["UNet2DCondition", "UNet2D"])
+def test_within_budget_the_unet_is_reduced(store, method, build):
+    model, call = build()
+    unpatched = call()
+    with apply_patch(model, method, reduce_when="auto", max_change=2.0, **METHODS[method]) as patch:
+        out = call()
+        report = patch.report()
+    assert report.levels and report.active_steps == (1,)
+    assert report.decisions and all(d.decision.reduce and 0 < d.decision.change <= 2.0 for d in report.decisions)
+    assert not torch.equal(out, unpatched)
+    assert store.measurements == len(report.decisions)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_change_is_the_first_blocks_output_on_the_calls_own_input(store, method):
+    """The budget reads the whole block (residuals, norms, cross-attention, MLP), run on what the
+    model handed it: the same change as that block's output in an unpatched call against a
+    reducing one (the first reduced block sees the same input in both)."""
+    model, call = unet_and_call()
+    outputs = []
+
+    def keep(module, args, kwargs, output):
+        outputs.append(output.clone())
+
+    with apply_patch(model, method, reduce_when="always", **METHODS[method]) as patch:
+        block = model.get_submodule(patch.patches[0].target.sites[0].path)
+        hook = block.register_forward_hook(keep, with_kwargs=True)
+        call()
+    call()  # unpatched
+    hook.remove()
+    reduced, full = outputs
+    with apply_patch(model, method, reduce_when="auto", max_change=2.0, **METHODS[method]) as patch:
+        call()
+        (decided,) = patch.report().decisions
+    assert decided.decision.change == pytest.approx(relative(reduced, full), abs=2e-6)
+    assert decided.decision.change > 1e-4
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("budget", [1e-6, 2.0])
+def test_the_measuring_call_returns_what_the_next_one_does(store, method, budget):
+    """No trace: the call that measured (reduced or left alone) returns exactly what the next
+    run's call, with the decision kept, returns; the adapter's residuals reach both (a measurement
+    that took them would leave its call without the adapter) and are consumed as unpatched."""
+    model, call = unet_and_call(adapter=True)
+    with apply_patch(model, method, reduce_when="auto", max_change=budget, **METHODS[method]) as patch:
+        measuring = call()
+        first = patch.report()
+        kept = call()  # a new run (report() ended the last): its decision is read, not measured
+        second = patch.report()
+    assert [d.decision.source for d in first.decisions] == [pays.MEASURED]
+    assert [d.decision.source for d in second.decisions] == [pays.KEPT]
+    assert store.measurements == 1
+    assert torch.equal(measuring, kept)
+    reduces = budget > 1
+    assert bool(first.levels) == reduces
+    if reduces:  # as reduced without any measuring at all
+        with apply_patch(model, method, reduce_when="always", **METHODS[method]):
+            assert torch.equal(call(), kept)
+    else:
+        assert torch.equal(call(), kept)  # unpatched
+    handed = []
+    with apply_patch(model, method, reduce_when="auto (measure again)", max_change=budget, **METHODS[method]):
+        assert torch.equal(call(handed), kept)
+    assert handed == [[]]  # consumed by the UNet, as it is unpatched
