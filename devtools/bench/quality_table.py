@@ -80,9 +80,9 @@ CANDIDATES = (
     Config("ToMe 0.5 fixed targets", "tome", (tome(use_rand=False, **ALWAYS),)),
     Config("ToMe 0.5 tile", "tome-tile", (tome(matching=MATCH_TILE, **ALWAYS),)),
 )
-GRID = ("unpatched", "ToDo 2", "ToMe 0.5", "ToMe 0.5 + ToDo 2", "built-in ToMe 0.3 (its default)")
-GRID_LABELS = {"unpatched": "unpatched", "ToDo 2": "ToDo", "ToMe 0.5": "ToMe", "ToMe 0.5 + ToDo 2": "ToMe + ToDo",
-               "built-in ToMe 0.3 (its default)": "built-in ToMe"}
+GRID = ("unpatched", "ToDo 2", "ToDo 2 window", "ToMe 0.5", "ToMe 0.5 + ToDo 2", "built-in ToMe 0.3 (its default)")
+GRID_LABELS = {"unpatched": "unpatched", "ToDo 2": "ToDo", "ToDo 2 window": "ToDo window", "ToMe 0.5": "ToMe",
+               "ToMe 0.5 + ToDo 2": "ToMe + ToDo", "built-in ToMe 0.3 (its default)": "built-in ToMe"}
 I2I_DENOISE = 0.6
 
 
