@@ -566,6 +566,21 @@ def test_no_graph_break_and_no_graph_of_our_own_under_torch_compile(comfy, dits,
         assert rel_error(compiled_out, run(comfy, model, variant, **settings)) < 1e-4
 
 
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v"])
+def test_the_window_adds_no_graph_break_under_torch_compile(comfy, dits, sdpa_attention, variant):
+    """method window (issue #50) under ComfyUI's compile wrapper: the whole grid call windowed
+    (its plans made per layout outside the model, its chunks a fixed split), no graph break, no
+    graph of its own, the eager output."""
+    base = dits(variant)
+    unpatched = compiled_runs(comfy, base, variant)
+    model = todo(comfy, base, method="window", reduce_when="always", **ALL_BLOCKS).result[0]
+    ours = compiled_runs(comfy, model, variant)
+    assert ours["breaks"] == 0 and ours["graphs"] <= unpatched["graphs"]
+    assert session_of(model).last_report.levels
+    for compiled_out, settings in zip(ours["outputs"], COMPILE_RUNS):
+        assert rel_error(compiled_out, run(comfy, model, variant, **settings)) < 1e-4
+
+
 def test_inductor_compiles_todo_on_wan(comfy, dits, sdpa_attention):
     """The backend ComfyUI's TorchCompileModel uses: generated kernels, no graph break, and the
     eager result (the other DiT compile tests use dynamo's eager backend, which checks graphs only)."""
