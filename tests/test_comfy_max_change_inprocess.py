@@ -302,3 +302,30 @@ def test_dit_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, d
     tight = todo(comfy, model, max_change=TINY).result[0]
     assert torch.equal(run(comfy, tight, VARIANT), run(comfy, model, VARIANT))
     assert all(not d.reduce for _, d in session_of(tight).last_report.decisions)
+
+
+class _SlowerWhenReduced:
+    """Stopwatch factory of a device where the reduced work takes twice the time."""
+
+    def __call__(self, device):
+        def stopwatch(name, work):
+            work()
+            return 0.001 if name == "full" else 0.002
+        return stopwatch
+
+
+def test_dit_todo_window_is_timed_on_the_cpu_and_left_alone_where_it_is_slower(comfy, dits, monkeypatch, tmp_path):
+    """The window can be more work than full attention on a small grid, so auto times it on a CPU
+    too (nearest is not timed there): where the reduced call is slower, it is left alone."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+    decisions = pays.Decisions(tmp_path / "slower.json", stopwatch=_SlowerWhenReduced())
+    monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: decisions)
+    model = dits(VARIANT)
+    node = todo(comfy, model, max_change=HUGE, method="window").result[0]
+    assert torch.equal(run(comfy, node, VARIANT), run(comfy, model, VARIANT))
+    (_, decision), = session_of(node).last_report.decisions
+    assert not decision.reduce and not decision.over_budget and decision.full_ms is not None  # timed
+    nearest = todo(comfy, model, max_change=HUGE).result[0]  # the same store: nearest is not timed on a CPU
+    run(comfy, nearest, VARIANT)
+    (_, decision), = session_of(nearest).last_report.decisions
+    assert decision.reduce and decision.full_ms is None
