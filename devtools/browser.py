@@ -188,12 +188,17 @@ class Frontend:
             title = dialog.get_by_text(name, exact=True).first
             title.wait_for()
             title.scroll_into_view_if_needed()
+            # The widths are those of the evaluation that saw them loaded: a second read after a
+            # successful wait found two cards at 0 (CI of stop 54 and once here, in 15 s, so no
+            # wait had timed out): the dialog can swap a card's picture between two reads.
             try:
-                self.page.wait_for_function(f"(names) => Object.values(({widths})(names)).every(w => w > 0)",
-                                            arg=[name], timeout=timeout_ms)
+                loaded = self.page.wait_for_function(
+                    f"(names) => {{ const w = ({widths})(names); "
+                    "return Object.values(w).every(v => v > 0) ? w : false; }",
+                    arg=[name], timeout=timeout_ms)
+                found.update(loaded.json_value())
             except Exception:  # noqa: BLE001 - the caller asserts on the widths it gets
-                pass
-            found.update(self.evaluate(widths, [name]))
+                found.update(self.evaluate(widths, [name]))
         return found
 
     def load_template(self, name: str) -> None:
