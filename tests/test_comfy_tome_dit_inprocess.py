@@ -98,7 +98,7 @@ COGVIDEOX = ("cogvideox_t2v", "cogvideox_i2v", "cogvideox_inpaint")
 # positions over [image, text] (Lens, HiDream) or the image stream alone
 POSITIONS_IMAGE_FIRST = {"lens", "joyimage", "hidream", *ARG_NAMES, *COGVIDEOX}
 # rotary tables without a batch dimension (their dimensions): Mochi's (merged, each batch item has
-# its own); CogVideoX's (merged too: one plan for the batch)
+# its own); CogVideoX's (merged too: one table for the batch, so ToMe runs each sample apart with its own)
 PE_WITHOUT_BATCH = {"mochi": 3, **dict.fromkeys(COGVIDEOX, 2)}
 NEXTDIT = ("lumina2", "z_image", "zimage_pixel", "omnigen2")  # NextDiT-like layers reached by object patches
 # tokens merged where ratio 0.5 asks more than the tiles hold: Wan 2.2 TI2V's clean first frame
@@ -169,6 +169,28 @@ def _named(variant, args):
     return named
 
 
+def _block_calls(variant, keys, outside, inside):
+    """(key, what the model handed the block, what the block was handed merged) of one model call
+    (cond and uncond batched: the model calls each merged block once), both ``_named``. A block
+    given one rotary table for the whole batch (CogVideoX's, ``BlockArgs.pe_shared``) ToMe runs
+    once per sample, each with its own plan: each sample's row of the model's call (the
+    batch-less tables whole) beside the block's call for that sample, in batch order."""
+    for key in keys:
+        assert len(outside[key]) == 1  # one model call (cond and uncond batched)
+        (given,) = outside[key]
+        if variant not in COGVIDEOX or given.get("pe") is None:
+            assert len(inside[key]) == 1  # the batch merged in one block call
+            yield key, _named(variant, given), _named(variant, inside[key][0])
+            continue
+        batch = given["img"].shape[0]
+        assert batch > 1 and len(inside[key]) == batch  # once per sample
+        tables = {"pe", "pe[1]"}  # the (cos, sin) pair [N, D]: no batch dimension
+        for i, merged in enumerate(inside[key]):
+            assert merged["img"].shape[0] == 1
+            row = {name: value if name in tables else value[i:i + 1] for name, value in given.items()}
+            yield key, _named(variant, row), _named(variant, merged)
+
+
 def _grid_starts(model, variant, key, given, n, refs):
     """Where the grid starts in a block's ``img`` and in its positions: double blocks are handed
     the image stream alone ([main image, references]), single blocks every token; the positions
@@ -197,9 +219,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
     assert torch.isfinite(out).all()
     r = MERGED.get(variant, int(n * 0.5))
     refs = REFERENCE_TOKENS.get(variant, 0)
-    for key in keys:
-        assert len(inside[key]) == len(outside[key]) == 1  # one model call (cond and uncond batched)
-        given, merged = _named(variant, outside[key][0]), _named(variant, inside[key][0])
+    for key, given, merged in _block_calls(variant, keys, outside, inside):
         x, y = given["img"], merged["img"]
         if "txt" in given:  # double blocks: the text apart
             assert torch.equal(merged["txt"], given["txt"])  # text untouched
@@ -234,7 +254,7 @@ def test_only_grid_tokens_merge_and_positions_follow(comfy, dits, variant):
         if variant == "mochi":  # rope_sin follows rope_cos: each merged row a pair of the same angles
             assert merged["rope_sin"].shape == pe_y.shape
             torch.testing.assert_close(pe_y ** 2 + merged["rope_sin"] ** 2, torch.ones_like(pe_y))
-        if variant in COGVIDEOX:  # sin follows cos; one table for the batch: every sample the same positions
+        if variant in COGVIDEOX:  # sin follows cos; still one batch-less table, the sample's own
             head_dim = model.model.diffusion_model.attention_head_dim
             assert merged["pe[1]"].shape == merged["pe"].shape[1:] == (n - r, head_dim)
             torch.testing.assert_close(pe_y[0] ** 2 + merged["pe[1]"] ** 2, torch.ones_like(pe_y[0]))
