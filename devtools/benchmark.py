@@ -10,6 +10,7 @@
         [--fixtures sd15 flux] [--seeds 16] [--long-seeds N] [--steps 20 4] [--modes t2i i2i] [--candidates]
     python3 devtools/benchmark.py --peakedness           # attention peakedness per layer of the photo fixtures
     python3 devtools/benchmark.py --window-speed         # ToDo's window against nearest, one attention call (CPU)
+    python3 devtools/benchmark.py --budget-reach OUT     # the quality budget across denoise (photo fixtures)
     python3 devtools/benchmark.py --prediction-change OUT  # measure_change's readout beside LPIPS (photo fixtures)
     python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
         [--families Flux Wan21] [--size 512] [--repeats N] [--threads N]
@@ -77,6 +78,11 @@ def main() -> int:
         pinned = None if other else host.run_inside_host(__file__)
         from bench import budget_table
         return budget_table.main(sys.argv[1:], pinned and pinned.comfyui)
+    if "--budget-reach" in sys.argv[1:]:  # the budget across denoise on the photo fixtures (bench/reach_table.py)
+        other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
+        pinned = None if other else host.run_inside_host(__file__)
+        from bench import reach_table
+        return reach_table.main(sys.argv[1:], pinned and pinned.comfyui)
     if "--prediction-change" in sys.argv[1:]:  # measure_change's readout beside LPIPS (bench/prediction_change.py)
         pinned = host.run_inside_host(__file__)
         from bench import prediction_change

@@ -21,7 +21,7 @@ from comfy.patcher_extension import WrappersMP
 from ..tokenreduce.change import measure_change
 from ..tokenreduce.measure import copied_containers
 from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
-from ..tokenreduce.window import SigmaWindow
+from ..tokenreduce.window import SigmaWindow, schedule_reach
 from .host import attention_entry, compiled, compute_dtype, uncompiled, weights_fingerprint
 
 LOG = logging.getLogger("tokenreduce")
@@ -68,6 +68,14 @@ def _rehearsal(base_model, args: tuple, kwargs: dict):
     return rehearse
 
 
+def run_reach(model_sampling, schedule) -> float:
+    """The share of sampling a run covers (``schedule_reach``), from its schedule's first sigma
+    (one read per run, before any step; the schedule lives on the CPU)."""
+    if schedule is None or getattr(schedule, "numel", lambda: 0)() < 2:
+        return 1.0
+    return schedule_reach(model_sampling.percent_to_sigma, float(schedule[0]))
+
+
 class PatchSession:
     """Shared by the patch of one node output and its sampler wrappers."""
 
@@ -111,11 +119,13 @@ class PatchSession:
                 self._finish(RunReport(0.0, 0.0, 0, completed=False, warnings=(str(refused),), refused=True))
                 raise
         guider = executor.class_obj
-        window = self.window_for(guider.model_patcher.get_model_object("model_sampling"))
+        model_sampling = guider.model_patcher.get_model_object("model_sampling")
+        window = self.window_for(model_sampling)
         # The whole of sampling: no call's noise level needs reading to know it is inside.
         always = self.start_percent <= 0.0 and self.end_percent >= 1.0
         previous, self.run = self.run, RunState(window, always_active=always, profile=self.profile,
-                                                warnings=list(warnings), measure_change=self.measure_change)
+                                                warnings=list(warnings), measure_change=self.measure_change,
+                                                reach=run_reach(model_sampling, schedule))
         start = time.perf_counter()
         completed = False
         try:

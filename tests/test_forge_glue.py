@@ -463,3 +463,28 @@ def test_measure_again_measures_once_not_on_every_generation(comfy, models, tmp_
         sample(comfy, unet, "SD15", steps=1)
         run.finish(True)
     assert store.measurements == 2
+
+
+def test_a_hires_pass_weighs_the_budgets_change_by_the_share_of_sampling_it_covers(comfy, models, tmp_path):
+    """Issue #51: the pass's schedule (known before its first step) gives its reach; a hires pass
+    at denoising strength 0.2 weighs the kept change by its square root, so a budget the first
+    pass exceeds lets the hires pass reduce."""
+    store = Decisions(tmp_path / "auto_decisions.json")
+    import comfy.samplers as samplers
+
+    def one_pass(budget: float, denoise: float):
+        settings = {"ToDo": S.method_settings("ToDo", S.FIRST, {"max_change": budget})}
+        unet, run = patching.install(forge_like(models["SD15"]), "SD15", S.FIRST, settings, (1, 4, 32, 32),
+                                     decisions=store)
+        sampling = unet.get_model_object("model_sampling")
+        schedule = samplers.calculate_sigmas(sampling, "normal", round(4 / denoise))[-5:]
+        run.use_schedule([float(s) for s in schedule], unet)
+        sample(comfy, unet, "SD15", steps=4, denoise=denoise)
+        ((_, report),) = run.finish(True)
+        (decision,) = [d for _, d in report.decisions]
+        return decision
+
+    change = one_pass(1e-6, 1.0).change
+    first, hires = one_pass(0.7 * change, 1.0), one_pass(0.7 * change, 0.2)
+    assert first.reach == 1.0 and first.over_budget and not first.reduce
+    assert 0.1 < hires.reach < 0.3 and hires.change == change and hires.reduce

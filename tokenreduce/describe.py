@@ -197,12 +197,21 @@ def decision_lines(report, timing: bool = True) -> list[str]:
     return lines
 
 
+REACH_SAID = 0.995  # a run covering less of sampling than this has its weighed change said
+
+
 def verdict_text(decision) -> str:
     """What the auto rule did with a kind of call, and the quality budget's part in it: 'reduced',
-    'left alone', 'left alone: changes its output 41 % > 10 %' (within the budget it says no more: the
-    readout of measure_change says what the reduction changed)."""
+    'left alone', 'left alone: changes its output 41 % > 10 %', in a run that covers part of
+    sampling (image to image) 'left alone: changes its output 41 % (22.5 % weighed by the 30 % of
+    sampling this run covers) > 10 %' (within the budget it says no more: the readout of
+    measure_change says what the reduction changed)."""
     if decision.over_budget:
-        return f"left alone: changes its output {_budget_percent(decision.change)} > {_budget_percent(decision.budget)}"
+        weighed = "" if decision.reach >= REACH_SAID else (
+            f" ({_budget_percent(decision.weighed_change)} weighed by the {percent_text(decision.reach)} of sampling "
+            f"this run covers)")
+        return (f"left alone: changes its output {_budget_percent(decision.change)}{weighed} > "
+                f"{_budget_percent(decision.budget)}")
     if decision.budget and decision.change is None and decision.source != FAILED:
         return ("reduced (max_change not applied: the change cannot be measured for this model on this host)"
                 if decision.reduce else "left alone")

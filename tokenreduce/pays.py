@@ -103,11 +103,18 @@ class Decision(NamedTuple):
     error: str = ""  # FAILED: why
     change: float | None = None  # relative L2 change of the unit's output reduced (None: not measured)
     budget: float = 0.0  # the max_change the decision was read under (0: none); see ``within_budget``
+    reach: float = 1.0  # the share of sampling the run covers (``window.schedule_reach``), read under
+
+    @property
+    def weighed_change(self) -> float | None:
+        """The change as the budget weighs it in this run (``weighed_change``)."""
+        return weighed_change(self.change, self.reach) if self.change is not None else None
 
     @property
     def over_budget(self) -> bool:
-        """Left alone because reducing changes the unit's output by more than the budget."""
-        return self.budget > 0 and self.change is not None and self.change > self.budget
+        """Left alone because reducing changes the unit's output, weighed by the run's reach, by more
+        than the budget."""
+        return self.budget > 0 and self.change is not None and self.weighed_change > self.budget
 
 
 class Work(NamedTuple):
@@ -223,15 +230,28 @@ def _tensors_of(output) -> list:
     return []
 
 
-def within_budget(decision: Decision, budget: float) -> Decision:
-    """A kept decision read under a quality budget (``max_change``; 0: none): left alone where its
-    measured change is above the budget. The kept decision holds the change, not the verdict, so
-    one measurement serves every budget."""
+def weighed_change(change: float, reach: float = 1.0) -> float:
+    """A unit's measured change weighed by the share of sampling the run covers (``reach``: 1 from
+    pure noise, about ``denoise`` for image to image): ``change * sqrt(reach)``. The unit's change
+    stays where it is at any denoise (its first call is as far from its input as ever) while the
+    picture's change falls with the steps left: on the photo fixtures at denoise 0.6 / 0.3 / 0.15
+    ToDo's LPIPS falls faster than the reach, ToMe's on the Flux fixture more slowly (0.59, 0.41,
+    0.26, 0.14), so the plain reach would let that ToMe through at 0.3 and 0.15; its square root
+    sorts every measured setting as LPIPS 0.05 does (``benchmark.py --budget-reach``, docs/quality.md)."""
+    return change * math.sqrt(min(1.0, max(0.0, reach)))
+
+
+def within_budget(decision: Decision, budget: float, reach: float = 1.0) -> Decision:
+    """A kept decision read under a quality budget (``max_change``; 0: none) in a run covering
+    ``reach`` of sampling: left alone where its measured change, weighed by the reach
+    (``weighed_change``), is above the budget. The kept decision holds the change, not the
+    verdict, so one measurement serves every budget and every denoise."""
     if budget <= 0:
         return decision
+    decision = decision._replace(budget=budget, reach=reach)
     if decision.change is None:  # not known (a failed measurement; a host that cannot rehearse a call)
-        return decision._replace(budget=budget)
-    return decision._replace(reduce=decision.reduce and decision.change <= budget, budget=budget)
+        return decision
+    return decision._replace(reduce=decision.reduce and not decision.over_budget)
 
 
 def device_name(device: torch.device) -> str:
@@ -658,8 +678,9 @@ class AutoRule:
         return self
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str,
-               model: str | Callable[[], str] | None = None, time_cpu: bool = False) -> Decision:
-        """``model``, ``time_cpu``: see ``Decisions.decide``."""
+               model: str | Callable[[], str] | None = None, time_cpu: bool = False, reach: float = 1.0) -> Decision:
+        """``model``, ``time_cpu``: see ``Decisions.decide``; ``reach``: the share of sampling the
+        run covers, which weighs the change against the budget (``within_budget``)."""
         fresh = False
         if self.remeasure:
             with self._lock:
@@ -667,4 +688,4 @@ class AutoRule:
                 self._remeasured.add((device, kind))
         decision = self.decisions.decide(device, kind, work, site, fresh=fresh, change=self.max_change > 0,
                                          model=model, time_cpu=time_cpu)
-        return within_budget(decision, self.max_change)
+        return within_budget(decision, self.max_change, reach)

@@ -168,6 +168,9 @@ class RunState:
     decisions_file: str = ""  # where the auto rule keeps its decisions ("": in memory only)
     windows: dict = field(default_factory=dict)  # context windows seen: frames of the window -> model calls
     measure_change: bool = False  # measure the prediction change at the first reduced call (change.py)
+    # The share of sampling the run covers (window.schedule_reach: about denoise), where the host can
+    # tell; the quality budget weighs a measured change by it (pays.weighed_change). 1: from pure noise.
+    reach: float = 1.0
     # (relative change, the call's sigmas) as tensors, read when the report is made; None: not yet
     _change: tuple | None = None
     _change_claimed: bool = False  # a call took the readout (once per run, whichever thread)
@@ -433,7 +436,8 @@ class CallPatch:
         decision = run.cache.get(key)
         if decision is None:
             site, work = describe()
-            decision = run.cache[key] = self.rule.decide(device, kind, work, site, model=model, time_cpu=time_cpu)
+            decision = run.cache[key] = self.rule.decide(device, kind, work, site, model=model, time_cpu=time_cpu,
+                                                         reach=run.reach)
             if decision.source != CPU:
                 run.decided(site, device, decision, self.rule.decisions.where)
         return decision

@@ -9,6 +9,7 @@ same thing for any step count, sampler or denoise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -50,3 +51,23 @@ def steps_of(schedule: list[float], sigmas) -> tuple[int, ...]:
         if inside:
             steps.add(inside[-1] + 1)
     return tuple(sorted(steps))
+
+
+def schedule_reach(percent_to_sigma: Callable[[float], float], first_sigma: float) -> float:
+    """The share of sampling a run covers, from the noise level of its first step: 1 for a run
+    from pure noise (text to image), about ``denoise`` for image to image or a hires pass (0.3:
+    the run starts 70 % of the way in). ``percent_to_sigma`` is the host's map from percent of
+    sampling to sigma (falling; ComfyUI's answers a huge sigma at 0): bisected, no device read.
+    The quality budget weighs a measured change by it (``pays.weighed_change``)."""
+    if not first_sigma > 0.0:  # nothing left to sample (or not a number): no reach
+        return 0.0
+    low, high = 0.0, 1.0  # percents whose sigmas lie above and below first_sigma
+    if percent_to_sigma(1e-6) <= first_sigma:  # at or above the schedule's start: the whole of it
+        return 1.0
+    for _ in range(40):  # 1e-12 of a percent: far below any step
+        middle = (low + high) / 2
+        if percent_to_sigma(middle) > first_sigma:
+            low = middle
+        else:
+            high = middle
+    return min(1.0, max(0.0, 1.0 - (low + high) / 2))

@@ -162,7 +162,7 @@ def before_sampling(p, args, kwargs) -> None:
             run.warnings.append(f"Forge's built-in Token merging was applied to the {STAGE_WORDS[stage]} although "
                                 f"{PREFIX} turned it off for this generation; {PREFIX} took it out.")
         if run.methods:
-            run.schedule = schedule_of(p)
+            run.use_schedule(schedule_of(p), patched)
     except Exception as failure:  # noqa: BLE001
         patched, run = patching.refusing(unet, stage, f"{PREFIX} failed to patch the model: {failure!r}")
     forge_objects.unet = patched

@@ -34,7 +34,7 @@ from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from tokenreduce.target import resolve_target
 from tokenreduce.todo_patch import ToDoPatch
 from tokenreduce.tome_patch import ToMePatch
-from tokenreduce.window import SigmaWindow
+from tokenreduce.window import SigmaWindow, schedule_reach
 
 from . import flux as forge_flux
 from .grid import supply_activations_shape
@@ -106,6 +106,16 @@ class PassRun:
         self._started: float | None = None
         self._ended: float | None = None
         self.finished = False
+
+    def use_schedule(self, schedule: list[float] | None, unet) -> None:
+        """The pass's sigmas (``hooks.schedule_of``), known before its first step: the report's
+        steps, and the share of sampling the pass covers (a hires pass or img2img: about its
+        denoising strength), which the quality budget weighs a measured change by."""
+        self.schedule = schedule
+        if schedule:
+            reach = schedule_reach(_percent_to_sigma(unet), schedule[0])
+            for method in self.methods:
+                method.run.reach = reach
 
     def wrapper(self, previous):
         """The ``model_function_wrapper`` of this pass, calling ``previous`` (another

@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 from .configs import Config, todo, tome
 from .quality_table import UNPATCHED, _images, _random_fixture, parsed_with_host
@@ -110,12 +111,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def each_fixture(host, args, out: Path, run: Callable, say: Callable) -> int:
+    """``run(host, name, args)`` per fixture of ``args.fixtures``, each result said (``say``: its
+    markdown) and all of them written to the JSON file ``out`` after each fixture (a long run
+    keeps what it finished)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.fixtures:
+        results.append(run(host, name, args))
+        print(say(results[-1]), flush=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str], comfyui: Path | None) -> int:
     args, host = parsed_with_host(__doc__, add_arguments, argv, comfyui)
-    args.budgets.mkdir(parents=True, exist_ok=True)
-    results = []
-    for name in args.fixtures:  # written after each fixture: a long run keeps what it finished
-        results.append(run_fixture(host, name, args))
-        print(markdown(results[-1]), flush=True)
-        (args.budgets / "budgets.json").write_text(json.dumps(results, indent=1) + "\n")
-    return 0
+    return each_fixture(host, args, args.budgets / "budgets.json", run_fixture, markdown)

@@ -32,7 +32,7 @@ import torch
 from ..change import keep_change
 from ..describe import run_lines
 from ..run import RunReport, RunState, call_context
-from ..window import SigmaWindow, flow_sigma
+from ..window import SigmaWindow, flow_sigma, schedule_reach
 
 LOG = logging.getLogger("tokenreduce")
 
@@ -83,11 +83,15 @@ class Session:
 
     def _window(self, scheduler) -> SigmaWindow:
         """The window in timesteps, as ComfyUI's percent_to_sigma for this scheduler's schedule."""
+        to_timestep = self._percent_to_timestep(scheduler)
+        return SigmaWindow(to_timestep(self.settings.start_percent), to_timestep(self.settings.end_percent))
+
+    def _percent_to_timestep(self, scheduler):
+        """percent of sampling -> timestep, for this scheduler's schedule (flow-matching ones shifted)."""
         shift = flow_shift(scheduler) if scheduler is not None else None
-        start, end = self.settings.start_percent, self.settings.end_percent
         if shift is None:
-            return SigmaWindow((1 - start) * self.timestep_scale, (1 - end) * self.timestep_scale)
-        return SigmaWindow(flow_sigma(start, shift) * self.timestep_scale, flow_sigma(end, shift) * self.timestep_scale)
+            return lambda percent: (1 - percent) * self.timestep_scale
+        return lambda percent: flow_sigma(percent, shift) * self.timestep_scale
 
     def open_call(self, timestep, call=None) -> dict:
         """The context of a model call at ``timestep`` (a tensor or a number) with the arguments
@@ -105,8 +109,11 @@ class Session:
         if new:
             self._finish()
             self.window = self._window(scheduler)
+            # the first call's timestep: one read per run, for the share of sampling it covers (an
+            # image-to-image pipeline starts part of the way into its scheduler's timesteps)
+            reach = schedule_reach(self._percent_to_timestep(scheduler), float(t.max()))
             self.run = RunState(self.window, always_active=self.always_active,
-                                measure_change=self.settings.measure_change)
+                                measure_change=self.settings.measure_change, reach=reach)
             self._timesteps, self._started, self._checked, self._marker = [], now, False, marker
         if marker is None:
             self._last = self.run.sigma(t)

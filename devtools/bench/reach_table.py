@@ -1,0 +1,126 @@
+"""The quality budget across denoise (``benchmark.py --budget-reach OUT``, issue #51): does the
+budget's unit, weighed by the share of sampling a run covers (``pays.weighed_change``), track
+the picture from text to image down to a light image-to-image pass or hires fix?
+
+    python3 devtools/benchmark.py --budget-reach out/reach                  # ~25 min on 2 CPU cores
+    python3 devtools/benchmark.py --budget-reach out/reach --fixtures sd15 --denoise 1 0.3
+
+Per photo fixture, reduction at its defaults and denoise (1: text to image from zeros; below 1:
+image to image from each caption's own photo, as KSampler runs it, euler / simple): the change the
+auto rule measures per kind of call on that run's first model call (``max_change`` 1e-6: nothing
+reduces; the kind changing most is shown), the run's reach as the pack computes it from the
+schedule (``window.schedule_reach``), the change weighed by its square root as the budget weighs
+it (and, for comparison, by the reach itself), the LPIPS of the final images with the reduction
+always applied, and whether the default budget's verdict on the weighed change (left alone above
+0.05) agrees with "visible" (LPIPS above 0.05). The verdict is the budget's alone: on a CPU the
+auto rule also times ToDo's window, which on these small grids can leave it alone for speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from .budget_table import TINY, _decisions, each_fixture
+from .configs import Config, todo, tome
+from .quality_table import UNPATCHED, parsed_with_host
+
+VISIBLE = 0.05  # LPIPS above this is a change one sees side by side (the issue's line)
+DEFAULT_BUDGET = 0.05  # max_change's default
+REDUCTIONS = {
+    "sd15": {"ToDo 2": {}, "ToMe 0.5": {}},
+    "flux": {"ToDo 2 window": {"method": "window"}, "ToDo 2": {}, "ToMe 0.5": {}},
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget-reach", type=Path, required=True, metavar="OUT")
+    p.add_argument("--fixtures", nargs="+", default=["sd15", "flux"])
+    p.add_argument("--denoise", type=float, nargs="+", default=[1.0, 0.6, 0.3, 0.15])
+    p.add_argument("--seeds", type=int, default=2, help="images per caption (one batch)")
+    p.add_argument("--steps", type=int, nargs="+", default=[8, 4], help="the schedules (euler, simple)")
+    p.add_argument("--comfyui", type=Path)
+
+
+def _images(pf, fx, patcher, caption: str, steps: int, denoise: float, seeds: int):
+    """Decoded images of one caption: text to image at denoise 1, else from the caption's photo."""
+    import comfy.sample
+    import torch
+
+    size = fx.latent_size()
+    if denoise >= 1.0:
+        latent = torch.zeros(seeds, fx.spec.latent_channels, size, size)
+    else:
+        photo = next(p for p in pf.PHOTOS if p.caption == caption)
+        image = pf.square(pf.load_photo(photo.name), fx.spec.native_px).movedim(0, -1)[None]
+        latent = fx.vae.encode(image).repeat(seeds, 1, 1, 1)
+    noise = comfy.sample.prepare_noise(latent, 0)
+    with torch.no_grad():
+        out = comfy.sample.sample(patcher, noise, steps, pf.CFG[fx.spec.name], "euler", "simple",
+                                  fx.conditioning(caption, seeds), fx.conditioning(pf.EMPTY, seeds), latent,
+                                  denoise=min(denoise, 1.0), seed=0, disable_pbar=True)
+    return fx.vae.decode(out)
+
+
+def run_fixture(host, name: str, args, log=print) -> dict:
+    import photo_fixtures as pf
+    from quality import metrics
+
+    fx = pf.load(name)
+    started = time.monotonic()
+    unpatched = Config(UNPATCHED, UNPATCHED).apply(fx.patcher, host.appliers)
+    rows = []
+    for steps, denoise in ((steps, denoise) for steps in args.steps for denoise in args.denoise):
+        refs = {c: _images(pf, fx, unpatched, c, steps, denoise, args.seeds) for c in pf.EVAL_CAPTIONS}
+        for label, changes in REDUCTIONS[name].items():
+            make = tome if label.startswith("ToMe") else todo
+            units, reach, always = {}, [], []
+            for caption in pf.EVAL_CAPTIONS:
+                measuring = Config("m", "m", (make(max_change=TINY, **changes),)).apply(fx.patcher, host.appliers)
+                _images(pf, fx, measuring, caption, steps, denoise, 1)
+                for site, decision in _decisions(host, measuring):
+                    if decision.change is not None:
+                        units.setdefault(site, []).append(decision.change)
+                        reach.append(decision.reach)
+                on = Config("a", "a", (make(reduce_when="always", **changes),)).apply(fx.patcher, host.appliers)
+                always += metrics.lpips(_images(pf, fx, on, caption, steps, denoise, args.seeds),
+                                        refs[caption]).tolist()
+            unit = max(statistics.fmean(v) for v in units.values()) if units else None  # the kind changing most
+            r = statistics.fmean(reach) if reach else 1.0
+            row = {"reduction": label, "denoise": denoise, "steps": steps, "reach": r, "unit": unit,
+                   "weighed": unit * r ** 0.5 if unit is not None else None,
+                   "lpips_always": statistics.fmean(always), "lpips_always_max": max(always)}
+            row["visible"] = row["lpips_always"] > VISIBLE
+            row["left_alone"] = row["weighed"] is not None and row["weighed"] > DEFAULT_BUDGET
+            row["left_alone_by_reach"] = unit is not None and unit * r > DEFAULT_BUDGET
+            row["agrees"] = row["left_alone"] == row["visible"]
+            rows.append(row)
+            log(f"{name} {label} {steps} steps, denoise {denoise:g}: reach {r:.3f}, unit {unit}, LPIPS always "
+                f"{row['lpips_always']:.4f} ({time.monotonic() - started:.0f} s)")
+    return {"fixture": name, "px": fx.spec.native_px, "seeds": args.seeds, "steps": args.steps,
+            "captions": list(pf.EVAL_CAPTIONS), "rows": rows, "seconds": round(time.monotonic() - started)}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"\n{result['fixture']} fixture ({result['px']} px, {len(result['captions'])} captions x "
+             f"{result['seeds']} seeds)\n",
+             "| reduction | steps | denoise | reach | unit (kind changing most) | x sqrt(reach) | x reach | "
+             "LPIPS (max) | at max_change 0.05 | agrees with LPIPS 0.05 | x reach would |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        unit = row["unit"]
+        cells = (f"{unit:.3f} | {row['weighed']:.3f} | {unit * row['reach']:.3f}" if unit is not None
+                 else "- | - | -")
+        verdict = "left alone" if row["left_alone"] else "reduced"
+        plain = "agree" if row["left_alone_by_reach"] == row["visible"] else "NOT agree"
+        lines.append(f"| {row['reduction']} | {row['steps']} | {row['denoise']:g} | {row['reach']:.2f} | {cells} | "
+                     f"{row['lpips_always']:.4f} ({row['lpips_always_max']:.4f}) | {verdict} | "
+                     f"{'yes' if row['agrees'] else 'NO'} | {plain} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str], comfyui: Path | None) -> int:
+    args, host = parsed_with_host(__doc__, add_arguments, argv, comfyui)
+    return each_fixture(host, args, args.budget_reach / "reach.json", run_fixture, markdown)
