@@ -177,3 +177,21 @@ def test_a_call_part_of_the_way_into_sampling_weighs_the_change_by_its_reach(sto
     assert decisions and all(d.source == "kept" and d.reach == pytest.approx(150 / 999) for d in decisions)
     assert all(d.reduce and not d.over_budget for d in decisions) and report.levels
     assert unpatched.shape == reduced.shape
+
+
+def test_an_image_to_image_pipeline_covers_its_strength_of_sampling(store):
+    """A pipeline's reach is its share of the scheduler's timesteps: StableDiffusionImg2Img at
+    strength 0.3 over 10 steps runs the last 3 (the decision read under it says so)."""
+    from diffusers import StableDiffusionImg2ImgPipeline
+
+    base = tiny.pipeline()
+    pipe = StableDiffusionImg2ImgPipeline(**base.components)
+    pipe.set_progress_bar_config(disable=True)
+    image = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(0))
+    reaches = {}
+    for strength in (1.0, 0.3):
+        with apply_patch(pipe, "ToDo", reduce_when="auto", max_change=1e-6) as patch:
+            pipe(image=image, strength=strength, num_inference_steps=10, guidance_scale=5.0, output_type="latent",
+                 generator=torch.Generator().manual_seed(0), **tiny.prompt(pipe))
+            reaches[strength] = sorted({round(d.decision.reach, 6) for d in patch.report().decisions})
+    assert reaches == {1.0: [1.0], 0.3: [0.3]}

@@ -93,6 +93,17 @@ class Session:
             return lambda percent: (1 - percent) * self.timestep_scale
         return lambda percent: flow_sigma(percent, shift) * self.timestep_scale
 
+    def _reach(self, timesteps, t: torch.Tensor, scheduler) -> float:
+        """The share of sampling a run covers, from its first call's timestep ``t`` (one read per
+        run): a pipeline's share of its scheduler's timesteps at or below it (an image-to-image
+        pipeline at strength 0.3 starts at the last 30 %: its strength, whatever the schedule's
+        spacing or shift, the image-size shift of Flux's scheduler included); a bare model's from
+        the timestep itself (``schedule_reach``)."""
+        first = float(t.max())
+        if timesteps is not None and getattr(timesteps, "numel", lambda: 0)() > 1:
+            return float((timesteps.float() <= first + 1e-3).float().mean())
+        return schedule_reach(self._percent_to_timestep(scheduler), first)
+
     def open_call(self, timestep, call=None) -> dict:
         """The context of a model call at ``timestep`` (a tensor or a number) with the arguments
         ``call`` (a reader, ``hooks.argument_reader``): inactive, and no timestep read, where the
@@ -109,9 +120,7 @@ class Session:
         if new:
             self._finish()
             self.window = self._window(scheduler)
-            # the first call's timestep: one read per run, for the share of sampling it covers (an
-            # image-to-image pipeline starts part of the way into its scheduler's timesteps)
-            reach = schedule_reach(self._percent_to_timestep(scheduler), float(t.max()))
+            reach = self._reach(marker, t, scheduler)
             self.run = RunState(self.window, always_active=self.always_active,
                                 measure_change=self.settings.measure_change, reach=reach)
             self._timesteps, self._started, self._checked, self._marker = [], now, False, marker
