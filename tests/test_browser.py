@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import signal
 from dataclasses import dataclass
 
 import pytest
@@ -89,6 +90,7 @@ class Servers:
         self.server = None
 
     def get(self, frontend: str):
+        self.check()
         if frontend != self.frontend:
             self.stop()
             if frontend != frontends.HOST and frontend == HOST_FRONTEND:
@@ -98,6 +100,24 @@ class Servers:
             self.server = start_server(base, ["SD15", "SDXL"], frontends.server_args(frontend))
             self.frontend = frontend
         return self.server
+
+    def check(self) -> None:
+        """Fail (once) if the server has exited, saying how and where its log is; the next test
+        starts a new one. A server that died (e.g. killed by the kernel's OOM killer while the
+        suite's other worker held memory too) would otherwise refuse every later test's
+        connections, each a bare "connection refused"."""
+        if self.server is None or self.server.process is None or self.server.process.poll() is None:
+            return
+        code = self.server.process.returncode
+        how = f"exit code {code}"
+        if code < 0:
+            how = f"killed by {signal.Signals(-code).name}" + (
+                ", as the kernel's OOM killer does: see dmesg" if code == -signal.SIGKILL else "")
+        frontend = HOST_FRONTEND if self.frontend == frontends.HOST else self.frontend
+        tail = "\n".join(self.server.log().splitlines()[-15:])
+        self.stop()  # keeps its log in ARTIFACTS
+        pytest.fail(f"the ComfyUI server of frontend {frontend} had stopped ({how}); its log: "
+                    f"{ARTIFACTS / f'server-{frontend}.log'}; its last lines:\n{tail}", pytrace=False)
 
     def stop(self) -> None:
         if self.server is not None:
@@ -163,9 +183,10 @@ def ui(servers, browser, target, request):
     name = _artifact_name(request)
     page.screenshot(path=str(frontend.artifacts / f"{name}.png"))
     page.close()
-    server.cancel_all()  # what the test left running would only delay the next one
     if errors:  # the frontend's own errors (e.g. requests to the internet), kept for reading
         (frontend.artifacts / f"{name}.errors.txt").write_text("\n".join(f"{t} @ {u}" for t, u in errors) + "\n")
+    servers.check()  # a server that died during the test: said here, not as the next test's refused connection
+    server.cancel_all()  # what the test left running would only delay the next one
     ours = [f"{text} @ {url}" for text, url in errors if _ours(text, url, server.url)]
     assert not ours, ours
 

@@ -62,14 +62,14 @@ def test_a_kind_that_changes_more_than_the_budget_is_left_alone_and_said_on_the_
 
 def test_a_run_covering_part_of_sampling_weighs_the_change_by_its_reach(comfy, models, cpu_store):
     """Issue #51: the unit's change is kept once; a run at denoise 0.2 (a hires pass) weighs it by
-    the square root of the share of sampling it covers, so a budget that refuses text to image lets
+    the cube root of the share of sampling it covers, so a budget that refuses text to image lets
     the hires pass reduce, and the report says the weighed change where it still refuses."""
     first = patched(comfy, "todo", models["SD15"], max_change=TINY)
     sample(comfy, first, steps=1)
     (_, decision), = session_of(first).last_report.decisions
     change = decision.change
     records = []
-    budget = 0.7 * change  # over it at denoise 1, within it at 0.2: change * sqrt(0.2) = 0.45 change
+    budget = 0.7 * change  # over it at denoise 1, within it at 0.2: change * 0.2 ** (1/3) = 0.58 change
     model = patched(comfy, "todo", models["SD15"], max_change=budget)
     sample(comfy, spy_attn1(model, records), steps=4)
     (_, whole), = session_of(model).last_report.decisions
@@ -83,7 +83,7 @@ def test_a_run_covering_part_of_sampling_weighs_the_change_by_its_reach(comfy, m
     tighter = patched(comfy, "todo", models["SD15"], max_change=0.3 * change)  # over it even at 0.2
     sample(comfy, tighter, steps=4, denoise=0.2)
     (site, refused), = session_of(tighter).last_report.decisions
-    weighed = f"{100 * change * refused.reach ** 0.5:.3g} %"
+    weighed = f"{100 * change * refused.reach ** (1 / 3):.3g} %"
     assert (f"auto · {site} · left alone: changes its output {100 * change:.3g} % ({weighed} weighed by the "
             f"{describe_percent(refused.reach)} of sampling this run covers)") in " ".join(lines_of(tighter))
 

@@ -4,7 +4,6 @@ so an image-to-image run or a hires pass (denoise 0.3) is not refused as hard as
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
@@ -42,14 +41,15 @@ def measured(change: float) -> pays.Decision:
     return pays.Decision(True, None, None, pays.KEPT, change=change)
 
 
-def test_the_budget_weighs_the_change_by_the_square_root_of_the_reach():
+def test_the_budget_weighs_the_change_by_the_cube_root_of_the_reach():
     decision = measured(0.09)
     assert pays.within_budget(decision, 0.05).over_budget  # text to image: 9 % > 5 %
     assert not pays.within_budget(decision, 0.05).reduce
-    half = pays.within_budget(decision, 0.05, reach=0.5)  # 0.09 * 0.707 = 6.4 %: still over
-    assert half.over_budget and half.weighed_change == pytest.approx(0.09 * math.sqrt(0.5))
-    hires = pays.within_budget(decision, 0.05, reach=0.25)  # 4.5 %: within
-    assert hires.reduce and not hires.over_budget and hires.reach == 0.25
+    half = pays.within_budget(decision, 0.05, reach=0.5)  # 0.09 * 0.794 = 7.1 %: still over
+    assert half.over_budget and half.weighed_change == pytest.approx(0.09 * 0.5 ** (1 / 3))
+    hires = pays.within_budget(decision, 0.05, reach=0.125)  # 4.5 %: within
+    assert hires.reduce and not hires.over_budget and hires.reach == 0.125
+    assert hires.weighed_change == pytest.approx(0.045)
 
 
 def test_within_the_budget_a_slower_reduction_stays_left_alone():
@@ -61,5 +61,5 @@ def test_the_report_says_the_weighed_change_where_the_run_covers_part_of_samplin
     whole = pays.within_budget(measured(0.41), 0.1)
     assert describe.verdict_text(whole) == "left alone: changes its output 41 % > 10 %"
     part = pays.within_budget(measured(0.41), 0.1, reach=0.3)
-    assert describe.verdict_text(part) == ("left alone: changes its output 41 % (22.5 % weighed by the 30 % of "
+    assert describe.verdict_text(part) == ("left alone: changes its output 41 % (27.4 % weighed by the 30 % of "
                                            "sampling this run covers) > 10 %")

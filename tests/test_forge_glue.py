@@ -467,7 +467,7 @@ def test_measure_again_measures_once_not_on_every_generation(comfy, models, tmp_
 
 def test_a_hires_pass_weighs_the_budgets_change_by_the_share_of_sampling_it_covers(comfy, models, tmp_path):
     """Issue #51: the pass's schedule (known before its first step) gives its reach; a hires pass
-    at denoising strength 0.2 weighs the kept change by its square root, so a budget the first
+    at denoising strength 0.2 weighs the kept change by its cube root, so a budget the first
     pass exceeds lets the hires pass reduce."""
     store = Decisions(tmp_path / "auto_decisions.json")
     import comfy.samplers as samplers

@@ -203,7 +203,7 @@ REACH_SAID = 0.995  # a run covering less of sampling than this has its weighed 
 def verdict_text(decision) -> str:
     """What the auto rule did with a kind of call, and the quality budget's part in it: 'reduced',
     'left alone', 'left alone: changes its output 41 % > 10 %', in a run that covers part of
-    sampling (image to image) 'left alone: changes its output 41 % (22.5 % weighed by the 30 % of
+    sampling (image to image) 'left alone: changes its output 41 % (27.4 % weighed by the 30 % of
     sampling this run covers) > 10 %' (within the budget it says no more: the readout of
     measure_change says what the reduction changed)."""
     if decision.over_budget:

@@ -60,7 +60,7 @@ def max_change_input() -> Input:
                          "the block it reduces by more than this (relative L2: 0.05 = 5 %) is left alone; measured "
                          "once with the speed decision and kept with it (the block on the model call's own inputs), "
                          "and the report says so. A run covering part of sampling (image to image, a hires pass: "
-                         "denoise below 1) weighs the change by the square root of that share, so denoise 0.25 "
+                         "denoise below 1) weighs the change by the cube root of that share, so denoise 0.125 "
                          "halves it. Applies on a CPU too (each side run once, untimed). On DiTs "
                          "ToDo's nearest first steps down to method window, which runs where it is within the "
                          "budget. 0 = no budget: speed alone decides. reduce_when always ignores it.")

@@ -230,15 +230,20 @@ def _tensors_of(output) -> list:
     return []
 
 
+REACH_POWER = 1 / 3  # the weight of a run's reach: chosen from ``benchmark.py --budget-reach``
+
+
 def weighed_change(change: float, reach: float = 1.0) -> float:
     """A unit's measured change weighed by the share of sampling the run covers (``reach``: 1 from
-    pure noise, about ``denoise`` for image to image): ``change * sqrt(reach)``. The unit's change
-    stays where it is at any denoise (its first call is as far from its input as ever) while the
-    picture's change falls with the steps left: on the photo fixtures at denoise 0.6 / 0.3 / 0.15
-    ToDo's LPIPS falls faster than the reach, ToMe's on the Flux fixture more slowly (0.59, 0.41,
-    0.26, 0.14), so the plain reach would let that ToMe through at 0.3 and 0.15; its square root
-    sorts every measured setting as LPIPS 0.05 does (``benchmark.py --budget-reach``, docs/quality.md)."""
-    return change * math.sqrt(min(1.0, max(0.0, reach)))
+    pure noise, about ``denoise`` for image to image): ``change * reach ** (1/3)``. The unit's
+    change stays where it is at any denoise (its first call is as far from its input as ever) while
+    the picture's change falls with the steps left, but not as fast as the reach: on the Flux
+    fixture ToMe's LPIPS reads 0.59, 0.41, 0.26, 0.14 at denoise 1, 0.6, 0.3, 0.15 and ToDo
+    nearest's 0.061 at 0.3. Weighed by the reach, or its square root, both would pass the budget
+    there; the cube root sorts all 40 rows of the table (two fixtures, 8 and 4 steps, denoise 1 to
+    0.15) as LPIPS 0.05 does (docs/quality.md#the-budget-across-denoise), with thin margins: a
+    smaller power refuses more."""
+    return change * min(1.0, max(0.0, reach)) ** REACH_POWER
 
 
 def within_budget(decision: Decision, budget: float, reach: float = 1.0) -> Decision:

@@ -9,20 +9,23 @@ Per photo fixture, reduction at its defaults and denoise (1: text to image from 
 image to image from each caption's own photo, as KSampler runs it, euler / simple): the change the
 auto rule measures per kind of call on that run's first model call (``max_change`` 1e-6: nothing
 reduces; the kind changing most is shown), the run's reach as the pack computes it from the
-schedule (``window.schedule_reach``), the change weighed by its square root as the budget weighs
-it (and, for comparison, by the reach itself), the LPIPS of the final images with the reduction
-always applied, and whether the default budget's verdict on the weighed change (left alone above
-0.05) agrees with "visible" (LPIPS above 0.05). The verdict is the budget's alone: on a CPU the
-auto rule also times ToDo's window, which on these small grids can leave it alone for speed.
+schedule (``window.schedule_reach``), the change weighed as the budget weighs it
+(``pays.weighed_change``), the LPIPS of the final images with the reduction always applied, and
+whether the default budget's verdict on the weighed change (left alone above 0.05) agrees with
+"visible" (LPIPS above 0.05); beside it, whether weighing by the square root of the reach or by
+the reach itself would agree. The verdict is the budget's alone: on a CPU the auto rule also
+times ToDo's window, which on these small grids can leave it alone for speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import time
 from pathlib import Path
 
+from . import PACK
 from .budget_table import TINY, _decisions, each_fixture
 from .configs import Config, todo, tome
 from .quality_table import UNPATCHED, parsed_with_host
@@ -68,6 +71,7 @@ def run_fixture(host, name: str, args, log=print) -> dict:
     import photo_fixtures as pf
     from quality import metrics
 
+    weighed_change = importlib.import_module(f"{PACK}.tokenreduce.pays").weighed_change  # as the budget weighs
     fx = pf.load(name)
     started = time.monotonic()
     unpatched = Config(UNPATCHED, UNPATCHED).apply(fx.patcher, host.appliers)
@@ -90,12 +94,13 @@ def run_fixture(host, name: str, args, log=print) -> dict:
             unit = max(statistics.fmean(v) for v in units.values()) if units else None  # the kind changing most
             r = statistics.fmean(reach) if reach else 1.0
             row = {"reduction": label, "denoise": denoise, "steps": steps, "reach": r, "unit": unit,
-                   "weighed": unit * r ** 0.5 if unit is not None else None,
+                   "weighed": weighed_change(unit, r) if unit is not None else None,
                    "lpips_always": statistics.fmean(always), "lpips_always_max": max(always)}
             row["visible"] = row["lpips_always"] > VISIBLE
-            row["left_alone"] = row["weighed"] is not None and row["weighed"] > DEFAULT_BUDGET
-            row["left_alone_by_reach"] = unit is not None and unit * r > DEFAULT_BUDGET
-            row["agrees"] = row["left_alone"] == row["visible"]
+            for suffix, power in (("", None), ("_sqrt", 0.5), ("_reach", 1.0)):  # the pack's, and two others
+                weighed = row["weighed"] if power is None or unit is None else unit * r ** power
+                row["left_alone" + suffix] = weighed is not None and weighed > DEFAULT_BUDGET
+                row["agrees" + suffix] = row["left_alone" + suffix] == row["visible"]
             rows.append(row)
             log(f"{name} {label} {steps} steps, denoise {denoise:g}: reach {r:.3f}, unit {unit}, LPIPS always "
                 f"{row['lpips_always']:.4f} ({time.monotonic() - started:.0f} s)")
@@ -106,18 +111,17 @@ def run_fixture(host, name: str, args, log=print) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"\n{result['fixture']} fixture ({result['px']} px, {len(result['captions'])} captions x "
              f"{result['seeds']} seeds)\n",
-             "| reduction | steps | denoise | reach | unit (kind changing most) | x sqrt(reach) | x reach | "
-             "LPIPS (max) | at max_change 0.05 | agrees with LPIPS 0.05 | x reach would |",
+             "| reduction | steps | denoise | reach | unit (kind changing most) | weighed | LPIPS (max) | "
+             "at max_change 0.05 | agrees with LPIPS 0.05 | x sqrt(reach) would | x reach would |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    yes = {True: "yes", False: "**no**"}
     for row in result["rows"]:
         unit = row["unit"]
-        cells = (f"{unit:.3f} | {row['weighed']:.3f} | {unit * row['reach']:.3f}" if unit is not None
-                 else "- | - | -")
+        cells = f"{unit:.3f} | {row['weighed']:.3f}" if unit is not None else "- | -"
         verdict = "left alone" if row["left_alone"] else "reduced"
-        plain = "agree" if row["left_alone_by_reach"] == row["visible"] else "NOT agree"
         lines.append(f"| {row['reduction']} | {row['steps']} | {row['denoise']:g} | {row['reach']:.2f} | {cells} | "
                      f"{row['lpips_always']:.4f} ({row['lpips_always_max']:.4f}) | {verdict} | "
-                     f"{'yes' if row['agrees'] else 'NO'} | {plain} |")
+                     f"{yes[row['agrees']]} | {yes[row['agrees_sqrt']]} | {yes[row['agrees_reach']]} |")
     return "\n".join(lines)
 
 
