@@ -97,7 +97,9 @@ class Servers:
                 pytest.skip(f"frontend {frontend} is the host's own: tested as the host's")
             base = self.tmp_path_factory.mktemp(f"comfy-browser-{frontend}")
             returning_user(base)
-            self.server = start_server(base, ["SD15", "SDXL"], frontends.server_args(frontend))
+            # Classic caching (0.3.75's default): 0.33's default RAM-pressure cache kept SD1.5 and SDXL
+            # loaded to 19 GB, and with the suite's other worker the kernel killed the server (OOM).
+            self.server = start_server(base, ["SD15", "SDXL"], [*frontends.server_args(frontend), "--cache-classic"])
             self.frontend = frontend
         return self.server
 
