@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from comfy_helpers import patched, reduced, sample, session_of, spy_attn1
+from comfy_helpers import ScriptedClock, patched, reduced, sample, session_of, spy_attn1
 from test_comfy_dit_inprocess import run, todo
 from test_comfy_tome_dit_inprocess import dits, tome  # noqa: F401 - dits is a fixture
 
@@ -283,17 +283,6 @@ def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_res
     assert torch.equal(image, unpatched)
 
 
-class _PaysOnThisDevice:
-    """Stopwatch factory of a device where reducing pays: the reduced work takes half the time (the
-    CPU really times the window, whose speed on a tiny grid is not what this test is about)."""
-
-    def __call__(self, device):
-        def stopwatch(name, work):
-            work()
-            return 0.002 if name == "full" else 0.001
-        return stopwatch
-
-
 def test_dit_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, dits, monkeypatch, tmp_path):
     """The budget's milder step (issues #50, #51): where ToDo's nearest changes the block more than
     max_change, the window (each query's neighbourhood exact) is measured in its place and runs
@@ -301,7 +290,9 @@ def test_dit_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, d
     pays = sys.modules[f"{PACK}.tokenreduce.pays"]
 
     def store(name: str):
-        decisions = pays.Decisions(tmp_path / f"{name}.json", stopwatch=_PaysOnThisDevice())
+        # a device where reducing pays (half the time): the CPU really times the window, whose speed
+        # on a tiny grid is not what this test is about
+        decisions = pays.Decisions(tmp_path / f"{name}.json", stopwatch=ScriptedClock((2.0, 1.0)))
         monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: decisions)
         return decisions
 
@@ -336,21 +327,11 @@ def test_dit_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, d
     assert all(not d.reduce for _, d in session_of(tight).last_report.decisions)
 
 
-class _SlowerWhenReduced:
-    """Stopwatch factory of a device where the reduced work takes twice the time."""
-
-    def __call__(self, device):
-        def stopwatch(name, work):
-            work()
-            return 0.001 if name == "full" else 0.002
-        return stopwatch
-
-
 def test_dit_todo_window_is_timed_on_the_cpu_and_left_alone_where_it_is_slower(comfy, dits, monkeypatch, tmp_path):
     """The window can be more work than full attention on a small grid, so auto times it on a CPU
     too (nearest is not timed there): where the reduced call is slower, it is left alone."""
     pays = sys.modules[f"{PACK}.tokenreduce.pays"]
-    decisions = pays.Decisions(tmp_path / "slower.json", stopwatch=_SlowerWhenReduced())
+    decisions = pays.Decisions(tmp_path / "slower.json", stopwatch=ScriptedClock((1.0, 2.0)))  # reduced: twice
     monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: decisions)
     model = dits(VARIANT)
     node = todo(comfy, model, max_change=HUGE, method="window").result[0]
