@@ -124,8 +124,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--comfyui", type=Path)
 
 
-def _images(pf, fx, patcher, caption: str, steps: int, mode: str, seeds: int) -> tuple:
-    """(decoded images [seeds, H, W, 3], final latents) of one caption, schedule and mode."""
+def _images(pf, fx, patcher, caption: str, steps: int, mode: str, seeds: int,
+            denoise: float = I2I_DENOISE) -> tuple:
+    """(decoded images [seeds, H, W, 3], final latents) of one caption, schedule and mode
+    (``denoise``: image to image's)."""
     import comfy.sample
     import torch
 
@@ -137,7 +139,6 @@ def _images(pf, fx, patcher, caption: str, steps: int, mode: str, seeds: int) ->
         photo = next(p for p in pf.PHOTOS if p.caption == caption)
         image = pf.square(pf.load_photo(photo.name), fx.spec.native_px).movedim(0, -1)[None]
         latent = fx.vae.encode(image).repeat(seeds, 1, 1, 1)
-        denoise = I2I_DENOISE
     noise = comfy.sample.prepare_noise(latent, 0)
     with torch.no_grad():
         out = comfy.sample.sample(patcher, noise, steps, pf.CFG[fx.spec.name], "euler", "simple",

@@ -29,6 +29,7 @@ from . import PACK
 from .budget_table import TINY, _decisions, each_fixture
 from .configs import Config, todo, tome
 from .quality_table import UNPATCHED, parsed_with_host
+from .quality_table import _images as quality_images
 
 VISIBLE = 0.05  # LPIPS above this is a change one sees side by side (the issue's line)
 DEFAULT_BUDGET = 0.05  # max_change's default
@@ -49,22 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _images(pf, fx, patcher, caption: str, steps: int, denoise: float, seeds: int):
     """Decoded images of one caption: text to image at denoise 1, else from the caption's photo."""
-    import comfy.sample
-    import torch
-
-    size = fx.latent_size()
-    if denoise >= 1.0:
-        latent = torch.zeros(seeds, fx.spec.latent_channels, size, size)
-    else:
-        photo = next(p for p in pf.PHOTOS if p.caption == caption)
-        image = pf.square(pf.load_photo(photo.name), fx.spec.native_px).movedim(0, -1)[None]
-        latent = fx.vae.encode(image).repeat(seeds, 1, 1, 1)
-    noise = comfy.sample.prepare_noise(latent, 0)
-    with torch.no_grad():
-        out = comfy.sample.sample(patcher, noise, steps, pf.CFG[fx.spec.name], "euler", "simple",
-                                  fx.conditioning(caption, seeds), fx.conditioning(pf.EMPTY, seeds), latent,
-                                  denoise=min(denoise, 1.0), seed=0, disable_pbar=True)
-    return fx.vae.decode(out)
+    mode = "t2i" if denoise >= 1.0 else "i2i"
+    return quality_images(pf, fx, patcher, caption, steps, mode, seeds, denoise)[0]
 
 
 def run_fixture(host, name: str, args, log=print) -> dict:
