@@ -33,7 +33,7 @@ class ToDoPatchNode(PatchNode):
         if target.layout.kind == DIT:
             return cls._patch_dit(model, settings, target)
 
-        problem = unet_method_problem(cls.NODE_ID, settings.method)
+        problem = unet_method_problem(cls.NODE_ID, settings.method, window=True)  # ComfyUI's UNets run the window
         if problem:
             raise ValueError(problem)
         named = todo_level_factors(target.level, settings)
@@ -42,9 +42,11 @@ class ToDoPatchNode(PatchNode):
                                          preflight=todo_factors(cls.NODE_ID, [nf for nf in named
                                                                               if nf[1] in target.levels]))
         patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, session.context_key,
-                          cls.NODE_ID, unet_levels(model, target), reduce_rule(settings))
+                          cls.NODE_ID, unet_levels(model, target), reduce_rule(settings), window=True)
         session.attach(patched, patch)
         patched.set_model_attn1_patch(patch.attn1)
+        if patch.may_window:  # the window runs the self-attention the attn1 patch marks (todo_patch.py)
+            install_attention_override(patched, patch)
         info, warnings = todo_info(settings, target)
         return done(patched, info, title, warnings)
 

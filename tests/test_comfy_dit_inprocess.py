@@ -414,11 +414,6 @@ def test_window_on_a_grid_its_windows_cover_is_full_attention(comfy, dits, varia
     assert session_of(output.result[0]).last_report.levels[0].tokens["k/v"] == (tokens, tokens)
 
 
-def test_window_is_refused_on_a_unet(comfy, models):
-    with pytest.raises(ValueError, match=re.escape("TokenReduceToDo: method window is for DiTs")):
-        apply(comfy, "todo", models["SD15"], method="window")
-
-
 @pytest.mark.parametrize("level", ["2", "4", "8"])
 def test_a_level_other_than_auto_or_1_does_nothing_and_says_so(comfy, dits, level):
     base = dits("qwen_image")

@@ -46,8 +46,9 @@ def test_a_kind_that_changes_more_than_the_budget_is_left_alone_and_said_on_the_
     tight = patched(comfy, "todo", models["SD15"], max_change=TINY)
     sample(comfy, spy_attn1(tight, records), steps=1)
     assert reduced(records, "keys") == set()  # left alone: nothing reduced
-    (site, decision), = session_of(tight).last_report.decisions
+    (site, decision), (milder, window) = session_of(tight).last_report.decisions  # nearest, then its milder step
     assert decision.change > TINY and decision.over_budget and decision.source == "measured"
+    assert milder.endswith("method window instead") and window.over_budget and not window.reduce
     assert decision.full_ms is None  # the CPU is not timed: the change alone was measured
     said = f"auto · {site} · left alone: changes its output {100 * decision.change:.3g} % > 0.0001 %"
     assert said in lines_of(tight)
@@ -66,13 +67,14 @@ def test_a_run_covering_part_of_sampling_weighs_the_change_by_its_reach(comfy, m
     the hires pass reduce, and the report says the weighed change where it still refuses."""
     first = patched(comfy, "todo", models["SD15"], max_change=TINY)
     sample(comfy, first, steps=1)
-    (_, decision), = session_of(first).last_report.decisions
+    (_, decision), _window = session_of(first).last_report.decisions  # nearest, then the window (milder step)
     change = decision.change
     records = []
     budget = 0.7 * change  # over it at denoise 1, within it at 0.2: change * 0.2 ** (1/3) = 0.58 change
     model = patched(comfy, "todo", models["SD15"], max_change=budget)
     sample(comfy, spy_attn1(model, records), steps=4)
-    (_, whole), = session_of(model).last_report.decisions
+    (_, whole), (_, window) = session_of(model).last_report.decisions
+    assert not window.reduce  # the milder step too: on these random weights it changes as much as nearest
     assert whole.reach == 1.0 and whole.over_budget and reduced(records, "keys") == set()
     records.clear()
     sample(comfy, spy_attn1(model, records), steps=4, denoise=0.2)
@@ -82,7 +84,7 @@ def test_a_run_covering_part_of_sampling_weighs_the_change_by_its_reach(comfy, m
     assert reduced(records, "keys") == {(32, 32)}
     tighter = patched(comfy, "todo", models["SD15"], max_change=0.3 * change)  # over it even at 0.2
     sample(comfy, tighter, steps=4, denoise=0.2)
-    (site, refused), = session_of(tighter).last_report.decisions
+    (site, refused), _window = session_of(tighter).last_report.decisions
     weighed = f"{100 * change * refused.reach ** (1 / 3):.3g} %"
     assert (f"auto · {site} · left alone: changes its output {100 * change:.3g} % ({weighed} weighed by the "
             f"{describe_percent(refused.reach)} of sampling this run covers)") in " ".join(lines_of(tighter))

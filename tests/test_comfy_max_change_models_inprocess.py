@@ -46,7 +46,9 @@ def decided(comfy, model, budget: float, **settings):
     """The decision of the one kind ToDo meets on the tiny SD1.5 at 32x32 (downsample 1), and
     whether the run reduced."""
     records = []
-    node = patched(comfy, "todo", model, max_change=budget, **settings)
+    # average: nearest over the budget would step down to the window (a second decision); what this
+    # file tests is the change kept per model, the same for any method
+    node = patched(comfy, "todo", model, max_change=budget, **{"method": "average", **settings})
     sample(comfy, spy_attn1(node, records), steps=1)
     (_, decision), = session_of(node).last_report.decisions
     return decision, bool(reduced(records, "keys"))

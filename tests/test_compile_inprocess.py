@@ -60,6 +60,8 @@ def _unpatched(comfy, models, cache, family, split=False):
 
 CASES = [  # ToMe at its defaults: SDXL's case; SD1.5 takes the other modes and matchings
     ("SD15", [("todo", {})]),
+    # issue #50: the attention override runs the level windowed (always: auto times the window on a CPU)
+    ("SD15", [("todo", dict(method="window", reduce_when="always"))]),
     ("SD15", [("tome", dict(mode="queries only (ComfyUI built-in)", matching="3x3 cells", share_plans=True))]),
     ("SD15", [("tome", dict(merge_crossattn=True, merge_mlp=True, use_rand=False, max_downsample="2"))]),
     # plan_every: calls that plan and calls that reuse an earlier step's plans, two kinds of call

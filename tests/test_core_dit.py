@@ -500,10 +500,10 @@ def test_an_unhashable_override_after_todo_is_run_behind_it():
 def test_the_fronts_kept_for_overrides_found_after_todo_are_bounded_and_thread_safe():
     import threading
 
-    from tokenreduce import todo_dit
+    from tokenreduce import override_front
 
     patch = make_patch("Flux.1", flux_model())
-    overrides = [_chaining(_replacing) for _ in range(4 * todo_dit.FRONTS)]
+    overrides = [_chaining(_replacing) for _ in range(4 * override_front.FRONTS)]
     fronts = []
 
     def meet(chunk):
@@ -515,7 +515,7 @@ def test_the_fronts_kept_for_overrides_found_after_todo_are_bounded_and_thread_s
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(fronts) == len(overrides) and len(patch._fronts) == todo_dit.FRONTS
+    assert len(fronts) == len(overrides) and len(patch._fronts) == override_front.FRONTS
     last = overrides[-1]
     assert _model_call(patch, last)[2][OVERRIDE] is _model_call(patch, last)[2][OVERRIDE]
 

@@ -118,10 +118,18 @@ def todo_info(settings, target: Target) -> tuple[str, list[str]]:
     if settings.temporal_factor > 1:
         warnings.append(f"WARNING: temporal_factor {settings.temporal_factor:g} does nothing: {target.family} is not a "
                         f"video model.")
-    info = (f"ToDo on {target.family}: {'; '.join(described)}; {settings.method} pooling; "
+    how = f"{settings.method} pooling"
+    if settings.method == WINDOW:  # peak_window.py, run by the attention override (todo_patch.py)
+        how = _window_text()
+    info = (f"ToDo on {target.family}: {'; '.join(described)}; {how}; "
             f"active from {settings.start_percent:g} to {settings.end_percent:g} of sampling. "
             + reduce_when_text(settings))
     return info, warnings
+
+
+def _window_text() -> str:
+    return (f"window: each tile of queries also sees the keys within {HALO} tokens of it exactly and the "
+            f"{HEAVY_KEYS} keys with the most attention, each strided key weighted by the tokens it stands for")
 
 
 def _block_ranges(target: Target) -> str:
@@ -144,8 +152,7 @@ def _todo_dit_info(settings, target: Target) -> tuple[str, list[str]]:
     reduction = (s.factor ** 2) * (s.temporal_factor if family.video else 1)
     how = s.method
     if s.method == WINDOW:  # peak_window.py
-        how = (f"window: each tile of queries also sees the keys within {HALO} tokens of it exactly and the "
-               f"{HEAVY_KEYS} keys with the most attention, each strided key weighted by the tokens it stands for")
+        how = _window_text()
     info = (f"ToDo on {target.family} ({family.name}, DiT): keys/values of the {'video' if family.video else 'image'} "
             f"tokens of self-attention downsampled {s.factor:g}x per side{time} (about {reduction:.3g}x fewer), "
             f"{how}, in blocks {_block_ranges(target)} of {len(target.layout.sites)}; queries, text and "

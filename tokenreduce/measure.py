@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from .override_front import beneath_ours
 from .pays import Work, pair
 from .run import CONTEXT_PREFIX, MEASURING, OVERRIDE, ModelCall, call_context, weights_of
 
@@ -227,16 +228,16 @@ class UNetLevels:
         decided once, whatever batches the sampler forms later)."""
         weights = next(self.block(call, level).parameters(), None)
         text = tuple(call.context.shape[1:]) if call.context is not None else ()
+        others = beneath_ours(call.options.get(OVERRIDE))  # other packs' override: ToDo's window makes no kind
         return ("unet", self.family, level, *grid, *text, str(compute_dtype(call)),
-                str(weights.dtype) if weights is not None else "", backend_of(call, call.options.get(OVERRIDE)),
-                *reduction)
+                str(weights.dtype) if weights is not None else "", backend_of(call, others), *reduction)
 
     def call_key(self, call: ModelCall) -> tuple:
         """What of a call decides every level's ``kind`` (the model copy fixes the weights' dtype),
         for the per-run lookup of what the auto rule left alone: no block is looked up."""
         text = tuple(call.context.shape[1:]) if call.context is not None else ()
         return (call.x.device, tuple(call.x.shape[-2:]), text, compute_dtype(call), call.model,
-                backend_of(call, call.options.get(OVERRIDE)))
+                backend_of(call, beneath_ours(call.options.get(OVERRIDE))))
 
     def work(self, call: ModelCall, level: int, grid: tuple[int, int], context_key: str,
              reducing: Callable[[], dict]) -> Callable[[], Work]:

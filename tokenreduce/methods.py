@@ -62,8 +62,8 @@ def max_change_input() -> Input:
                          "and the report says so. A run covering part of sampling (image to image, a hires pass: "
                          "denoise below 1) weighs the change by the cube root of that share, so denoise 0.125 "
                          "halves it. Applies on a CPU too (each side run once, untimed). On DiTs "
-                         "ToDo's nearest first steps down to method window, which runs where it is within the "
-                         "budget. 0 = no budget: speed alone decides. reduce_when always ignores it.")
+                         "and ComfyUI's UNets ToDo's nearest first steps down to method window, which runs where it "
+                         "is within the budget. 0 = no budget: speed alone decides. reduce_when always ignores it.")
 
 
 def window_inputs(what: str) -> tuple[Input, Input]:
@@ -234,7 +234,7 @@ TODO = Method("ToDo", (
                   "settings mean the same on both."),
     Input("method", CHOICE, "nearest", options=(*DOWNSAMPLE_METHODS, WINDOW), advanced=True,
           tooltip="How keys/values are pooled on the grid: nearest (strided subsampling, fastest), average (mean "
-                  "of each cell), bilinear or bicubic (antialiased interpolation). window (DiTs): "
+                  "of each cell), bilinear or bicubic (antialiased interpolation). window (DiTs; UNets in ComfyUI): "
                   "each tile of queries also sees its neighbourhood exactly and the 16 keys with the most "
                   "attention, the strided keys weighted by the tokens each stands for; much closer to the "
                   "unpatched picture on trained models, but slower: on one CPU thread about 1.5x nearest's "
@@ -317,9 +317,11 @@ def dit_method_problem(label: str, family, method: str) -> str | None:
                f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))
 
 
-def unet_method_problem(label: str, method: str) -> str | None:
-    """Why ToDo's ``method`` cannot reduce a UNet (None: it can); every host says this."""
-    if method != WINDOW:
+def unet_method_problem(label: str, method: str, window: bool = False, host: str = "") -> str | None:
+    """Why ToDo's ``method`` cannot reduce a UNet (None: it can); every host says this. ``window``:
+    the host runs the window on UNets (ComfyUI: its UNet attention passes through the attention
+    override); ``host`` names one that does not."""
+    if method != WINDOW or window:
         return None
-    return (f"{label}: method window is for DiTs (a local window of exact keys around each tile of queries); "
-            f"on UNets ToDo pools with {', '.join(DOWNSAMPLE_METHODS)}.")
+    return (f"{label}: method window (a local window of exact keys around each tile of queries) runs on UNets in "
+            f"ComfyUI and on DiTs; on {host or 'this host'}'s UNets ToDo pools with {', '.join(DOWNSAMPLE_METHODS)}.")

@@ -21,10 +21,7 @@ model call ToDo then puts itself in front of it, so both act, and the report say
 
 from __future__ import annotations
 
-import functools
 import math
-import threading
-from collections import OrderedDict
 from typing import Callable, NamedTuple
 
 import torch
@@ -34,16 +31,10 @@ from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
 from .measure import backend_of, compute_dtype, dit_attention_work, dit_block_fingerprint, on_copies
 from .pays import CPU, AutoRule, Decision
+from .override_front import InFront, hand_on
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 from .tome_dit import NotReached, captured_blocks, take
-
-
-FRONTS = 8  # overrides found installed after ours that keep their front object (see _front_of)
-
-
-def _hand_on(after: Callable | None, func: Callable, args: tuple, kwargs: dict):
-    return after(func, *args, **kwargs) if after is not None else func(*args, **kwargs)
 
 
 class KeepPlan(NamedTuple):
@@ -132,14 +123,15 @@ def _model_block(args: dict, extra: dict):
     return extra["original_block"](args)
 
 
-class ToDoDiTPatch(CallPatch):
+class ToDoDiTPatch(InFront, CallPatch):
     """The attention override of one ToDo node output on a DiT."""
 
     heavy_keys = HEAVY_KEYS  # method window: the sink keys each query also sees exactly (peak_window.py)
 
     def __init__(self, layout, blocks: frozenset, factor: float, temporal_factor: float, method: str,
                  diffusion_model, context_key: str, label: str, rule: AutoRule | None = None, previous=None):
-        super().__init__(context_key, label, rule)
+        CallPatch.__init__(self, context_key, label, rule)
+        InFront.__init__(self, previous)  # the override installed before ours, called with our keys
         self.family = layout.family
         self.plan = layout.plan
         self.blocks = blocks  # indices of the blocks it reduces
@@ -150,9 +142,6 @@ class ToDoDiTPatch(CallPatch):
         self.model = diffusion_model  # read for its structure only (reference inputs, token order)
         self.patch = self.family.patch(diffusion_model)
         self._geometry = {}  # call kind -> dit.Geometry of its grid calls, read from the model when first timed
-        self._fronts = OrderedDict()  # id of an override found installed after ours -> (it, ours in front of it)
-        self._fronts_lock = threading.Lock()
-        self.previous = previous  # the override installed before ours, called with our keys
 
     # --- before each model call (outside any compiled region) ------------------------------
     def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
@@ -214,41 +203,6 @@ class ToDoDiTPatch(CallPatch):
                     first_slot.setdefault(slot.kind, index)
             found = run.cache[cache_key] = (plan, first_slot)
         return found
-
-    def _in_front(self, run: RunState, options: dict) -> tuple[Callable, Callable | None]:
-        """The override this call runs ours as, and the one ours hands its keys to. Where another
-        node set the override after ours (or removed it: None), ours goes in front of it in this
-        call's options (their own dict): the same object for the same found override every call,
-        so a compiled model sees no new value."""
-        current = options.get(OVERRIDE)
-        if getattr(current, "__self__", None) is self and getattr(current, "__func__", None) is ToDoDiTPatch.override:
-            return current, self.previous
-        if isinstance(current, functools.partial) and current.func == self._run_before:  # kept from an earlier call
-            return current, current.args[0]
-        options[OVERRIDE] = front = self._front_of(current)
-        if current is None:
-            run.note_once(f"{self.label}: a node applied after this one removed the attention override; "
-                          f"{self.label} put its own back, in front of the attention backend.")
-        else:
-            name = getattr(current, "__qualname__", type(current).__name__)
-            run.note_once(f"{self.label}: an attention override applied after this node ({name}) had replaced its "
-                          f"own; {self.label} runs in front of it, so both act.")
-        return front, current
-
-    def _front_of(self, current: Callable | None) -> Callable:
-        """Ours in front of ``current``, one object per override found (looked up by identity: an
-        override need not be hashable). Kept for the last ``FRONTS`` overrides found, so a model
-        whose override is replaced on every run does not grow this without bound."""
-        with self._fronts_lock:  # the model's calls may come from several threads (multi-GPU)
-            found = self._fronts.get(id(current))
-            if found is not None and found[0] is current:
-                self._fronts.move_to_end(id(current))
-                return found[1]
-            front = functools.partial(self._run_before, current)
-            self._fronts[id(current)] = (current, front)  # holds current: its id is not reused meanwhile
-            while len(self._fronts) > FRONTS:
-                self._fronts.popitem(last=False)
-            return front
 
     def _method(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
                 installed: Callable, after: Callable | None, planned: tuple) -> str | None:
@@ -345,9 +299,6 @@ class ToDoDiTPatch(CallPatch):
         return found
 
     # --- in the model call ----------------------------------------------------------------
-    def override(self, func, *args, **kwargs):
-        return self._run_before(self.previous, func, *args, **kwargs)
-
     def _run_before(self, after, func, *args, **kwargs):
         """Reduce this call's keys and values where it is a grid call of a reduced block, then
         hand them to ``after`` (another override) or to the backend ``func``. An override set after
@@ -356,14 +307,14 @@ class ToDoDiTPatch(CallPatch):
         options = kwargs.get("transformer_options")
         call = self.call_context(options) if isinstance(options, dict) else None
         if call is None or not call["active"] or call.get("inside"):
-            return _hand_on(after, func, args, kwargs)
+            return hand_on(after, func, args, kwargs)
         args, kwargs = self._reduce(call, args, kwargs, options.get(MERGED_GRID))
         window = call.pop("window", None)  # set by _reduce where this call runs windowed
         call["inside"] = True
         try:
             if window is not None:
                 return self._windowed(window, after, func, args, kwargs)
-            return _hand_on(after, func, args, kwargs)
+            return hand_on(after, func, args, kwargs)
         finally:
             call["inside"] = False
 
@@ -412,9 +363,9 @@ class ToDoDiTPatch(CallPatch):
 
         def attend(q, k, v, bias):
             if len(args) > 4:  # the mask given by position (None: the window runs only without one)
-                out = _hand_on(after, func, (q, k, v, heads, bias, *args[5:]), {**kwargs, "skip_reshape": True})
+                out = hand_on(after, func, (q, k, v, heads, bias, *args[5:]), {**kwargs, "skip_reshape": True})
             else:
-                out = _hand_on(after, func, (q, k, v, *args[3:]), {**kwargs, "mask": bias, "skip_reshape": True})
+                out = hand_on(after, func, (q, k, v, *args[3:]), {**kwargs, "mask": bias, "skip_reshape": True})
             return out if out.ndim == 4 else out.unflatten(2, (heads, -1)).transpose(1, 2)
 
         return window_call(q, k, v, heads, dim, plan, attend, self.heavy_keys,

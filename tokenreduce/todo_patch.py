@@ -5,49 +5,124 @@ and values pooled on the block's grid.
 input before projection as queries, keys and values alike; returning shorter keys/values makes
 the attention read fewer tokens, which every attention backend supports (it is what
 cross-attention does). Nothing to unmerge.
+
+``method`` window (issue #50; ComfyUI, whose UNet attention calls pass through the attention
+override): each query keeps its attention's peak, its tile's window of exact keys and the 16 keys
+with the most attention mass (the sinks a trained UNet's self-attention rests on), beside the
+strided far field weighted by the tokens each key stands for (``peak_window.py``). The keys must be
+projected first, so the attn1 patch only marks the call (its grid and level) and leaves the tokens
+as they are, and the override, which the block's self-attention calls next, runs the whole
+attention windowed. It also is the quality budget's milder step: where nearest changes a level's
+block by more than ``max_change``, the window is measured in its place and runs where it is within
+the budget and pays (as on DiTs, ``todo_dit.py``).
 """
 
 from __future__ import annotations
 
 from .describe import level_text
-from .downsample import downsample_tokens
+from .downsample import downsample_tokens, downsampled_grid
 from .grid import grid_at
 from .layout import unet_call_grid
 from .measure import UNetLevels
+from .override_front import InFront, hand_on
 from .pays import AutoRule
-from .run import CallPatch, call_context, note_reduced, note_skipped
+from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
+from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+
+WINDOWED = "windowed"  # call context: the levels whose self-attention runs windowed in this call
+PENDING = "window"  # call context: (grid, level) of the self-attention call the attn1 patch just saw
+WINDOW_PLANS = "window plans"  # call context: level -> its WindowPlan, built before the call
 
 
-class ToDoPatch(CallPatch):
-    """The patch function of one ToDo node output on a UNet."""
+class ToDoPatch(InFront, CallPatch):
+    """The patch function of one ToDo node output on a UNet (and, where the window may run, its
+    attention override: ``may_window``)."""
+
+    heavy_keys = HEAVY_KEYS
 
     def __init__(self, factors: dict, method: str, context_key: str, label: str, unet: UNetLevels,
-                 rule: AutoRule | None = None):
-        super().__init__(context_key, label, rule)
+                 rule: AutoRule | None = None, window: bool = False):
+        CallPatch.__init__(self, context_key, label, rule)
+        InFront.__init__(self)
         self.factors = factors  # level -> pooling factor per side (> 1)
         self.method = method
         self.unet = unet
+        # The window can run: set as the method, or the budget's milder step for nearest, where the
+        # host's UNet attention passes through an override it installs (``window``: ComfyUI).
+        self.may_window = window and (method == WINDOW or (method == "nearest" and rule is not None and rule.max_change > 0))
+        self._windowed = frozenset(factors) if method == WINDOW else frozenset()  # without an auto rule
 
-    def prepare_call(self, context: dict, run, call) -> None:
+    # --- before each model call (outside any compiled region) ------------------------------
+    def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
+        if self.may_window:
+            self._in_front(run, call.options)
         if not context["active"]:
             return
         levels = [level for level in self.factors if level in self.unet.first]  # others have no blocks (said)
-        context["left"] = self.left_alone(context, run, call, levels, lambda level: self._pays(run, call, level))
+        key = self.call_key(call)
+        if self.rule is None:
+            context["left"] = frozenset()
+            context[WINDOWED] = self._windowed
+            self._put_plans(context, run, call, key)
+            return
+        methods = run.cache.setdefault(("todo unet methods", key), {})
+
+        def runs(level: int) -> bool:  # asked once per run and kind of call (``left_alone`` keeps the answer)
+            methods[level] = self._method(run, call, level)
+            return methods[level] is not None
+
+        context["left"] = self.left_alone(context, run, call, levels, runs)
+        windowed = run.cache.get(("todo unet windowed", key))
+        if windowed is None:  # one object per run and kind of call: a compiled model sees no new value
+            windowed = frozenset(level for level, method in methods.items() if method == WINDOW)
+            run.cache[("todo unet windowed", key)] = windowed
+        context[WINDOWED] = windowed
+        self._put_plans(context, run, call, key)
+
+    def _put_plans(self, context: dict, run: RunState, call: ModelCall, key) -> None:
+        """The window's plans of this call's windowed levels, built here, before the call (never in
+        a compiled region: a plan is built once, with a host read), one dict per run and kind."""
+        if not context[WINDOWED]:
+            return
+        plans = run.cache.get(("todo unet window plans", key))
+        if plans is None:
+            grids = {level: grid_at(tuple(call.x.shape[-2:]), level) for level in context[WINDOWED]
+                     if level in self.unet.first}
+            plans = {level: self._plan(run, grid, self.factors[level], call.x.device) for level, grid in grids.items()}
+            run.cache[("todo unet window plans", key)] = plans
+        context[WINDOW_PLANS] = plans
 
     def call_key(self, call) -> tuple:
         return self.unet.call_key(call)
 
-    def _pays(self, run, call, level: int) -> bool:
+    def _method(self, run: RunState, call: ModelCall, level: int) -> str | None:
+        """How this level is reduced in this run: the node's method, or None (left alone) by
+        reduce_when auto; the window where nearest is over the quality budget and the window is
+        within it and pays."""
+        decision = self._decision(run, call, level, self.method)
+        if decision.reduce:
+            return self.method
+        if self.method != "nearest" or not self.may_window or not decision.over_budget:
+            return None
+        return WINDOW if self._decision(run, call, level, WINDOW).reduce else None
+
+    def _decision(self, run: RunState, call: ModelCall, level: int, method: str):
         grid = grid_at(tuple(call.x.shape[-2:]), level)
-        kind = self.unet.kind(call, level, grid, ("ToDo", self.factors[level], self.method))
-        return self.pays(run, call.x.device, kind, lambda: (
-            level_text(level, grid), self.unet.work(call, level, grid, self.context_key, self._measuring_context)),
-            lambda: self.unet.fingerprint(call, level))
+        kind = self.unet.kind(call, level, grid, ("ToDo", self.factors[level], method))
+        instead = "" if method == self.method else f", method {method} instead"
 
-    @staticmethod
-    def _measuring_context() -> dict:
-        return call_context(True, left=frozenset())
+        def reducing() -> dict:
+            if method != WINDOW:
+                return call_context(True, left=frozenset(), **{WINDOWED: frozenset()})
+            plan = self._plan(run, grid, self.factors[level], call.x.device)
+            return call_context(True, left=frozenset(), **{WINDOWED: frozenset([level]), WINDOW_PLANS: {level: plan}})
 
+        # The window is timed on a CPU too: on a small grid it can be more work than full attention.
+        return self.decision(run, call.x.device, kind, lambda: (
+            level_text(level, grid) + instead, self.unet.work(call, level, grid, self.context_key, reducing)),
+            lambda: self.unet.fingerprint(call, level), time_cpu=method == WINDOW)
+
+    # --- in the model call ----------------------------------------------------------------
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)
         if call is None or not call["active"]:
@@ -62,7 +137,44 @@ class ToDoPatch(CallPatch):
         if context.shape[1] != h * w or value.shape[1] != h * w:
             note_skipped(call)  # another patch changed the keys/values; reported at run end
             return n, context, value
+        if level in call.get(WINDOWED, ()):
+            call[PENDING] = ((h, w), level)  # the override runs this block's self-attention windowed
+            return n, context, value
         keys = downsample_tokens(context, h, w, factor, self.method)
         values = keys if value is context else downsample_tokens(value, h, w, factor, self.method)
         note_reduced(call, (h, w), level, lambda: {"q": (n.shape[1], n.shape[1]), "k/v": (h * w, keys.shape[1])})
         return n, keys, values
+
+    def _run_before(self, after, func, *args, **kwargs):
+        """The self-attention call the attn1 patch marked, run windowed; every other call (cross-
+        attention, levels not windowed, calls outside a run) handed on as it came."""
+        options = kwargs.get("transformer_options")
+        call = self.call_context(options) if isinstance(options, dict) else None
+        pending = call.pop(PENDING, None) if call is not None and call["active"] else None
+        if pending is None:
+            return hand_on(after, func, args, kwargs)
+        (h, w), level = pending
+        plan = call.get(WINDOW_PLANS, {}).get(level)
+        q, k, v = args[:3]
+        heads = args[3] if len(args) > 3 else kwargs["heads"]
+        dim = 2 if kwargs.get("skip_reshape") else 1  # [B, H, N, D], else [B, N, H*D]
+        mask = args[4] if len(args) > 4 else kwargs.get("mask")
+        if plan is None or plan.grid[1:] != (h, w) or mask is not None or \
+                not q.shape[dim] == k.shape[dim] == v.shape[dim] == h * w:
+            note_skipped(call)  # not the self-attention the patch saw (another pack's attention in between)
+            return hand_on(after, func, args, kwargs)
+        note_reduced(call, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, round(plan.seen * h * w))})
+        return window_call(q, k, v, heads, dim, plan, None, self.heavy_keys,
+                           heads_out=bool(kwargs.get("skip_output_reshape")))
+
+    @staticmethod
+    def _plan(run: RunState, grid: tuple[int, int], factor: float, device) -> WindowPlan:
+        """The window's plan of a level's grid: built once per run, grid, factor and device (as the
+        DiT path's: nothing of a run outlives it)."""
+        key = ("todo unet window plan", grid, factor, device)
+        plan = run.cache.get(key)
+        if plan is None:
+            h, w = grid
+            target = downsampled_grid(h, w, factor)
+            plan = run.cache[key] = window_plan(h * w, 0, (1, h, w), (1, *target), (1, factor, factor), device)
+        return plan

@@ -51,6 +51,7 @@ UNPATCHED = "unpatched"
 COMMON = (
     Config(UNPATCHED, "unpatched"),
     Config("ToDo 2", "todo", (todo(**ALWAYS),)),  # ToDo's defaults
+    Config("ToDo 2 window", "todo-window", (todo(method="window", **ALWAYS),)),  # issue #50 (UNets: ComfyUI's)
     Config("ToDo 3", "todo", (todo(factor=3.0, **ALWAYS),)),
     Config("ToMe 0.5", "tome", (tome(**ALWAYS),)),  # ToMe's defaults
 )
@@ -58,7 +59,6 @@ ONLY = {
     # On DiTs either order stacks the same; on UNets ToDo goes first (docs/nodes.md: after ToMe's
     # q, k, v mode it would find its keys merged and leave them).
     "flux": (Config("ToMe 0.5 + ToDo 2", "combined", (tome(**ALWAYS), todo(**ALWAYS))),
-             Config("ToDo 2 window", "todo-window", (todo(method="window", **ALWAYS),)),  # issue #50
              Config("ToMe 0.5 shared plans every 4", "tome-shared",
                     (tome(share_plans=True, plan_every=4, **ALWAYS),))),
     "sd15": (Config("ToMe 0.5 + ToDo 2", "combined", (todo(**ALWAYS), tome(**ALWAYS))),

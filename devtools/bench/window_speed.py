@@ -33,6 +33,7 @@ CASES = (
     ("the Flux fixture", 32, 3, 64, 64, 30),
     ("a Flux.1 1024 px grid, the fixture's width", 64, 3, 64, 64, 10),
     ("a Flux.1 1024 px grid, 8 heads x 128", 64, 8, 128, 256, 3),
+    ("SD1.5 512 px, level 1's self-attention (a UNet: no text)", 64, 8, 40, 0, 3),
 )
 
 

@@ -1,0 +1,99 @@
+"""ToDo's ``method`` window on UNets in the real ComfyUI, in-process (issue #50): the attn1 patch
+marks a level's self-attention and the attention override runs it windowed (each query tile's
+neighbourhood exact, the 16 keys with the most attention, the strided far field weighted by its
+counts); and the quality budget's milder step on UNets, nearest -> window."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from comfy_helpers import ScriptedClock, apply, patched, rel_error, sample, session_of
+from test_comfy_max_change_inprocess import PACK, lines_of
+
+HUGE, TINY = 2.0, 1e-9
+ALWAYS = {"method": "window", "reduce_when": "always"}  # auto times the window on a CPU too: always, to test it
+SIZE = (16, 16)
+
+
+def test_where_the_window_holds_the_whole_grid_the_image_is_the_unpatched_one(comfy, models):
+    """An 8x8 grid is one tile's window (4x4 queries and 2 tokens around, clamped inside): every
+    key exact, the far field masked, so the window gives full attention; nearest does not."""
+    base = models["SD15"]
+    unpatched = sample(comfy, base, size=(8, 8))
+    window = sample(comfy, patched(comfy, "todo", base, **ALWAYS), size=(8, 8))
+    nearest = sample(comfy, patched(comfy, "todo", base), size=(8, 8))
+    assert rel_error(window, unpatched) < 1e-5 < rel_error(nearest, unpatched)
+
+
+def test_the_window_runs_on_the_reduced_levels_reruns_bit_for_bit_and_says_what_each_query_sees(comfy, models):
+    base = models["SD15"]
+    out = apply(comfy, "todo", base, **ALWAYS)
+    assert "window: each tile of queries also sees the keys within 2 tokens" in out.result[1]
+    model = out.result[0]
+    first = sample(comfy, model)
+    assert torch.equal(first, sample(comfy, model))
+    unpatched, nearest = sample(comfy, base), sample(comfy, patched(comfy, "todo", base))
+    assert not torch.equal(first, unpatched) and not torch.equal(first, nearest)
+    lines = lines_of(model)
+    # 32x32: tiles of 4 (window 8x8 = 64 keys) and the far field's cells outside it (256 - 16)
+    assert any("32×32" in line and "k/v 1024→" in line for line in lines), lines
+    assert base.model_options.get("transformer_options", {}).get("optimized_attention_override") is None
+
+
+def test_unet_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, models, monkeypatch, tmp_path):
+    """The budget's milder step on UNets, as on DiTs: where nearest changes the level's block by
+    more than max_change, the window is measured in its place and runs where it is within the
+    budget; the report names both decisions; the image is the window's."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+
+    def store(name: str):
+        # a device where reducing pays (half the time): the CPU really times the window
+        decisions = pays.Decisions(tmp_path / f"{name}.json", stopwatch=ScriptedClock((2.0, 1.0)))
+        monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: decisions)
+
+    base = models["SD15"]
+    changes, images = {}, {}
+    # 16x16: a tile's window holds a quarter of the grid (on these random weights the window changes
+    # the 32x32 level's block about as much as nearest, 3.3 % against 3.2 %: their attention is not peaked)
+    for method in ("nearest", "window"):  # each measured alone, within a budget nothing exceeds
+        store(method)
+        node = patched(comfy, "todo", base, max_change=HUGE, method=method)
+        images[method] = sample(comfy, node, size=SIZE)
+        (_, decision), = session_of(node).last_report.decisions
+        assert decision.reduce and decision.source == "measured"
+        changes[method] = decision.change
+    assert changes["window"] < changes["nearest"]
+    store("ladder")
+    node = patched(comfy, "todo", base, max_change=(changes["window"] + changes["nearest"]) / 2)
+    image = sample(comfy, node, size=SIZE)
+    (_, nearest), (site, window) = session_of(node).last_report.decisions
+    assert nearest.over_budget and not nearest.reduce
+    assert window.reduce and site.endswith("method window instead")
+    assert any("method window instead" in line and line.endswith("· reduced") for line in lines_of(node))
+    assert torch.equal(image, images["window"])
+    store("both over")  # the window over the budget too: left alone, the unpatched image
+    tight = patched(comfy, "todo", base, max_change=TINY)
+    assert torch.equal(sample(comfy, tight, size=SIZE), sample(comfy, base, size=SIZE))
+    assert all(not d.reduce for _, d in session_of(tight).last_report.decisions)
+
+
+def test_an_override_set_after_the_node_does_not_shut_the_window_out(comfy, models):
+    """A backend node applied after ToDo (SageAttention-style: it replaces the override slot and
+    calls the backend it is handed) would keep the window from running; ToDo puts itself in front
+    of it at each model call, so both act: the window's image, the other override still called."""
+    base = models["SD15"]
+    model = patched(comfy, "todo", base, **ALWAYS)
+    expected = sample(comfy, model)
+    calls = []
+
+    def backend_choice(func, *args, **kwargs):
+        calls.append(args[0].shape)
+        return func(*args, **kwargs)
+
+    after = model.clone()
+    after.model_options["transformer_options"]["optimized_attention_override"] = backend_choice
+    assert torch.equal(sample(comfy, after), expected)
+    assert calls  # cross-attention and the levels not windowed went through it
+    assert any("runs in front of it" in line for line in lines_of(after))
