@@ -214,8 +214,9 @@ def fixtures_main(args, comfyui: Path) -> int:
     budget = "the nodes' default" if args.max_change is None else f"{args.max_change:g}"
     print(f"Quality budget max_change {budget}: auto leaves a kind of call alone where reducing it changes its "
           f"block's output by more (on every device; the reports say which and by how much). On the Flux fixture "
-          f"the default leaves the blocks alone, and that run's image is the unpatched one; --max-change 0 shows "
-          f"what the reduction does there.")
+          f"the default leaves ToMe's blocks alone and steps ToDo down to method window; --max-change 0 shows "
+          f"what the nodes' own settings do there.")
+    _say_each_warning_once()
     names = FIXTURES if args.fixture == "both" else (args.fixture,)
     started = time.perf_counter()
     results = [_fixture_demo(name, env, args) for name in names]
@@ -225,6 +226,23 @@ def fixtures_main(args, comfyui: Path) -> int:
     print(f"\n{time.perf_counter() - started:.0f} s of sampling and metrics; images, grids and results.json "
           f"in {args.out}")
     return 0
+
+
+def _say_each_warning_once() -> None:
+    """The demo runs each node several times (a warm-up, the timed repeats): a run's warning (auto
+    left everything alone, say) is printed the first time, not once a run; the reports repeat it."""
+    import logging
+
+    said = set()
+
+    def first_time(record) -> bool:
+        message = record.getMessage()
+        if message in said:
+            return False
+        said.add(message)
+        return True
+
+    logging.getLogger("tokenreduce").addFilter(first_time)
 
 
 # --- a checkpoint through a ComfyUI server (--checkpoint, --random-checkpoint) -----------------
