@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 import torch
 
 from comfy_helpers import ScriptedClock, apply, patched, rel_error, sample, session_of
@@ -27,18 +28,21 @@ def test_where_the_window_holds_the_whole_grid_the_image_is_the_unpatched_one(co
     assert rel_error(window, unpatched) < 1e-5 < rel_error(nearest, unpatched)
 
 
-def test_the_window_runs_on_the_reduced_levels_reruns_bit_for_bit_and_says_what_each_query_sees(comfy, models):
-    base = models["SD15"]
+@pytest.mark.parametrize("family, grid", [("SD15", "32×32"), ("SDXL", "16×16")])  # SDXL: its level 2
+def test_the_window_runs_on_the_reduced_levels_reruns_bit_for_bit_and_says_what_each_query_sees(comfy, models,
+                                                                                              family, grid):
+    base = models[family]
     out = apply(comfy, "todo", base, **ALWAYS)
     assert "window: each tile of queries also sees the keys within 2 tokens" in out.result[1]
     model = out.result[0]
-    first = sample(comfy, model)
-    assert torch.equal(first, sample(comfy, model))
-    unpatched, nearest = sample(comfy, base), sample(comfy, patched(comfy, "todo", base))
+    first = sample(comfy, model, family)
+    assert torch.isfinite(first).all() and torch.equal(first, sample(comfy, model, family))
+    unpatched, nearest = sample(comfy, base, family), sample(comfy, patched(comfy, "todo", base), family)
     assert not torch.equal(first, unpatched) and not torch.equal(first, nearest)
     lines = lines_of(model)
-    # 32x32: tiles of 4 (window 8x8 = 64 keys) and the far field's cells outside it (256 - 16)
-    assert any("32×32" in line and "k/v 1024→" in line for line in lines), lines
+    h, w = (int(n) for n in grid.split("×"))
+    # each query sees its tile's window (tiles of 4: 8x8 keys) and the far field's cells outside it
+    assert any(grid in line and f"k/v {h * w}→" in line for line in lines), lines
     assert base.model_options.get("transformer_options", {}).get("optimized_attention_override") is None
 
 
