@@ -120,6 +120,13 @@ def test_dit_keys_reduced_on_the_grid_only(monkeypatch, family):
     assert sum(k.shape[dim] < kf.shape[dim] for (_, k, _, _), (_, kf, _, _) in zip(reduced, full)) > 0
 
 
+def test_method_window_is_refused_on_a_unet_naming_where_it_runs():
+    """ComfyUI's UNets run the window through the attention override; diffusers' UNet ToDo pools
+    the keys in a pre-hook and has no processor of its own for it: refused by name, not ignored."""
+    with pytest.raises(ValueError, match="runs on UNets in ComfyUI and on DiTs; on diffusers' UNets ToDo pools"):
+        apply_patch(tiny.unet(), "ToDo", method="window")
+
+
 def test_rope_families_refuse_average_pooling_sd3_allows_it():
     with pytest.raises(ValueError, match="rotary positions"):
         apply_patch(tiny.transformer("Wan"), "ToDo", method="average")

@@ -320,8 +320,9 @@ def dit_method_problem(label: str, family, method: str) -> str | None:
 def unet_method_problem(label: str, method: str, window: bool = False, host: str = "") -> str | None:
     """Why ToDo's ``method`` cannot reduce a UNet (None: it can); every host says this. ``window``:
     the host runs the window on UNets (ComfyUI: its UNet attention passes through the attention
-    override); ``host`` names one that does not."""
+    override); ``host`` names one that does not, possessive ("Forge's")."""
     if method != WINDOW or window:
         return None
+    where = host or "this host's"
     return (f"{label}: method window (a local window of exact keys around each tile of queries) runs on UNets in "
-            f"ComfyUI and on DiTs; on {host or 'this host'}'s UNets ToDo pools with {', '.join(DOWNSAMPLE_METHODS)}.")
+            f"ComfyUI and on DiTs; on {where} UNets ToDo pools with {', '.join(DOWNSAMPLE_METHODS)}.")

@@ -321,7 +321,7 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
         rule = auto_rule(settings.reduce_when, decisions, per_process=True,  # a new pass each generation
                          max_change=settings.max_change)
         if method == "ToDo":
-            problem = unet_method_problem(who, settings.method, host="Forge")
+            problem = unet_method_problem(who, settings.method, host="Forge's")
             if problem:
                 return problem
             named = todo_level_factors(target.level, settings)

@@ -187,7 +187,7 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
         patch = DiffusersToMe(settings, target, label, session, rule)
         session.preflight = tome_strides(label, target.levels, settings.stride_x, settings.stride_y)
     elif not dit:
-        problem = unet_method_problem(label, settings.method, host="diffusers")
+        problem = unet_method_problem(label, settings.method, host="diffusers'")
         if problem:
             raise ValueError(problem)
         named = todo_level_factors(target.level, settings)
