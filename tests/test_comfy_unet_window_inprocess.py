@@ -101,3 +101,37 @@ def test_an_override_set_after_the_node_does_not_shut_the_window_out(comfy, mode
     assert torch.equal(sample(comfy, after), expected)
     assert calls  # cross-attention and the levels not windowed went through it
     assert any("runs in front of it" in line for line in lines_of(after))
+
+
+def test_where_no_level_runs_windowed_the_override_steps_aside_and_says_nothing(comfy, models, monkeypatch, tmp_path):
+    """ToDo's defaults (nearest with a budget) install the override, since the budget may step down
+    to the window; where nearest is within the budget, no call of the run goes through it (no
+    Python of ours per attention call) and an override another node set after ToDo is not
+    'put behind' ours in the report."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+    decisions = pays.Decisions(tmp_path / "within.json")
+    monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: decisions)
+    todo_patch = sys.modules[f"{PACK}.tokenreduce.todo_patch"]
+    ours = []
+    real = todo_patch.ToDoPatch._run_before
+    measuring = sys.modules[f"{PACK}.tokenreduce.run"].MEASURING
+
+    def counted(self, *args, **kwargs):  # the calls of sampling (not the budget's measuring runs)
+        if not (kwargs.get("transformer_options") or {}).get(measuring):
+            ours.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(todo_patch.ToDoPatch, "_run_before", counted)
+    model = patched(comfy, "todo", models["SD15"], max_change=HUGE)  # nearest, within the budget
+    assert model.model_options["transformer_options"].get("optimized_attention_override") is not None
+    calls = []
+
+    def backend_choice(func, *args, **kwargs):
+        calls.append(args[0].shape)
+        return func(*args, **kwargs)
+
+    after = model.clone()
+    after.model_options["transformer_options"]["optimized_attention_override"] = backend_choice
+    assert torch.equal(sample(comfy, after), sample(comfy, model))
+    assert calls and not ours  # every attention call went to the other override; none through ours
+    assert not any("in front of" in line for line in lines_of(after))

@@ -43,17 +43,24 @@ class InFront:
     def _run_before(self, after, func, *args, **kwargs):  # pragma: no cover - every subclass has its own
         raise NotImplementedError
 
-    def _in_front(self, run: RunState, options: dict) -> tuple[Callable, Callable | None]:
+    def _in_front(self, run: RunState, options: dict, say: bool = True) -> tuple[Callable, Callable | None]:
         """The override this call runs ours as, and the one ours hands its keys to. Where another
         node set the override after ours (or removed it: None), ours goes in front of it in this
         call's options (their own dict): the same object for the same found override every call,
-        so a compiled model sees no new value."""
+        so a compiled model sees no new value; said in the report (``say``; else the caller says it,
+        ``say_in_front``, where ours acts)."""
         current = options.get(OVERRIDE)
         if getattr(current, "__self__", None) is self and getattr(current, "__func__", None) is InFront.override:
             return current, self.previous
         if isinstance(current, functools.partial) and current.func == self._run_before:  # kept from an earlier call
             return current, current.args[0]
         options[OVERRIDE] = front = self._front_of(current)
+        if say:
+            self.say_in_front(run, current)
+        return front, current
+
+    def say_in_front(self, run: RunState, current: Callable | None) -> None:
+        """The report's note that ours went in front of ``current`` (the override another node set)."""
         if current is None:
             run.note_once(f"{self.label}: a node applied after this one removed the attention override; "
                           f"{self.label} put its own back, in front of the attention backend.")
@@ -61,7 +68,6 @@ class InFront:
             name = getattr(current, "__qualname__", type(current).__name__)
             run.note_once(f"{self.label}: an attention override applied after this node ({name}) had replaced its "
                           f"own; {self.label} runs in front of it, so both act.")
-        return front, current
 
     def _front_of(self, current: Callable | None) -> Callable:
         """Ours in front of ``current``, one object per override found (looked up by identity: an

@@ -27,7 +27,7 @@ from .measure import UNetLevels
 from .override_front import InFront, hand_on
 from .pays import AutoRule
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
-from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 
 WINDOWED = "windowed"  # call context: the levels whose self-attention runs windowed in this call
 PENDING = "window"  # call context: (grid, level) of the self-attention call the attn1 patch just saw
@@ -54,8 +54,25 @@ class ToDoPatch(InFront, CallPatch):
 
     # --- before each model call (outside any compiled region) ------------------------------
     def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
-        if self.may_window:
-            self._in_front(run, call.options)
+        if not self.may_window:
+            self._prepare(context, run, call)
+            return
+        options = call.options  # this call's own dict (the host copies it per call)
+        # Ours in front first: the window's measurement runs the block through it.
+        front, after = self._in_front(run, options, say=False)
+        self._prepare(context, run, call)
+        if context["active"] and context.get(WINDOWED):
+            if getattr(front, "__self__", None) is not self:  # in front of another node's override: said
+                self.say_in_front(run, after)
+            return
+        # No level of this call runs windowed (nearest within the budget, or left alone): ours steps
+        # aside for the call, so its attention calls pay no Python of ours and nothing is said.
+        if after is None:
+            options.pop(OVERRIDE, None)
+        else:
+            options[OVERRIDE] = after
+
+    def _prepare(self, context: dict, run: RunState, call: ModelCall) -> None:
         if not context["active"]:
             return
         levels = [level for level in self.factors if level in self.unet.first]  # others have no blocks (said)
