@@ -83,13 +83,9 @@ def test_unet_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, 
     assert all(not d.reduce for _, d in session_of(tight).last_report.decisions)
 
 
-def test_an_override_set_after_the_node_does_not_shut_the_window_out(comfy, models):
-    """A backend node applied after ToDo (SageAttention-style: it replaces the override slot and
-    calls the backend it is handed) would keep the window from running; ToDo puts itself in front
-    of it at each model call, so both act: the window's image, the other override still called."""
-    base = models["SD15"]
-    model = patched(comfy, "todo", base, **ALWAYS)
-    expected = sample(comfy, model)
+def with_override_after(model):
+    """A clone of ``model`` with a SageAttention-style override set after our node (it replaces the
+    slot and calls the backend it is handed), and the list of the attention calls it saw."""
     calls = []
 
     def backend_choice(func, *args, **kwargs):
@@ -98,6 +94,17 @@ def test_an_override_set_after_the_node_does_not_shut_the_window_out(comfy, mode
 
     after = model.clone()
     after.model_options["transformer_options"]["optimized_attention_override"] = backend_choice
+    return after, calls
+
+
+def test_an_override_set_after_the_node_does_not_shut_the_window_out(comfy, models):
+    """A backend node applied after ToDo (SageAttention-style: it replaces the override slot and
+    calls the backend it is handed) would keep the window from running; ToDo puts itself in front
+    of it at each model call, so both act: the window's image, the other override still called."""
+    base = models["SD15"]
+    model = patched(comfy, "todo", base, **ALWAYS)
+    expected = sample(comfy, model)
+    after, calls = with_override_after(model)
     assert torch.equal(sample(comfy, after), expected)
     assert calls  # cross-attention and the levels not windowed went through it
     assert any("runs in front of it" in line for line in lines_of(after))
@@ -124,14 +131,7 @@ def test_where_no_level_runs_windowed_the_override_steps_aside_and_says_nothing(
     monkeypatch.setattr(todo_patch.ToDoPatch, "_run_before", counted)
     model = patched(comfy, "todo", models["SD15"], max_change=HUGE)  # nearest, within the budget
     assert model.model_options["transformer_options"].get("optimized_attention_override") is not None
-    calls = []
-
-    def backend_choice(func, *args, **kwargs):
-        calls.append(args[0].shape)
-        return func(*args, **kwargs)
-
-    after = model.clone()
-    after.model_options["transformer_options"]["optimized_attention_override"] = backend_choice
+    after, calls = with_override_after(model)
     assert torch.equal(sample(comfy, after), sample(comfy, model))
     assert calls and not ours  # every attention call went to the other override; none through ours
     assert not any("in front of" in line for line in lines_of(after))
