@@ -187,19 +187,23 @@ class Frontend:
             const images = card ? card.querySelectorAll('img') : [];
             return [name, images.length === 1 && images[0].complete ? images[0].naturalWidth : 0];
         }))"""
+        scroll_to = """((name) => [...document.querySelectorAll('[role=dialog] *')]
+            .find(e => e.children.length === 0 && e.textContent.trim() === name)
+            ?.scrollIntoView({block: 'end', inline: 'nearest'}))"""
         found = {}
         for name in names:
-            title = dialog.get_by_text(name, exact=True).first
-            title.wait_for()
-            title.evaluate("(e) => e.scrollIntoView({block: 'end', inline: 'nearest'})")
+            dialog.get_by_text(name, exact=True).first.wait_for()
             # The widths are those of the evaluation that saw them loaded: a second read after a
             # successful wait found two cards at 0 (CI of stop 54 and once here, in 15 s, so no
-            # wait had timed out): the dialog can swap a card's picture between two reads.
+            # wait had timed out): the dialog can swap a card's picture between two reads. The
+            # title is scrolled into view at every poll, not once: the dialog can reorder its
+            # cards after the scroll (CI of stop 56, and 1 in 5 here on 1.32.9: the first card
+            # scrolled to, moved to the grid's last row out of view, its picture never loaded).
             try:
                 loaded = self.page.wait_for_function(
-                    f"(names) => {{ const w = ({widths})(names); "
+                    f"(names) => {{ {scroll_to}(names[0]); const w = ({widths})(names); "
                     "return Object.values(w).every(v => v > 0) ? w : false; }",
-                    arg=[name], timeout=timeout_ms)
+                    arg=[name], timeout=timeout_ms, polling=250)
                 found.update(loaded.json_value())
             except Exception:  # noqa: BLE001 - the caller asserts on the widths it gets
                 found.update(self.evaluate(widths, [name]))
