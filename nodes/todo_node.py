@@ -7,10 +7,10 @@ from comfy_api.latest import io
 from ..tokenreduce.catalog import TODO_NODE
 from ..tokenreduce.describe import header, todo_info
 from ..tokenreduce.layout import DIT, UNET
-from ..tokenreduce.methods import TODO, dit_method_problem, todo_level_factors, todo_select, unet_method_problem
+from ..tokenreduce.methods import TODO, dit_method_problem, todo_level_factors, todo_select
 from ..tokenreduce.preflight import dit_factor, todo_factors
 from ..tokenreduce.todo_dit import ToDoDiTPatch
-from ..tokenreduce.todo_patch import ToDoPatch
+from ..tokenreduce.todo_patch import BY_OVERRIDE, ToDoPatch
 from .common import (PatchNode, done, find_target, patched_clone, reduce_rule, refuse_or_unchanged, refuse_stacking,
                      unet_levels)
 from .host import hand_options_to_blocks, install_attention_override
@@ -33,16 +33,13 @@ class ToDoPatchNode(PatchNode):
         if target.layout.kind == DIT:
             return cls._patch_dit(model, settings, target)
 
-        problem = unet_method_problem(cls.NODE_ID, settings.method, window=True)  # ComfyUI's UNets run the window
-        if problem:
-            raise ValueError(problem)
         named = todo_level_factors(target.level, settings)
         title = header("ToDo", target)
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node(),
                                          preflight=todo_factors(cls.NODE_ID, [nf for nf in named
                                                                               if nf[1] in target.levels]))
         patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, session.context_key,
-                          cls.NODE_ID, unet_levels(model, target), reduce_rule(settings), window=True)
+                          cls.NODE_ID, unet_levels(model, target), reduce_rule(settings), window=BY_OVERRIDE)
         session.attach(patched, patch)
         patched.set_model_attn1_patch(patch.attn1)
         if patch.may_window:  # the window runs the self-attention the attn1 patch marks (todo_patch.py)

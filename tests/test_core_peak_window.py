@@ -194,13 +194,10 @@ def test_the_override_runs_the_window_on_flux_and_reports_what_each_query_sees()
     assert masked.shape == (2, 125, 8)
 
 
-def test_window_is_refused_on_the_unets_of_hosts_that_cannot_run_it():
-    from tokenreduce.methods import dit_method_problem, unet_method_problem
+def test_window_runs_on_every_dit_family():
+    from tokenreduce.methods import dit_method_problem
     from test_core_dit import FAMILY
 
-    assert "DiTs" in unet_method_problem("ToDo", "window") and unet_method_problem("ToDo", "nearest") is None
-    assert "on Forge's UNets ToDo pools with nearest" in unet_method_problem("ToDo", "window", host="Forge's")
-    assert unet_method_problem("ToDo", "window", window=True) is None  # ComfyUI's UNets run it (todo_patch.py)
     assert dit_method_problem("ToDo", FAMILY["Flux.1"], "window") is None  # every host: ComfyUI, diffusers, Forge
 
 

@@ -205,7 +205,7 @@ def test_a_run_auto_leaves_alone_reads_no_timestep_and_builds_no_kind_after_its_
         return spy
 
     monkeypatch.setattr(RunState, "sigma", counting("sigma", RunState.sigma))
-    monkeypatch.setattr(CallPatch, "pays", counting("pays", CallPatch.pays))
+    monkeypatch.setattr(CallPatch, "decision", counting("pays", CallPatch.decision))  # pays asks it too
     for module in (tome, todo):  # every kind of block call names its attention backend
         monkeypatch.setattr(module, "attention_backend", counting("kind", module.attention_backend))
     # Registered before the patch's hook: what the n-th model call reads is noted with n.

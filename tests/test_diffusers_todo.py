@@ -120,11 +120,48 @@ def test_dit_keys_reduced_on_the_grid_only(monkeypatch, family):
     assert sum(k.shape[dim] < kf.shape[dim] for (_, k, _, _), (_, kf, _, _) in zip(reduced, full)) > 0
 
 
-def test_method_window_is_refused_on_a_unet_naming_where_it_runs():
-    """ComfyUI's UNets run the window through the attention override; diffusers' UNet ToDo pools
-    the keys in a pre-hook and has no processor of its own for it: refused by name, not ignored."""
-    with pytest.raises(ValueError, match="runs on UNets in ComfyUI and on DiTs; on diffusers' UNets ToDo pools"):
-        apply_patch(tiny.unet(), "ToDo", method="window")
+@pytest.mark.parametrize("size", [64, 128])
+def test_method_window_runs_on_a_unets_self_attention_through_its_processor(monkeypatch, size):
+    """method window on diffusers' UNets (issue #50): the pre-hook marks the self-attention call and
+    the swapped processor runs it through the core's window_call (q, k and v projected). At 64 px
+    the 8x8 grid is one tile's window: the unpatched image (nearest is not); at 128 px the 16x16
+    grid is not (neither image); reruns bit for bit; remove gives the processors back."""
+    todo = importlib.import_module("tokenreduce.diffusers.todo")
+    windowed, real = [], todo.window_call
+    monkeypatch.setattr(todo, "window_call", lambda q, *a, **kw: windowed.append(q.shape) or real(q, *a, **kw))
+    pipe = tiny.pipeline()
+    attention = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    processor = attention.processor
+    base = tiny.generate(pipe, steps=2, size=size)
+    with apply_patch(pipe, "ToDo", method="nearest", reduce_when="always"):
+        nearest = tiny.generate(pipe, steps=2, size=size)
+    assert not windowed
+    with apply_patch(pipe, "ToDo", method="window", reduce_when="always") as patch:
+        assert type(attention.processor) is not type(processor)
+        first = tiny.generate(pipe, steps=2, size=size)
+        assert windowed and torch.equal(tiny.generate(pipe, steps=2, size=size), first)
+        lines = patch.report_lines()
+        report = patch.report()
+    assert attention.processor is processor and torch.equal(tiny.generate(pipe, steps=2, size=size), base)
+    grid = size // 8
+    assert any(line.startswith(f"ds 1 · {grid}×{grid} · q {grid * grid}→{grid * grid} · k/v {grid * grid}→")
+               for line in lines), lines
+    assert not report.warnings and report.skipped_calls == 0
+    if size == 64:
+        assert float((first - base).norm() / base.norm()) < 1e-5 and not torch.equal(nearest, base)
+    else:
+        assert not torch.equal(first, base) and not torch.equal(first, nearest)
+
+
+def test_method_window_on_a_unet_is_measured_by_the_budget_as_the_method_it_is(tmp_path):
+    """The quality budget measures the window as the node's method on diffusers' UNets (no milder
+    step from nearest here): at a tiny budget the level is left alone and the image is unpatched."""
+    pipe = tiny.pipeline()
+    base = tiny.generate(pipe, steps=1, size=128)
+    with apply_patch(pipe, "ToDo", method="window", max_change=1e-9) as patch:
+        assert torch.equal(tiny.generate(pipe, steps=1, size=128), base)
+        (site, decision), = patch.report().decisions
+    assert not decision.reduce and decision.over_budget
 
 
 def test_rope_families_refuse_average_pooling_sd3_allows_it():

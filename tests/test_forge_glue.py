@@ -21,6 +21,7 @@ from tokenreduce.describe import run_lines
 from tokenreduce.grid import grid_at
 from tokenreduce.methods import MODE_QUERIES, TODO
 from tokenreduce.pays import Decisions
+from tokenreduce.todo_patch import plain_attention
 from tokenreduce_forge import console, hooks, patching
 from tokenreduce_forge import settings as S
 from tokenreduce_forge.grid import grid_of
@@ -445,9 +446,11 @@ def test_the_auto_rule_measures_once_and_the_infotext_repeats(comfy, models, tmp
         sample(comfy, unet, "SD15", steps=1)
         ((method, report),) = run.finish(True)
         infotexts.append(" | ".join(run_lines(method.header, report, timing=False)))
-    assert store.measurements == 2 and infotexts[0] == infotexts[1]
+    # level 2's nearest is over the budget on these weights: its milder step, the window, is measured too
+    assert store.measurements == 3 and infotexts[0] == infotexts[1]
     assert "auto · downsample 1 (32×32) · 10.00 → 8.00 ms · reduced" in infotexts[0]
     assert "auto · downsample 2 (16×16) · 10.00 → 11.00 ms · left alone" in infotexts[0]
+    assert "auto · downsample 2 (16×16), method window instead · 10.00 → 11.00 ms · left alone" in infotexts[0]
 
 
 def test_measure_again_measures_once_not_on_every_generation(comfy, models, tmp_path):
@@ -462,7 +465,7 @@ def test_measure_again_measures_once_not_on_every_generation(comfy, models, tmp_
                                      decisions=store)
         sample(comfy, unet, "SD15", steps=1)
         run.finish(True)
-    assert store.measurements == 2
+    assert store.measurements == 3  # two levels, and level 2's milder step (nearest is over the budget there)
 
 
 def test_a_hires_pass_weighs_the_budgets_change_by_the_share_of_sampling_it_covers(comfy, models, tmp_path):
@@ -481,10 +484,117 @@ def test_a_hires_pass_weighs_the_budgets_change_by_the_share_of_sampling_it_cove
         run.use_schedule([float(s) for s in schedule], unet)
         sample(comfy, unet, "SD15", steps=4, denoise=denoise)
         ((_, report),) = run.finish(True)
-        (decision,) = [d for _, d in report.decisions]
-        return decision
+        # nearest's decision (over the budget it also measures its milder step, the window)
+        return next(d for site, d in report.decisions if not site.endswith("method window instead"))
 
     change = one_pass(1e-6, 1.0).change
     first, hires = one_pass(0.7 * change, 1.0), one_pass(0.7 * change, 0.2)
     assert first.reach == 1.0 and first.over_budget and not first.reduce
     assert 0.1 < hires.reach < 0.3 and hires.change == change and hires.reduce
+
+
+# --- ToDo's method window on Forge's UNets: attn1 replace patches (todo_patch.BY_REPLACE) -----------
+
+WINDOW_ALWAYS = {"method": "window", "reduce_when": "always"}  # auto times the window on a CPU too
+
+
+def _replaced(unet) -> dict:
+    return patching._attn1_replace(unet)
+
+
+@pytest.mark.parametrize("family", ["SD15", "SDXL"])
+def test_method_window_runs_in_attn1_replace_patches_and_computes_what_the_comfyui_node_computes(comfy, models,
+                                                                                                 family):
+    """Forge has no attention override: the window runs in an attn1 replace patch on each block of
+    the levels ToDo reduces, which Forge's block hands q, k and v. The same image as the ComfyUI
+    node's window (through its override), not nearest's, not the unpatched one; reruns bit for bit;
+    the input model gets no replace patch, and a clone re-installed without ToDo none either."""
+    base = models[family]
+    unet, run = forge_patched(base, family, ToDo=WINDOW_ALWAYS)
+    (method,) = run.methods
+    assert set(_replaced(unet)) == {site.key for site in method.target.sites}
+    assert not _replaced(base)
+    first = sample(comfy, unet, family)
+    assert torch.equal(first, sample(comfy, patched(comfy, "todo", base, **WINDOW_ALWAYS), family))
+    assert torch.equal(first, sample(comfy, unet, family))
+    nearest, _ = forge_patched(base, family, ToDo={"reduce_when": "always", "max_change": 0.0})
+    assert not torch.equal(first, sample(comfy, nearest, family))
+    assert not torch.equal(first, sample(comfy, base, family))
+    ((_, report),) = run.finish(True)
+    assert report.levels and not report.warnings
+    assert "window: each tile of queries also sees the keys within 2 tokens" in method.info
+    stripped, _ = patching.install(unet, family, S.HIRES, {}, (1, 4, 32, 32))
+    assert not _replaced(stripped)
+    assert torch.equal(sample(comfy, stripped, family), sample(comfy, forge_like(base), family))
+
+
+def test_forge_todo_over_the_budget_steps_down_to_the_window(comfy, models, tmp_path):
+    """The budget's milder step on Forge's UNets, as in ComfyUI: nearest over max_change, the
+    window within it: the window runs (its image), and the report names both decisions."""
+    def one_pass(name: str, **values):
+        store = Decisions(tmp_path / f"{name}.json", stopwatch=ScriptedClock((2.0, 1.0)))
+        settings = {"ToDo": S.method_settings("ToDo", S.FIRST, values)}
+        unet, run = patching.install(forge_like(models["SD15"]), "SD15", S.FIRST, settings, (1, 4, 16, 16),
+                                     decisions=store)
+        image = sample(comfy, unet, "SD15", size=(16, 16))
+        ((_, report),) = run.finish(True)
+        return image, report
+
+    changes, images = {}, {}
+    for method in ("nearest", "window"):  # each alone, within a budget nothing exceeds
+        images[method], report = one_pass(method, method=method, max_change=2.0)
+        ((_, decision),) = report.decisions
+        assert decision.reduce
+        changes[method] = decision.change
+    assert changes["window"] < changes["nearest"]
+    image, report = one_pass("ladder", max_change=(changes["window"] + changes["nearest"]) / 2)
+    (_, nearest), (site, window) = report.decisions
+    assert nearest.over_budget and not nearest.reduce
+    assert window.reduce and site.endswith("method window instead")
+    assert torch.equal(image, images["window"])
+
+
+def test_another_extensions_attn1_replace_refuses_the_window_and_turns_the_milder_step_off(models):
+    """Forge calls one attn1 replacement per block: where another extension holds one on a block
+    ToDo reduces, method window is refused naming the blocks, and nearest's milder step is off
+    (said); the other extension's patch stays."""
+    other = forge_like(models["SD15"])
+    theirs = lambda q, k, v, extra: q  # noqa: E731 - a stand-in for another extension's replacement
+    other.set_model_attn1_replace(theirs, "input", 1)
+    _, run = patching.install(other, "SD15", S.FIRST, {"ToDo": S.method_settings("ToDo", S.FIRST, WINDOW_ALWAYS)},
+                              (1, 4, 32, 32))
+    assert "method window cannot run here: another extension replaces the self-attention of blocks " \
+           "('input', 1, 0)" in run.refusal
+    unet, run = patching.install(other, "SD15", S.FIRST, {"ToDo": S.method_settings("ToDo", S.FIRST, {})},
+                                 (1, 4, 32, 32))
+    assert run.refusal is None and not run.methods[0].patch.may_window
+    assert any("milder step (method window) is off" in w for w in run.methods[0].run.warnings)
+    assert _replaced(unet) == {("input", 1): theirs}
+
+
+def test_where_no_level_runs_windowed_the_replace_patches_step_aside(comfy, models, tmp_path):
+    """ToDo's defaults (nearest with a budget) register the replace patches, since the budget may
+    step down to the window; where nearest is within it, each call's options go without ours, so
+    Forge's own self-attention runs (the attention function ours would hand calls to is never
+    called) and the image is the one without replace patches."""
+    store = Decisions(tmp_path / "within.json")
+    calls = []
+
+    def attention(q, k, v, heads):  # Forge's attention_function, counted
+        calls.append(q.shape)
+        return plain_attention(q, k, v, heads)
+
+    def one_pass():
+        settings = {"ToDo": S.method_settings("ToDo", S.FIRST, {"max_change": 2.0})}
+        unet, run = patching.install(forge_like(models["SD15"]), "SD15", S.FIRST, settings, (1, 4, 32, 32),
+                                     decisions=store, attention=attention)
+        assert run.methods[0].patch.may_window and _replaced(unet)
+        return sample(comfy, unet, "SD15"), run
+
+    one_pass()  # measures nearest (within the budget); the measuring runs the blocks with ours
+    calls.clear()
+    image, run = one_pass()  # decided: no call measured, none windowed
+    assert not calls and store.measurements == 1
+    assert torch.equal(image, sample(comfy, patched(comfy, "todo", models["SD15"], max_change=2.0), "SD15"))
+    ((_, report),) = run.finish(True)
+    assert report.levels and not report.warnings

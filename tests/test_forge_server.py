@@ -202,6 +202,20 @@ def test_todo_at_its_defaults_changes_the_image_and_reports_what_it_did(forge, p
     assert "TokenReduce ToDo report: " in result.infotext and "Token merging ratio" not in result.infotext
 
 
+def test_todo_method_window_runs_in_forges_blocks_and_reruns_bit_for_bit(forge, plain):
+    """method window on Forge's SD1.5: its blocks hand ToDo's attn1 replace patch q, k and v, and
+    the self-attention runs windowed (not nearest's image, not the plain one); reruns bit for bit;
+    the next plain image is the plain one (the replace patches went with the pass's clone)."""
+    args = [{"ToDo": {"method": "window", "reduce_when": "always"}}]
+    first = generate(forge, args)
+    assert not same(first.pixels, plain.pixels) and not same(first.pixels, generate(forge, [True]).pixels)
+    report = first.ours()["TokenReduce ToDo report"]
+    assert report.startswith(f"{SD15} | ds 1 · 32×32 · q 1024→1024 · k/v 1024→") and "k/v 1024→256" not in report
+    assert first.ours()["TokenReduce ToDo method"] == "window"
+    assert same(generate(forge, args).pixels, first.pixels)
+    assert same(generate(forge).pixels, plain.pixels)
+
+
 def test_reruns_are_bit_identical_and_leave_nothing_behind(forge, plain):
     # max_change 0: these merges change the random model's blocks by about 11 %, over the default
     # budget, which would leave them alone (the next test); here they must run, MLP object patches included.

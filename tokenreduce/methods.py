@@ -234,7 +234,7 @@ TODO = Method("ToDo", (
                   "settings mean the same on both."),
     Input("method", CHOICE, "nearest", options=(*DOWNSAMPLE_METHODS, WINDOW), advanced=True,
           tooltip="How keys/values are pooled on the grid: nearest (strided subsampling, fastest), average (mean "
-                  "of each cell), bilinear or bicubic (antialiased interpolation). window (DiTs; UNets in ComfyUI): "
+                  "of each cell), bilinear or bicubic (antialiased interpolation). window (DiTs and UNets): "
                   "each tile of queries also sees its neighbourhood exactly and the 16 keys with the most "
                   "attention, the strided keys weighted by the tokens each stands for; much closer to the "
                   "unpatched picture on trained models, but slower: on one CPU thread about 1.5x nearest's "
@@ -315,14 +315,3 @@ def dit_method_problem(label: str, family, method: str) -> str | None:
             + ("its keys carry rotary positions when they reach attention, and averaging them would mix positions; "
                "use nearest, which keeps each key's own position." if family.rope else
                f"on DiTs ToDo pools with {' or '.join(DIT_METHODS)}."))
-
-
-def unet_method_problem(label: str, method: str, window: bool = False, host: str = "") -> str | None:
-    """Why ToDo's ``method`` cannot reduce a UNet (None: it can); every host says this. ``window``:
-    the host runs the window on UNets (ComfyUI: its UNet attention passes through the attention
-    override); ``host`` names one that does not, possessive ("Forge's")."""
-    if method != WINDOW or window:
-        return None
-    where = host or "this host's"
-    return (f"{label}: method window (a local window of exact keys around each tile of queries) runs on UNets in "
-            f"ComfyUI and on DiTs; on {where} UNets ToDo pools with {', '.join(DOWNSAMPLE_METHODS)}.")

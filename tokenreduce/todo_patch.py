@@ -6,18 +6,25 @@ input before projection as queries, keys and values alike; returning shorter key
 the attention read fewer tokens, which every attention backend supports (it is what
 cross-attention does). Nothing to unmerge.
 
-``method`` window (issue #50; ComfyUI, whose UNet attention calls pass through the attention
-override): each query keeps its attention's peak, its tile's window of exact keys and the 16 keys
-with the most attention mass (the sinks a trained UNet's self-attention rests on), beside the
-strided far field weighted by the tokens each key stands for (``peak_window.py``). The keys must be
-projected first, so the attn1 patch only marks the call (its grid and level) and leaves the tokens
-as they are, and the override, which the block's self-attention calls next, runs the whole
-attention windowed. It also is the quality budget's milder step: where nearest changes a level's
-block by more than ``max_change``, the window is measured in its place and runs where it is within
-the budget and pays (as on DiTs, ``todo_dit.py``).
+``method`` window (issue #50): each query keeps its attention's peak, its tile's window of exact
+keys and the 16 keys with the most attention mass (the sinks a trained UNet's self-attention rests
+on), beside the strided far field weighted by the tokens each key stands for (``peak_window.py``).
+The keys must be projected first, so the attn1 patch only marks the call (its grid and level) and
+leaves the tokens as they are; what the block calls next with the projected q, k and v runs the
+whole attention windowed. That is the host's seam (``window``): ComfyUI's attention override
+(``BY_OVERRIDE``: every UNet attention call passes through it), or, on Forge, which has none, an
+``attn1`` replace patch on each block the window may run in (``BY_REPLACE``: the block hands it
+q, k and v; calls it does not window go to the host's attention function). The window also is the
+quality budget's milder step: where nearest changes a level's block by more than ``max_change``,
+the window is measured in its place and runs where it is within the budget and pays (as on DiTs,
+``todo_dit.py``).
 """
 
 from __future__ import annotations
+
+from typing import Callable
+
+import torch
 
 from .describe import level_text
 from .downsample import downsample_tokens, downsampled_grid
@@ -32,6 +39,8 @@ from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_re
 WINDOWED = "windowed"  # call context: the levels whose self-attention runs windowed in this call
 PENDING = "window"  # call context: (grid, level) of the self-attention call the attn1 patch just saw
 WINDOW_PLANS = "window plans"  # call context: level -> its WindowPlan, built before the call
+BY_OVERRIDE = "attention override"  # how the host runs the window: its attention override (ComfyUI)
+BY_REPLACE = "attn1 replace"  # ... an attn1 replace patch per block (Forge)
 
 
 class ToDoPatch(InFront, CallPatch):
@@ -41,21 +50,30 @@ class ToDoPatch(InFront, CallPatch):
     heavy_keys = HEAVY_KEYS
 
     def __init__(self, factors: dict, method: str, context_key: str, label: str, unet: UNetLevels,
-                 rule: AutoRule | None = None, window: bool = False):
+                 rule: AutoRule | None = None, window: str | None = None, attention: Callable | None = None):
         CallPatch.__init__(self, context_key, label, rule)
         InFront.__init__(self)
         self.factors = factors  # level -> pooling factor per side (> 1)
         self.method = method
         self.unet = unet
         # The window can run: set as the method, or the budget's milder step for nearest, where the
-        # host's UNet attention passes through an override it installs (``window``: ComfyUI).
-        self.may_window = window and (method == WINDOW or (method == "nearest" and rule is not None and rule.max_change > 0))
+        # host has a seam for it (``window``: BY_OVERRIDE, BY_REPLACE; None: it has none).
+        self.window = window
+        self.may_window = window is not None and (
+            method == WINDOW or (method == "nearest" and rule is not None and rule.max_change > 0))
+        # BY_REPLACE: the host's attention (q, k, v, heads) -> [B, N, H*D] for the calls not windowed
+        self.attention = attention or plain_attention
         self._windowed = frozenset(factors) if method == WINDOW else frozenset()  # without an auto rule
 
     # --- before each model call (outside any compiled region) ------------------------------
     def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
         if not self.may_window:
             self._prepare(context, run, call)
+            return
+        if self.window == BY_REPLACE:
+            self._prepare(context, run, call)
+            if not (context["active"] and context.get(WINDOWED)):
+                self._replace_aside(run, call.options)
             return
         options = call.options  # this call's own dict (the host copies it per call)
         # Ours in front first: the window's measurement runs the block through it.
@@ -71,6 +89,22 @@ class ToDoPatch(InFront, CallPatch):
             options.pop(OVERRIDE, None)
         else:
             options[OVERRIDE] = after
+
+    def _replace_aside(self, run: RunState, options: dict) -> None:
+        """BY_REPLACE, a call with no level windowed: its options get the attn1 replace patches
+        without ours (the host's own self-attention runs, as unpatched; nothing of ours per call).
+        Measured first: the window's measurement runs the block with ours. One dict per run and
+        set of replace patches."""
+        replaces = options.get("patches_replace", {})
+        attn1 = replaces.get("attn1", {})
+        if self.attn1_replace not in attn1.values():
+            return
+        key = ("todo unet replace aside", id(attn1))
+        aside = run.cache.get(key)
+        if aside is None or aside[0] is not attn1:  # kept with the dict it was made from: its id is not reused
+            aside = run.cache[key] = (attn1, {**replaces, "attn1": {
+                block: f for block, f in attn1.items() if f != self.attn1_replace}})
+        options["patches_replace"] = aside[1]
 
     def _prepare(self, context: dict, run: RunState, call: ModelCall) -> None:
         if not context["active"]:
@@ -167,22 +201,35 @@ class ToDoPatch(InFront, CallPatch):
         attention, levels not windowed, calls outside a run) handed on as it came."""
         options = kwargs.get("transformer_options")
         call = self.call_context(options) if isinstance(options, dict) else None
-        pending = call.pop(PENDING, None) if call is not None and call["active"] else None
-        if pending is None:
-            return hand_on(after, func, args, kwargs)
-        (h, w), level = pending
-        plan = call.get(WINDOW_PLANS, {}).get(level)
         q, k, v = args[:3]
         heads = args[3] if len(args) > 3 else kwargs["heads"]
         dim = 2 if kwargs.get("skip_reshape") else 1  # [B, H, N, D], else [B, N, H*D]
         mask = args[4] if len(args) > 4 else kwargs.get("mask")
+        out = self._window_run(call, q, k, v, heads, dim, mask, bool(kwargs.get("skip_output_reshape")))
+        return hand_on(after, func, args, kwargs) if out is None else out
+
+    def attn1_replace(self, q, k, v, extra_options):
+        """BY_REPLACE (Forge): the block's self-attention, q, k and v projected ([B, N, H*D]): the
+        call the attn1 patch marked runs windowed, every other one in the host's attention."""
+        call = self.call_context(extra_options)
+        heads = extra_options["n_heads"]
+        out = self._window_run(call, q, k, v, heads, 1, None, False)
+        return self.attention(q, k, v, heads) if out is None else out
+
+    def _window_run(self, call: dict | None, q, k, v, heads: int, dim: int, mask, heads_out: bool):
+        """The marked self-attention call run windowed, or None: no call marked (cross-attention,
+        levels not windowed, calls outside a run), or not the one the patch saw."""
+        pending = call.pop(PENDING, None) if call is not None and call["active"] else None
+        if pending is None:
+            return None
+        (h, w), level = pending
+        plan = call.get(WINDOW_PLANS, {}).get(level)
         if plan is None or plan.grid[1:] != (h, w) or mask is not None or \
                 not q.shape[dim] == k.shape[dim] == v.shape[dim] == h * w:
             note_skipped(call)  # not the self-attention the patch saw (another pack's attention in between)
-            return hand_on(after, func, args, kwargs)
+            return None
         note_reduced(call, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, round(plan.seen * h * w))})
-        return window_call(q, k, v, heads, dim, plan, None, self.heavy_keys,
-                           heads_out=bool(kwargs.get("skip_output_reshape")))
+        return window_call(q, k, v, heads, dim, plan, None, self.heavy_keys, heads_out=heads_out)
 
     @staticmethod
     def _plan(run: RunState, grid: tuple[int, int], factor: float, device) -> WindowPlan:
@@ -191,7 +238,21 @@ class ToDoPatch(InFront, CallPatch):
         key = ("todo unet window plan", grid, factor, device)
         plan = run.cache.get(key)
         if plan is None:
-            h, w = grid
-            target = downsampled_grid(h, w, factor)
-            plan = run.cache[key] = window_plan(h * w, 0, (1, h, w), (1, *target), (1, factor, factor), device)
+            plan = run.cache[key] = unet_window_plan(grid, factor, device)
         return plan
+
+
+def unet_window_plan(grid: tuple[int, int], factor: float, device) -> WindowPlan:
+    """The window's plan of a UNet level's self-attention: its grid's tokens alone (no text), the
+    far field on the grid ``factor`` pools it to (a host read: built before a call, never in one)."""
+    h, w = grid
+    return window_plan(h * w, 0, (1, h, w), (1, *downsampled_grid(h, w, factor)), (1, factor, factor), device)
+
+
+def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """torch's attention of a host's UNet call ([B, N, H*D] in and out), where the host gives no
+    attention function of its own (a ComfyUI patcher standing in for Forge's, in the tests)."""
+    b, _, inner = q.shape
+    q, k, v = (t.view(b, -1, heads, inner // heads).transpose(1, 2) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return out.transpose(1, 2).reshape(b, -1, inner)

@@ -7,7 +7,9 @@ for that pass only (Forge resets the UNet before every pass). So each pass gets 
 Forge's one ``model_function_wrapper`` slot, chained to whatever held it, gives every model
 call its context, as ComfyUI's APPLY_MODEL wrapper does. The attention patches are the shared
 ones of ``tokenreduce/``; ``grid.supply_activations_shape`` runs first and gives them the
-block's grid.
+block's grid. ToDo's method window (and the budget's milder step to it) runs in an attn1 replace
+patch on each block of the levels it reduces, since Forge has no attention override
+(``todo_patch.BY_REPLACE``); where another extension holds a block's replace slot, it does not.
 
 Refusals: Forge swallows exceptions raised in script hooks, so settings that cannot run are
 refused by raising from the wrapper, at the pass's first model call, before anything is
@@ -27,12 +29,13 @@ from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.fingerprint import fingerprint
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels, copied_containers
-from tokenreduce.methods import todo_level_factors, todo_select, tome_select, unet_method_problem
+from tokenreduce.methods import todo_level_factors, todo_select, tome_select
 from tokenreduce.pays import Decisions, auto_rule
+from tokenreduce.peak_window import WINDOW
 from tokenreduce.preflight import todo_factors, tome_strides
 from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from tokenreduce.target import resolve_target
-from tokenreduce.todo_patch import ToDoPatch
+from tokenreduce.todo_patch import BY_REPLACE, ToDoPatch
 from tokenreduce.tome_patch import ToMePatch
 from tokenreduce.window import SigmaWindow, schedule_reach
 
@@ -55,9 +58,11 @@ class Refused(Exception):
 class Installed:
     """What TokenReduce added to a patcher, so that a clone of it can take it out again."""
 
-    def __init__(self, functions: list, object_keys: list, previous_wrapper, had_wrapper: bool):
+    def __init__(self, functions: list, object_keys: list, previous_wrapper, had_wrapper: bool,
+                 replaced: list = ()):
         self.functions = functions  # (patch list name, function)
         self.object_keys = object_keys
+        self.replaced = list(replaced)  # (attn1 replace key, function): ToDo's window
         self.previous_wrapper = previous_wrapper
         self.had_wrapper = had_wrapper
 
@@ -245,6 +250,23 @@ def strip_ours(clone) -> None:
         clone.model_options.pop("model_function_wrapper", None)
     for key in installed.object_keys:
         clone.object_patches.pop(key, None)
+    replace = _attn1_replace(clone)
+    for key, function in installed.replaced:
+        if replace.get(key) == function:
+            del replace[key]
+
+
+def _attn1_replace(unet) -> dict:
+    """The patcher's attn1 replace patches, by block key (``("input", 1, 0)``; or without the
+    transformer index, for every index of the block)."""
+    return unet.model_options.get("transformer_options", {}).get("patches_replace", {}).get("attn1", {})
+
+
+def _replaced_by_others(clone, sites) -> list:
+    """The sites whose self-attention another extension replaces (an attn1 replace patch): ToDo's
+    window cannot run there, since Forge calls one replacement per block."""
+    replace = _attn1_replace(clone)
+    return [site for site in sites if site.key in replace or site.key[:2] in replace]
 
 
 def strip_builtin_tome(clone) -> bool:
@@ -289,11 +311,11 @@ def install(unet, family: str, stage: str, methods: dict, latent_shape: tuple, r
                              decisions if decisions is not None else MEMORY_ONLY)
     if run.refusal is None and not run.methods:
         return clone, run  # only warnings (settings that do nothing here): nothing to call
-    functions, object_keys = [], []
+    functions, object_keys, replaced = [], [], []
     if run.refusal is None:
-        functions, object_keys = _register(clone, run)
+        functions, object_keys, replaced = _register(clone, run)
     clone.set_model_unet_function_wrapper(run.wrapper(previous))
-    clone.model_options[INSTALLED] = Installed(functions, object_keys, previous, had_wrapper)
+    clone.model_options[INSTALLED] = Installed(functions, object_keys, previous, had_wrapper, replaced)
     return clone, run
 
 
@@ -321,14 +343,21 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
         rule = auto_rule(settings.reduce_when, decisions, per_process=True,  # a new pass each generation
                          max_change=settings.max_change)
         if method == "ToDo":
-            problem = unet_method_problem(who, settings.method, host="Forge's")
-            if problem:
-                return problem
             named = todo_level_factors(target.level, settings)
             check = todo_factors(who, [nf for nf in named if nf[1] in target.levels])
-            patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, context_key, who,
-                              unet_levels, rule)
             warnings = [f"{who}: {warning}" for warning in todo_info(settings, target)[1]]
+            window = BY_REPLACE
+            if taken := _replaced_by_others(clone, target.sites):
+                blocks = ", ".join(str(site.key) for site in taken)
+                if settings.method == WINDOW:
+                    return (f"{who}: method window cannot run here: another extension replaces the self-attention "
+                            f"of blocks {blocks} (an attn1 replace patch; Forge calls one per block). Use method "
+                            f"nearest, or turn that extension off.")
+                window = None
+                warnings.append(f"{who}: the quality budget's milder step (method window) is off: another extension "
+                                f"replaces the self-attention of blocks {blocks}.")
+            patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, context_key, who,
+                              unet_levels, rule, window=window, attention=run.attention)
         else:
             check = tome_strides(who, target.levels, settings.stride_x, settings.stride_y)
             patch = ToMePatch(settings, target, context_key, who, unet_levels, rule)
@@ -342,10 +371,10 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
     return None
 
 
-def _register(clone, run: PassRun) -> tuple[list, list]:
+def _register(clone, run: PassRun) -> tuple[list, list, list]:
     if any(method.target.layout.kind == DIT for method in run.methods):
-        return forge_flux.register(clone, run)
-    functions, object_keys = [], []
+        return *forge_flux.register(clone, run), []
+    functions, object_keys, replaced = [], [], []
 
     def add(name: str, function) -> None:
         clone.set_model_patch(function, name)
@@ -356,6 +385,11 @@ def _register(clone, run: PassRun) -> tuple[list, list]:
         patch, settings = method.patch, method.settings
         add("attn1_patch", patch.attn1)
         if method.method != "ToMe":
+            if patch.may_window:  # the blocks of the levels it reduces hand it q, k, v (todo_patch.py)
+                for site in method.target.sites:
+                    if site.level in patch.factors:
+                        clone.set_model_attn1_replace(patch.attn1_replace, *site.key)
+                        replaced.append((site.key, patch.attn1_replace))
             continue
         if settings.merge_attn:
             add("attn1_output_patch", patch.unmerge_output)
@@ -369,7 +403,7 @@ def _register(clone, run: PassRun) -> tuple[list, list]:
                 key = f"{site.path}.ff.forward"
                 clone.add_object_patch(key, patch.mlp_forward(site.key, clone.get_model_object(f"{site.path}.ff")))
                 object_keys.append(key)
-    return functions, object_keys
+    return functions, object_keys, replaced
 
 
 def refusing(unet, stage: str, message: str):

@@ -21,7 +21,7 @@ from ..catalog import TODO_NODE, TOME_NODE
 from ..describe import header, todo_info, tome_dit_info, tome_info
 from ..layout import DIT, UNET
 from ..methods import (dit_method_problem, todo_level_factors, todo_select, tome_select, tome_unet_only,
-                       tome_without_frames, unet_method_problem)
+                       tome_without_frames)
 from ..pays import auto_rule, decisions_at
 from ..preflight import todo_factors, tome_strides
 from ..run import RunReport
@@ -60,7 +60,7 @@ class ModelPatch:
 
     def remove(self) -> None:
         self.hooks.remove()
-        if isinstance(self.patch, (DiTToDo, DiffusersToMeDiT)):
+        if isinstance(self.patch, (DiTToDo, UNetToDo, DiffusersToMeDiT)):
             self.patch.uninstall()
         self.model.__dict__.pop(ATTRIBUTE, None)
 
@@ -187,9 +187,6 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
         patch = DiffusersToMe(settings, target, label, session, rule)
         session.preflight = tome_strides(label, target.levels, settings.stride_x, settings.stride_y)
     elif not dit:
-        problem = unet_method_problem(label, settings.method, host="diffusers'")
-        if problem:
-            raise ValueError(problem)
         named = todo_level_factors(target.level, settings)
         patch = UNetToDo({lv: f for _, lv, f in named if lv in target.levels}, settings.method, target.sites, label,
                          session, rule)

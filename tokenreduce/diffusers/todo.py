@@ -7,6 +7,11 @@ as ComfyUI's ``attn1_patch`` does (any processor, any attention backend). UNet2D
 self-attentions are called on the feature map [B, C, H, W] and norm it inside the processor
 (its ``spatial_norm``, then ``group_norm``, which it does not apply to ``encoder_hidden_states``):
 their pre-hook norms the tokens as the processor does and passes those, pooled, the same way.
+With method window (issue #50) the keys must be projected first: the pre-hook only marks the call
+(its grid and level) and the self-attention's processor, swapped for a subclass as on DiTs (below),
+runs it through the core's ``peak_window.window_call`` (every query; its tile's window, the 16
+heaviest keys and the strided far field weighted by its counts), with plans built before the model
+call, outside the blocks. No milder step from nearest here: the budget measures the method set.
 
 DiTs: keys carry rotary positions and are concatenated with the text inside the processor, so
 the reduction has to happen where the processor hands q, k and v to the attention: its call to
@@ -41,7 +46,8 @@ from ..peak_window import HEAVY_KEYS, WINDOW, sdpa, window_call
 from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys, reduced_tokens, window_plans, window_runs
-from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, weights_fingerprint
+from ..todo_patch import unet_window_plan
+from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, unet_sample, weights_fingerprint
 from .models import self_attention
 from .session import Session
 
@@ -61,6 +67,21 @@ class UNetToDo(UNetCalls, CallPatch):
         self.session = session
         self.switch = Switch(session)
         self.block_input = None  # max_change: (block, args, kwargs) of the site's block call running now
+        self.window = method == WINDOW
+        self.plans: dict = {}  # method window: level -> WindowPlan of the current latent (built in prepare)
+        self._plans_for: tuple | None = None  # (latent grid, device) the plans are for
+        self.pending: tuple | None = None  # method window: (grid, level) of the self-attention call marked now
+        self._swapped: list = []  # method window: (attention module, its original processor, ours)
+        self._classes: dict = {}
+        self._dispatchers: dict = {}
+
+    def prepare(self, context: dict, arguments) -> None:
+        super().prepare(context, arguments)
+        device = unet_sample(arguments).device
+        if self.window and (self.session.latent_hw, device) != self._plans_for:  # a new size, or moved
+            self.plans = {level: unet_window_plan(grid_at(self.session.latent_hw, level), factor, device)
+                          for level, factor in self.factors.items()}
+            self._plans_for = (self.session.latent_hw, device)
 
     def attn1(self, block: torch.nn.Module, level: int):
         factor = self.factors[level]
@@ -76,6 +97,15 @@ class UNetToDo(UNetCalls, CallPatch):
                 note_skipped(context)  # tokens that are not the block's grid (another patch reshaped them)
                 return None
             if not self._reduces(context, block, module, level, (h, w), x, args, kwargs):
+                return None
+            if self.window:
+                plan = self.plans.get(level)
+                if plan is None or plan.grid[1:] != (h, w):
+                    note_skipped(context)
+                    return None
+                self.pending = ((h, w), level)  # the processor runs this call windowed
+                note_reduced(context, (h, w), level,
+                             lambda: {"q": (h * w, h * w), "k/v": (h * w, round(plan.seen * h * w))})
                 return None
             keys = downsample_tokens(x if x.ndim == 3 else normed_tokens(module, x, kwargs), h, w, factor, self.method)
             note_reduced(context, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, keys.shape[1])})
@@ -97,8 +127,36 @@ class UNetToDo(UNetCalls, CallPatch):
             held = self.block_input
             unit = on_copies(*held) if held is not None and held[0] is block else None
             return level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs), unit=unit)
-        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe,
-                                                     lambda: weights_fingerprint(block)))
+        # The window is timed on a CPU too: on a small grid it can be more work than full attention.
+        decision = self.decision(self.session.run, x.device, kind, describe, lambda: weights_fingerprint(block),
+                                 time_cpu=self.window)
+        return self.decided(context, kind, decision is None or decision.reduce)
+
+    # --- method window: in the self-attention's processor -------------------------------------
+    def _windowed_or_none(self, q, k, v, mask, dim: int, extras: dict):
+        """The call the pre-hook marked, run windowed; None for every other call."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        (h, w), level = pending
+        if mask is not None or extras.get("dropout_p") or extras.get("is_causal") or \
+                not q.shape[dim] == k.shape[dim] == v.shape[dim] == h * w:
+            note_skipped(self.session.context)  # not the call the pre-hook saw: as it came
+            return None
+        return _windowed(q, k, v, dim, self.plans[level], extras.get("scale"))
+
+    def _dispatch(self, original):
+        def dispatch_attention_fn(query, key, value, attn_mask=None, *args, **kwargs):  # [B, N, heads, D]
+            out = self._windowed_or_none(query, key, value, attn_mask, 1, {**dict(zip(EXTRAS, args)), **kwargs})
+            return original(query, key, value, attn_mask, *args, **kwargs) if out is None else out
+        return dispatch_attention_fn
+
+    def _sdpa(self, query, key, value, attn_mask=None, *args, **kwargs):  # [B, heads, N, D]
+        out = self._windowed_or_none(query, key, value, attn_mask, 2, {**dict(zip(EXTRAS, args)), **kwargs})
+        return F.scaled_dot_product_attention(query, key, value, attn_mask, *args, **kwargs) if out is None else out
+
+    def _unmark(self, module, args, kwargs, output):
+        self.pending = None  # a marked call that did not reach our processor (one set after ours) marks no other
 
     def keep_block_input(self, module, args, kwargs):
         """Pre-hook of a site's block (before its self-attention's): what the model hands it,
@@ -111,13 +169,28 @@ class UNetToDo(UNetCalls, CallPatch):
             self.block_input = None  # no activation held past its block
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
+        blocks = [(model.get_submodule(site.path), site.level) for site in self.sites]
+        if self.window:  # first: a processor that cannot run the window refuses before any hook is set
+            try:
+                for block, _ in blocks:
+                    self._swapped.append(swap_processor(
+                        self_attention(block), self._classes, self._dispatchers, self._dispatch, self._sdpa,
+                        f"{self.label}: the self-attention processor {{}} of this UNet (method window)"))
+            except ValueError:
+                restore_processors(self._swapped)
+                raise
         budget = self.rule is not None and self.rule.max_change > 0
-        for site in self.sites:
-            block = model.get_submodule(site.path)
+        for block, level in blocks:
             if budget:  # registered first: for a plain attention the block is its own self-attention
                 hooks.pre(block, self.keep_block_input)
                 hooks.post(block, self.drop_block_input)
-            hooks.pre(self_attention(block), self.attn1(block, site.level))
+            attention = self_attention(block)
+            hooks.pre(attention, self.attn1(block, level))
+            if self.window:
+                hooks.post(attention, self._unmark)
+
+    def uninstall(self) -> None:
+        restore_processors(self._swapped)
 
 
 def normed_tokens(attention: torch.nn.Module, feature_map: torch.Tensor, kwargs: dict) -> torch.Tensor:
@@ -300,31 +373,6 @@ class DiTToDo(CallPatch):
         return F.scaled_dot_product_attention(query, k, v, mask, *args, **kwargs)
 
     # --- installing ---------------------------------------------------------------------------
-    def _reducing_class(self, cls: type) -> type:
-        """``cls`` with its ``__call__`` run against our attention entry points."""
-        ours = self._classes.get(cls)
-        if ours is not None:
-            return ours
-        call = cls.__call__
-        names = set(call.__code__.co_names)
-        if DISPATCH not in names and "F" not in names:
-            raise ValueError(f"{self.label}: the attention processor {cls.__name__} of this {self.family.name} model "
-                             f"calls neither diffusers' {DISPATCH} nor F.scaled_dot_product_attention; ToDo cannot "
-                             f"reach its keys. Use the model's default processor (model.set_default_attn_processor() "
-                             f"or the processor diffusers gives it).")
-        bound = {}
-        if DISPATCH in names and DISPATCH in call.__globals__:
-            self._dispatchers[cls] = call.__globals__[DISPATCH]
-            bound[DISPATCH] = self._dispatch(call.__globals__[DISPATCH])
-        if call.__globals__.get("F") is F:
-            functional = types.ModuleType("torch.nn.functional")
-            functional.__dict__.update(F.__dict__)
-            functional.scaled_dot_product_attention = self._sdpa
-            bound["F"] = functional
-        ours = self._classes[cls] = type(cls.__name__, (cls,), {"__call__": rebuilt(call, **bound),
-                                                                "_tokenreduce_base": cls})
-        return ours
-
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         self.model = model
         for site in self.sites:
@@ -334,25 +382,60 @@ class DiTToDo(CallPatch):
                 attention = getattr(block, name, None)
                 if attention is None or not hasattr(attention, "processor"):
                     continue
-                original = attention.processor
-                processor = copy.copy(original)
-                # One state for both: set_attention_backend (and anything else that sets a
-                # processor's attribute while we are installed) is kept when we are removed.
-                processor.__dict__ = original.__dict__
-                processor.__class__ = self._reducing_class(type(original))
-                attention.processor = processor
-                self._swapped.append((attention, original, processor))
+                self._swapped.append(swap_processor(attention, self._classes, self._dispatchers, self._dispatch,
+                                                    self._sdpa, f"{self.label}: the attention processor {{}} of "
+                                                    f"this {self.family.name} model"))
         if not self._swapped:
             raise ValueError(f"{self.label}: found no attention module in the selected blocks of this "
                              f"{self.family.name} model.")
 
     def uninstall(self) -> None:
-        for attention, original, ours in reversed(self._swapped):
-            if attention.processor is ours:  # a processor set after ours (IP-Adapter, ...) stays
-                attention.processor = original
-        self._swapped.clear()
+        restore_processors(self._swapped)
         self._blocks.clear()
         self.state.clear()
+
+
+def swap_processor(attention: torch.nn.Module, classes: dict, dispatchers: dict, dispatch, sdpa, whose: str) -> tuple:
+    """Give ``attention`` a processor of a subclass of its own whose ``__call__`` runs against our
+    attention entry points (``dispatch(original)`` for diffusers' dispatcher, ``sdpa`` for torch's);
+    returns (attention, its original processor, ours) for ``restore_processors``. ``classes`` and
+    ``dispatchers`` cache the subclass and the dispatcher per processor class; ``whose`` names the
+    processor ({} its class) in the refusal of one that calls neither."""
+    original = attention.processor
+    cls = type(original)
+    ours = classes.get(cls)
+    if ours is None:
+        call = cls.__call__
+        names = set(call.__code__.co_names)
+        if DISPATCH not in names and "F" not in names:
+            raise ValueError(f"{whose.format(cls.__name__)} calls neither diffusers' {DISPATCH} nor "
+                             f"F.scaled_dot_product_attention; ToDo cannot reach its keys. Use the model's default "
+                             f"processor (model.set_default_attn_processor() or the processor diffusers gives it).")
+        bound = {}
+        if DISPATCH in names and DISPATCH in call.__globals__:
+            dispatchers[cls] = call.__globals__[DISPATCH]
+            bound[DISPATCH] = dispatch(call.__globals__[DISPATCH])
+        if call.__globals__.get("F") is F:
+            functional = types.ModuleType("torch.nn.functional")
+            functional.__dict__.update(F.__dict__)
+            functional.scaled_dot_product_attention = sdpa
+            bound["F"] = functional
+        ours = classes[cls] = type(cls.__name__, (cls,), {"__call__": rebuilt(call, **bound), "_tokenreduce_base": cls})
+    processor = copy.copy(original)
+    # One state for both: set_attention_backend (and anything else that sets a processor's
+    # attribute while we are installed) is kept when we are removed.
+    processor.__dict__ = original.__dict__
+    processor.__class__ = ours
+    attention.processor = processor
+    return attention, original, processor
+
+
+def restore_processors(swapped: list) -> None:
+    """Undo ``swap_processor`` (and empty ``swapped``); a processor set after ours (IP-Adapter, ...) stays."""
+    for attention, original, ours in reversed(swapped):
+        if attention.processor is ours:
+            attention.processor = original
+    swapped.clear()
 
 
 def _windowed(q, k, v, dim: int, window, scale: float | None) -> torch.Tensor:
