@@ -167,3 +167,22 @@ def spy_stepping_aside(monkeypatch, run_module, spied: dict) -> tuple[dict, list
     monkeypatch.setattr(run_module.RunState, "close_call", lambda run, context, sigmas: (
         active.append(context["active"]), close_call(run, context, sigmas)))
     return counts, active
+
+
+def steps_down_to_the_window(one_pass, change=lambda decision: decision.change) -> None:
+    """The budget's milder step on a host's UNets: ``one_pass(name, **todo_inputs)`` runs ToDo once
+    with decisions of its own (a device where reducing pays) and returns (output, report). Nearest
+    and the window are each measured alone, then a budget between the two (as ``change`` reads a
+    decision) leaves nearest alone and runs the window: its output, both decisions reported."""
+    changes, outputs = {}, {}
+    for method in ("nearest", "window"):  # each alone, within a budget nothing exceeds
+        outputs[method], report = one_pass(method, method=method, max_change=2.0)
+        ((_, decision),) = report.decisions
+        assert decision.reduce
+        changes[method] = change(decision)
+    assert changes["window"] < changes["nearest"]
+    output, report = one_pass("ladder", max_change=(changes["window"] + changes["nearest"]) / 2)
+    (_, nearest), (site, window) = report.decisions
+    assert nearest.over_budget and not nearest.reduce
+    assert window.reduce and site.endswith("method window instead")
+    assert torch.equal(output, outputs["window"])

@@ -70,7 +70,10 @@ def test_over_budget_the_unet_is_left_alone_and_the_report_says_why(store, metho
     the report said nothing of it."""
     model, call = build()
     unpatched = call()
-    with apply_patch(model, method, reduce_when="auto", max_change=1e-6, **METHODS[method]) as patch:
+    # UNet2D's ToDo: average, which has no milder step (nearest's, the window, is one tile on its 8x8
+    # level: exact, within any budget, then timing alone decides; see ..._steps_down_to_the_window)
+    inputs = {**METHODS[method], **({"method": "average"} if method == "ToDo" and build is unet2d_and_call else {})}
+    with apply_patch(model, method, reduce_when="auto", max_change=1e-6, **inputs) as patch:
         out = call()
         report = patch.report()
         lines = patch.report_lines()
@@ -133,9 +136,11 @@ def test_the_measuring_call_returns_what_the_next_one_does(store, method, budget
         first = patch.report()
         kept = call()  # a new run (report() ended the last): its decision is read, not measured
         second = patch.report()
-    assert [d.decision.source for d in first.decisions] == [pays.MEASURED]
-    assert [d.decision.source for d in second.decisions] == [pays.KEPT]
-    assert store.measurements == 1
+    # ToDo's nearest over the tiny budget measures its milder step too (the window, over it as well)
+    measured = 2 if method == "ToDo" and budget < 1 else 1
+    assert [d.decision.source for d in first.decisions] == [pays.MEASURED] * measured
+    assert [d.decision.source for d in second.decisions] == [pays.KEPT] * measured
+    assert store.measurements == measured
     assert torch.equal(measuring, kept)
     reduces = budget > 1
     assert bool(first.levels) == reduces
@@ -195,3 +200,56 @@ def test_an_image_to_image_pipeline_covers_its_strength_of_sampling(store):
                  generator=torch.Generator().manual_seed(0), **tiny.prompt(pipe))
             reaches[strength] = sorted({round(d.decision.reach, 6) for d in patch.report().decisions})
     assert reaches == {1.0: [1.0], 0.3: [0.3]}
+
+
+def test_todo_over_the_budget_steps_down_to_the_window(monkeypatch, tmp_path):
+    """The budget's milder step on diffusers' UNets, as in ComfyUI and Forge: where nearest changes
+    the level's block by more than max_change, the window is measured in its place (timed on the CPU
+    too; here a device where reducing pays) and runs where it is within the budget: its output, and
+    the report names both decisions."""
+    from comfy_helpers import ScriptedClock, steps_down_to_the_window
+
+    def one_call(name: str, **inputs):
+        store = pays.Decisions(tmp_path / f"{name}.json", stopwatch=ScriptedClock((2.0, 1.0)))
+        monkeypatch.setattr(api, "decisions_at", lambda path: store)
+        model, call = unet_and_call(size=16)
+        with apply_patch(model, "ToDo", **inputs) as patch:
+            out = call()
+            return out, patch.report()
+
+    # the changes as the budget reads them: weighed by the call's reach (its timestep, 500)
+    steps_down_to_the_window(one_call, change=lambda decision: decision.weighed_change)
+
+
+def test_method_window_runs_on_unet2d_models_plain_self_attentions(monkeypatch):
+    """UNet2DModel's plain self-attentions (called on the feature map) run the window through their
+    processor too: its 8x8 level is one tile's window, so the output is the unpatched one."""
+    from tokenreduce.diffusers import todo
+
+    windowed, real = [], todo.window_call
+    monkeypatch.setattr(todo, "window_call", lambda q, *a, **kw: windowed.append(q.shape) or real(q, *a, **kw))
+    model, call = unet2d_and_call()
+    base = call()
+    with apply_patch(model, "ToDo", method="window", reduce_when="always") as patch:
+        out = call()
+        lines = patch.report_lines()
+    assert windowed and float((out - base).norm() / base.norm()) < 1e-5
+    assert any(line.startswith("ds 2 · 8×8 · q 64→64 · k/v 64→64") for line in lines), lines
+
+
+def test_a_processor_the_window_cannot_reach_refuses_it_and_turns_only_nearests_milder_step_off(store):
+    """A self-attention processor that calls neither diffusers' dispatcher nor torch's SDPA (the old
+    AttnProcessor): method window is refused by the processor's name, not ignored; nearest (the
+    default, with the budget) still pools in its pre-hook and the report says the milder step is off."""
+    from diffusers.models.attention_processor import AttnProcessor
+
+    model, call = unet_and_call(size=16)
+    model.set_attn_processor(AttnProcessor())
+    with pytest.raises(ValueError, match="the self-attention processor AttnProcessor of this UNet calls neither"):
+        apply_patch(model, "ToDo", method="window")
+    assert all(type(p) is AttnProcessor for p in model.attn_processors.values())
+    with apply_patch(model, "ToDo") as patch:
+        call()
+        report = patch.report()
+    assert any("milder step (method window) is off" in note for note in report.notes), report.notes
+    assert report.decisions and all(type(p) is AttnProcessor for p in model.attn_processors.values())

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from comfy_helpers import ScriptedClock, patched, sample
+from comfy_helpers import ScriptedClock, patched, sample, steps_down_to_the_window
 from conftest import REPO
 from tokenreduce.describe import run_lines
 from tokenreduce.grid import grid_at
@@ -540,18 +540,7 @@ def test_forge_todo_over_the_budget_steps_down_to_the_window(comfy, models, tmp_
         ((_, report),) = run.finish(True)
         return image, report
 
-    changes, images = {}, {}
-    for method in ("nearest", "window"):  # each alone, within a budget nothing exceeds
-        images[method], report = one_pass(method, method=method, max_change=2.0)
-        ((_, decision),) = report.decisions
-        assert decision.reduce
-        changes[method] = decision.change
-    assert changes["window"] < changes["nearest"]
-    image, report = one_pass("ladder", max_change=(changes["window"] + changes["nearest"]) / 2)
-    (_, nearest), (site, window) = report.decisions
-    assert nearest.over_budget and not nearest.reduce
-    assert window.reduce and site.endswith("method window instead")
-    assert torch.equal(image, images["window"])
+    steps_down_to_the_window(one_pass)
 
 
 def test_another_extensions_attn1_replace_refuses_the_window_and_turns_the_milder_step_off(models):

@@ -62,7 +62,7 @@ def max_change_input() -> Input:
                          "and the report says so. A run covering part of sampling (image to image, a hires pass: "
                          "denoise below 1) weighs the change by the cube root of that share, so denoise 0.125 "
                          "halves it. Applies on a CPU too (each side run once, untimed). On DiTs "
-                         "and ComfyUI's UNets ToDo's nearest first steps down to method window, which runs where it "
+                         "and UNets ToDo's nearest first steps down to method window, which runs where it "
                          "is within the budget. 0 = no budget: speed alone decides. reduce_when always ignores it.")
 
 

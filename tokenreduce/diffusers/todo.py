@@ -11,7 +11,9 @@ With method window (issue #50) the keys must be projected first: the pre-hook on
 (its grid and level) and the self-attention's processor, swapped for a subclass as on DiTs (below),
 runs it through the core's ``peak_window.window_call`` (every query; its tile's window, the 16
 heaviest keys and the strided far field weighted by its counts), with plans built before the model
-call, outside the blocks. No milder step from nearest here: the budget measures the method set.
+call, outside the blocks. It also is the quality budget's milder step, as in ComfyUI and Forge
+(``todo_patch.py``): where nearest changes a level's block by more than ``max_change``, the window
+is measured in its place and runs where it is within the budget and pays.
 
 DiTs: keys carry rotary positions and are concatenated with the text inside the processor, so
 the reduction has to happen where the processor hands q, k and v to the attention: its call to
@@ -42,7 +44,7 @@ import torch.nn.functional as F
 from ..describe import grid_text, level_text
 from ..downsample import downsample_tokens
 from ..grid import grid_at
-from ..peak_window import HEAVY_KEYS, WINDOW, sdpa, window_call
+from ..peak_window import HEAVY_KEYS, WINDOW, WindowPlan, sdpa, window_call
 from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys, reduced_tokens, window_plans, window_runs
@@ -67,21 +69,33 @@ class UNetToDo(UNetCalls, CallPatch):
         self.session = session
         self.switch = Switch(session)
         self.block_input = None  # max_change: (block, args, kwargs) of the site's block call running now
-        self.window = method == WINDOW
-        self.plans: dict = {}  # method window: level -> WindowPlan of the current latent (built in prepare)
+        # The window can run: set as the method, or the budget's milder step for nearest.
+        self.may_window = method == WINDOW or (method == "nearest" and rule is not None and rule.max_change > 0)
+        self.measuring: str | None = None  # the method the auto rule's forced calls run (its measurement)
+        self.milder_step_off: str | None = None  # why the milder step cannot run here (said each run)
+        self.plans: dict = {}  # level -> WindowPlan of the current latent (method window: built in prepare)
         self._plans_for: tuple | None = None  # (latent grid, device) the plans are for
-        self.pending: tuple | None = None  # method window: (grid, level) of the self-attention call marked now
-        self._swapped: list = []  # method window: (attention module, its original processor, ours)
+        self.pending: tuple | None = None  # (grid, level) of the self-attention call marked to run windowed now
+        self._swapped: list = []  # may_window: (attention module, its original processor, ours)
         self._classes: dict = {}
         self._dispatchers: dict = {}
 
     def prepare(self, context: dict, arguments) -> None:
         super().prepare(context, arguments)
+        if self.milder_step_off:
+            self.session.run.note_once(self.milder_step_off)
         device = unet_sample(arguments).device
-        if self.window and (self.session.latent_hw, device) != self._plans_for:  # a new size, or moved
+        if self.may_window and (self.session.latent_hw, device) != self._plans_for:  # a new size, or moved
+            # method window: every level's plan before the call; the milder step: built where it is taken
             self.plans = {level: unet_window_plan(grid_at(self.session.latent_hw, level), factor, device)
-                          for level, factor in self.factors.items()}
+                          for level, factor in self.factors.items() if self.method == WINDOW}
             self._plans_for = (self.session.latent_hw, device)
+
+    def _plan(self, level: int, grid: tuple[int, int], device) -> WindowPlan:
+        plan = self.plans.get(level)
+        if plan is None or plan.grid[1:] != grid:
+            plan = self.plans[level] = unet_window_plan(grid, self.factors[level], device)
+        return plan
 
     def attn1(self, block: torch.nn.Module, level: int):
         factor = self.factors[level]
@@ -96,13 +110,11 @@ class UNetToDo(UNetCalls, CallPatch):
             if tokens != h * w or x.ndim not in (3, 4):
                 note_skipped(context)  # tokens that are not the block's grid (another patch reshaped them)
                 return None
-            if not self._reduces(context, block, module, level, (h, w), x, args, kwargs):
+            method = self._method(context, block, module, level, (h, w), x, args, kwargs)
+            if method is None:
                 return None
-            if self.window:
-                plan = self.plans.get(level)
-                if plan is None or plan.grid[1:] != (h, w):
-                    note_skipped(context)
-                    return None
+            if method == WINDOW:
+                plan = self._plan(level, (h, w), x.device)
                 self.pending = ((h, w), level)  # the processor runs this call windowed
                 note_reduced(context, (h, w), level,
                              lambda: {"q": (h * w, h * w), "k/v": (h * w, round(plan.seen * h * w))})
@@ -112,25 +124,48 @@ class UNetToDo(UNetCalls, CallPatch):
             return args, {**kwargs, "encoder_hidden_states": keys}
         return before
 
-    def _reduces(self, context: dict, block, module, level: int, grid, x, args, kwargs) -> bool:
-        """reduce_when auto: the self-attention call timed with full and pooled keys; max_change:
-        the change of the whole block (its residuals, norms, cross-attention and MLP too) on the
-        input the model handed it in this call, kept by ``keep_block_input``."""
-        if self.switch.forced is not None:
-            return self.switch.forced
+    def _method(self, context: dict, block, module, level: int, grid, x, args, kwargs) -> str | None:
+        """How this call is reduced (None: left alone): the node's method, or, where nearest is over
+        the quality budget, the window where it is within it and pays (the milder step)."""
+        if self.switch.forced is not None:  # the auto rule's measurement: the method it measures, or none
+            return self.measuring if self.switch.forced else None
         if self.rule is None:
-            return True
-        kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], self.method,
+            return self.method
+        decision = self._decision(context, block, module, level, grid, x, args, kwargs, self.method)
+        if decision is None or decision.reduce:
+            return self.method
+        if self.method == WINDOW or not self.may_window or not decision.over_budget:
+            return None
+        window = self._decision(context, block, module, level, grid, x, args, kwargs, WINDOW)
+        return WINDOW if window is None or window.reduce else None
+
+    def _decision(self, context: dict, block, module, level: int, grid, x, args, kwargs, method: str):
+        """reduce_when auto with ``method``: the self-attention call timed unreduced and reduced;
+        max_change: the change of the whole block (its residuals, norms, cross-attention and MLP too)
+        on the input the model handed it in this call, kept by ``keep_block_input``."""
+        kind = ("diffusers ToDo", level, grid, tuple(x.shape), str(x.dtype), self.factors[level], method,
                 attention_backend(module.processor))
+        instead = "" if method == self.method else f", method {method} instead"
+
+        def measuring(run):
+            def call():
+                saved, self.measuring = self.measuring, method
+                try:
+                    return run()
+                finally:
+                    self.measuring = saved
+            return call
 
         def describe():
             held = self.block_input
             unit = on_copies(*held) if held is not None and held[0] is block else None
-            return level_text(level, grid), lambda: self.switch.work(lambda: module(*args, **kwargs), unit=unit)
+            return level_text(level, grid) + instead, lambda: self.switch.work(
+                measuring(lambda: module(*args, **kwargs)), unit=measuring(unit) if unit is not None else None)
         # The window is timed on a CPU too: on a small grid it can be more work than full attention.
         decision = self.decision(self.session.run, x.device, kind, describe, lambda: weights_fingerprint(block),
-                                 time_cpu=self.window)
-        return self.decided(context, kind, decision is None or decision.reduce)
+                                 time_cpu=method == WINDOW)
+        self.decided(context, kind, decision is None or decision.reduce)
+        return decision
 
     # --- method window: in the self-attention's processor -------------------------------------
     def _windowed_or_none(self, q, k, v, mask, dim: int, extras: dict):
@@ -170,15 +205,20 @@ class UNetToDo(UNetCalls, CallPatch):
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         blocks = [(model.get_submodule(site.path), site.level) for site in self.sites]
-        if self.window:  # first: a processor that cannot run the window refuses before any hook is set
+        if self.may_window:  # first: a processor that cannot run the window refuses before any hook is set
             try:
                 for block, _ in blocks:
                     self._swapped.append(swap_processor(
                         self_attention(block), self._classes, self._dispatchers, self._dispatch, self._sdpa,
-                        f"{self.label}: the self-attention processor {{}} of this UNet (method window)"))
-            except ValueError:
+                        f"{self.label}: the self-attention processor {{}} of this UNet"))
+            except ValueError as cannot:
                 restore_processors(self._swapped)
-                raise
+                if self.method == WINDOW:
+                    raise
+                # nearest pools in the pre-hook, with any processor: only its milder step is off (said)
+                self.may_window = False
+                self.milder_step_off = (f"{cannot} So the quality budget's milder step (method window) is off; "
+                                        f"nearest runs where it is within the budget.")
         budget = self.rule is not None and self.rule.max_change > 0
         for block, level in blocks:
             if budget:  # registered first: for a plain attention the block is its own self-attention
@@ -186,7 +226,7 @@ class UNetToDo(UNetCalls, CallPatch):
                 hooks.post(block, self.drop_block_input)
             attention = self_attention(block)
             hooks.pre(attention, self.attn1(block, level))
-            if self.window:
+            if self.may_window:
                 hooks.post(attention, self._unmark)
 
     def uninstall(self) -> None:
