@@ -153,9 +153,23 @@ def test_method_window_runs_on_a_unets_self_attention_through_its_processor(monk
         assert not torch.equal(first, base) and not torch.equal(first, nearest)
 
 
+def test_a_window_whose_processor_was_replaced_after_apply_patch_is_not_reported_as_run():
+    """A processor set after apply_patch (an IP-Adapter loader does this) replaces ours: the window
+    cannot run there, the output is the unpatched one, and the report counts no windowed call."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    pipe = tiny.pipeline()
+    base = tiny.generate(pipe, steps=1, size=128)
+    with apply_patch(pipe, "ToDo", method="window", reduce_when="always") as patch:
+        pipe.unet.set_attn_processor(AttnProcessor2_0())
+        assert torch.equal(tiny.generate(pipe, steps=1, size=128), base)
+        report = patch.report()
+    assert not report.levels
+
+
 def test_method_window_on_a_unet_is_measured_by_the_budget_as_the_method_it_is(tmp_path):
-    """The quality budget measures the window as the node's method on diffusers' UNets (no milder
-    step from nearest here): at a tiny budget the level is left alone and the image is unpatched."""
+    """The quality budget measures the window as the node's method on diffusers' UNets (set as the
+    method, it has no milder step below it): at a tiny budget the level is left alone, unpatched."""
     pipe = tiny.pipeline()
     base = tiny.generate(pipe, steps=1, size=128)
     with apply_patch(pipe, "ToDo", method="window", max_change=1e-9) as patch:

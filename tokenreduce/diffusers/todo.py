@@ -114,10 +114,8 @@ class UNetToDo(UNetCalls, CallPatch):
             if method is None:
                 return None
             if method == WINDOW:
-                plan = self._plan(level, (h, w), x.device)
-                self.pending = ((h, w), level)  # the processor runs this call windowed
-                note_reduced(context, (h, w), level,
-                             lambda: {"q": (h * w, h * w), "k/v": (h * w, round(plan.seen * h * w))})
+                self._plan(level, (h, w), x.device)
+                self.pending = ((h, w), level)  # the processor runs this call windowed (and notes it)
                 return None
             keys = downsample_tokens(x if x.ndim == 3 else normed_tokens(module, x, kwargs), h, w, factor, self.method)
             note_reduced(context, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, keys.shape[1])})
@@ -176,9 +174,14 @@ class UNetToDo(UNetCalls, CallPatch):
         (h, w), level = pending
         if mask is not None or extras.get("dropout_p") or extras.get("is_causal") or \
                 not q.shape[dim] == k.shape[dim] == v.shape[dim] == h * w:
-            note_skipped(self.session.context)  # not the call the pre-hook saw: as it came
+            if self.session.context is not None:
+                note_skipped(self.session.context)  # not the call the pre-hook saw: as it came
             return None
-        return _windowed(q, k, v, dim, self.plans[level], extras.get("scale"))
+        plan = self.plans[level]
+        if self.session.context is not None and not torch.compiler.is_compiling():  # noted where it runs
+            note_reduced(self.session.context, (h, w), level,
+                         lambda: {"q": (h * w, h * w), "k/v": (h * w, round(plan.seen * h * w))})
+        return _windowed(q, k, v, dim, plan, extras.get("scale"))
 
     def _dispatch(self, original):
         def dispatch_attention_fn(query, key, value, attn_mask=None, *args, **kwargs):  # [B, N, heads, D]
