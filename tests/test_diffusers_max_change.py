@@ -253,3 +253,48 @@ def test_a_processor_the_window_cannot_reach_refuses_it_and_turns_only_nearests_
         report = patch.report()
     assert any("milder step (method window) is off" in note for note in report.notes), report.notes
     assert report.decisions and all(type(p) is AttnProcessor for p in model.attn_processors.values())
+
+
+@pytest.mark.parametrize("family", ["Flux", "Wan"])
+def test_dit_todo_measures_the_first_selected_blocks_change_on_the_calls_own_input(store, family):
+    """ToDo on diffusers' DiTs (issue #51): the budget compares the first selected block's output,
+    whole and with its grid calls reduced, on the input the model hands it in this call (the call
+    run again up to it, on copies). Over the budget the model call is left alone: the unpatched
+    output, said with the change; within it, reduced; and the call that measured returns what the
+    next call, with the decision kept, returns."""
+    model = tiny.transformer(family)
+    inputs = tiny.transformer_inputs(family, model, frames=2 if family == "Wan" else 1)
+    with torch.no_grad():
+        unpatched = model(**inputs, return_dict=False)[0]
+        with apply_patch(model, "ToDo", max_change=1e-9) as patch:
+            assert torch.equal(model(**inputs, return_dict=False)[0], unpatched)
+            lines = patch.report_lines()
+            (_, left), (site, window) = patch.report().decisions  # nearest, then its milder step
+        assert left.over_budget and 0 < left.change and any("left alone: changes its output" in line for line in lines)
+        # the window left alone too (on Wan's 8x8 grid it is one tile, exact, and slower: timed on the CPU too)
+        assert not window.reduce and site.endswith("method window instead")
+        with apply_patch(model, "ToDo", max_change=2.0) as patch:
+            measuring = model(**inputs, return_dict=False)[0]
+            (_, reduced), = patch.report().decisions
+            kept = model(**inputs, return_dict=False)[0]
+            (_, again), = patch.report().decisions
+    assert reduced.reduce and reduced.change == left.change and again.source == pays.KEPT
+    assert torch.equal(measuring, kept) and not torch.equal(measuring, unpatched)
+
+
+def test_dit_todo_over_the_budget_steps_down_to_the_window(monkeypatch, tmp_path):
+    """The budget's milder step on diffusers' DiTs, as in ComfyUI: nearest over max_change, the
+    window within it (measured in its place, timed on the CPU too; here a device where reducing
+    pays): the window runs, its output, both decisions reported. 16x16: the windows do not cover it."""
+    from comfy_helpers import ScriptedClock, steps_down_to_the_window
+
+    model = tiny.transformer("Flux")
+    inputs = tiny.transformer_inputs("Flux", model, h=16, w=16)
+
+    def one_call(name: str, **settings):
+        store = pays.Decisions(tmp_path / f"{name}.json", stopwatch=ScriptedClock((2.0, 1.0)))
+        monkeypatch.setattr(api, "decisions_at", lambda path: store)
+        with torch.no_grad(), apply_patch(model, "ToDo", **settings) as patch:
+            return model(**inputs, return_dict=False)[0], patch.report()
+
+    steps_down_to_the_window(one_call, change=lambda decision: decision.weighed_change)

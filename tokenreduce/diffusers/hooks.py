@@ -31,8 +31,35 @@ def argument_reader(forward: Callable) -> Callable[[tuple, dict], Callable[[str]
                 return kwargs[name]
             position = names.index(name) if name in names else len(args)
             return args[position] if position < len(args) else None
+        get.inputs = (args, kwargs)  # the call's own arguments (block_input runs the call again with them)
         return get
     return read
+
+
+class _Reached(Exception):
+    """Raised by block_input's hook: the block was reached, the call needs to go no further."""
+
+
+def block_input(model: torch.nn.Module, block: torch.nn.Module, inputs: tuple) -> tuple | None:
+    """The (args, kwargs) ``model`` hands ``block`` in a call with ``inputs`` (its (args, kwargs)):
+    the call run again by the model's own forward (below the hooks on the model), on copies of its
+    lists and dicts, up to the block, which does not run; None where the call never reaches it."""
+    found = {}
+
+    def keep(module, args, kwargs):
+        found["inputs"] = (args, kwargs)
+        raise _Reached
+
+    handle = block.register_forward_pre_hook(keep, with_kwargs=True, prepend=True)
+    try:
+        again, named = copied_containers(inputs)
+        with torch.no_grad():
+            model.forward(*again, **named)
+    except _Reached:
+        return found["inputs"]
+    finally:
+        handle.remove()
+    return None
 
 
 class Hooks:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import math
 import types
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -49,12 +50,14 @@ from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys, reduced_tokens, window_plans, window_runs
 from ..todo_patch import unet_window_plan
-from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, unet_sample, weights_fingerprint
+from .hooks import (Hooks, Switch, UNetCalls, attention_backend, block_input, on_copies, unet_sample,
+                    weights_fingerprint)
 from .models import self_attention
 from .session import Session
 
 DISPATCH = "dispatch_attention_fn"
 EXTRAS = ("dropout_p", "is_causal", "scale")  # after the mask, by position or name: SDPA's and the dispatcher's order
+NO_WINDOWS = types.MappingProxyType({})  # no call windowed: one object, so a compiled block sees no new value
 
 
 class UNetToDo(UNetCalls, CallPatch):
@@ -265,7 +268,8 @@ class DiTToDo(CallPatch):
         self.switch = Switch(session)
         self.active = False  # read in the blocks: set per model call
         self.plans: dict = {}  # key length -> KeepPlan of the current layout (the same dict while it holds)
-        self.windows: dict = {}  # method window: key length -> peak_window.WindowPlan of the current layout
+        self.windows = NO_WINDOWS  # key length -> peak_window.WindowPlan of the calls that run windowed now
+        self._windows: dict = {}  # ... of the current layout, where the window may run
         self._layout: tuple | None = None  # (TokenLayout, device) the plans are for
         self._classes: dict = {}  # processor class -> our subclass
         self._dispatchers: dict = {}  # processor class -> the dispatch_attention_fn it calls
@@ -291,10 +295,12 @@ class DiTToDo(CallPatch):
         if (layout, hidden.device) != self._layout:  # a new size, or the model moved (offloading)
             plans = keep_plans(layout, self.factor, self.temporal_factor, hidden.device)
             self._layout, self.plans = (layout, hidden.device), {length: plan for (_, length), plan in plans.items()}
-            if self.method == WINDOW:
-                self.windows = {length: window for (_, length), window in
-                                window_plans(plans, self.factor, self.temporal_factor, hidden.device).items()}
-        self.active = bool(self.plans) and self._pays(hidden)
+            self._windows = {}  # built where the window may run: method window, or nearest's milder step
+            if self.method == WINDOW or self._may_step_down():
+                self._windows = {length: window for (_, length), window in
+                                 window_plans(plans, self.factor, self.temporal_factor, hidden.device).items()}
+            self.windows = self._windows if self.method == WINDOW else NO_WINDOWS
+        self.active = bool(self.plans) and self._pays(hidden, arguments)
         if not self.active:
             return
         if self._compiled():  # compiled blocks run no Python to note what they did: the plan says it
@@ -340,18 +346,42 @@ class DiTToDo(CallPatch):
                           f"the attention processors of the blocks it selected (a forward or a hook that skips "
                           f"them). Apply TokenReduce after other patches of the model.")
 
-    def _pays(self, hidden: torch.Tensor) -> bool:
-        """reduce_when auto, per layout: one grid attention call of the model's width and key
-        count timed with full and reduced keys, as the processor makes it (diffusers' dispatcher
-        with its backend, or torch's SDPA), under a kind that names that attention."""
+    def _may_step_down(self) -> bool:
+        """The budget's milder step: nearest over max_change steps down to the window."""
+        return self.method == "nearest" and self.rule is not None and self.rule.max_change > 0
+
+    def _pays(self, hidden: torch.Tensor, arguments) -> bool:
+        """Whether this call reduces (the auto rule's decision; ``self.windows`` set where it runs
+        the window): the node's method, or, where nearest is over the quality budget, the window
+        where it is within it and pays (the milder step, as in ComfyUI: ``todo_dit.py``)."""
+        if self.method != WINDOW:
+            self.windows = NO_WINDOWS  # nearest, unless this call's decisions step down (another run's may not)
         if self.rule is None or self.switch.forced is not None:
             return True
+        decision = self._decision(hidden, arguments, self.method)
+        if decision is None or decision.reduce:
+            return True
+        if not (self._may_step_down() and decision.over_budget and self._windows):
+            return False
+        self.windows = self._windows  # the window's measurement and, where it is taken, its calls
+        window = self._decision(hidden, arguments, WINDOW)
+        if window is None or window.reduce:
+            return True
+        self.windows = NO_WINDOWS
+        return False
+
+    def _decision(self, hidden: torch.Tensor, arguments, method: str):
+        """reduce_when auto, per layout, for ``method``: one grid attention call of the model's
+        width and key count timed with full and reduced keys, as the processor makes it (diffusers'
+        dispatcher with its backend, or torch's SDPA), under a kind that names that attention.
+        max_change: the change of the first selected block's output (``_unit``)."""
         length, plan = max(self.plans.items())
         attention = self._swapped[0][0]
         heads = attention.heads
         dim = attention.inner_dim // heads if hasattr(attention, "inner_dim") else hidden.shape[-1] // heads
         kind = ("diffusers ToDo DiT", self.family.name, length, plan.kept, heads, dim, str(hidden.dtype),
-                self.method, attention_backend(attention.processor), *(("compiled",) if self._compiled() else ()))
+                method, attention_backend(attention.processor), *(("compiled",) if self._compiled() else ()))
+        instead = "" if method == self.method else f", method {method} instead"
 
         def describe():
             processor = attention.processor
@@ -367,8 +397,25 @@ class DiTToDo(CallPatch):
                 dispatch, backend = self._dispatch(original), getattr(processor, "_attention_backend", None)
                 call = (lambda: dispatch(q, k, v, backend=backend))
             grid = plan.grid if plan.grid[0] > 1 else plan.grid[1:]
-            return f"{grid_text(grid)} grid, attention ({length} keys)", lambda: self.switch.work(call)
-        return self.pays(self.session.run, hidden.device, kind, describe, lambda: weights_fingerprint(attention))
+            return f"{grid_text(grid)} grid, attention ({length} keys){instead}", lambda: self.switch.work(
+                call, unit=self._unit(arguments))
+        # The window is timed on a CPU too: on a small grid it can be more work than full attention.
+        return self.decision(self.session.run, hidden.device, kind, describe, lambda: weights_fingerprint(attention),
+                             time_cpu=method == WINDOW)
+
+    def _unit(self, arguments) -> Callable[[], object] | None:
+        """The quality budget's unit: the first selected block on the input the model hands it in
+        this call (the call run again up to it: ``block_input``), run whole and with its grid calls
+        reduced. A block's output, residual included, is what its reduced attention changes; one
+        attention call on random tensors changes as much on random weights as on trained ones.
+        None (the budget not applied, said) where diffusers' caches are on (running the blocks
+        before it again would feed their state) or the call never reaches the block."""
+        inputs = getattr(arguments, "inputs", None)
+        if inputs is None or not self._blocks or getattr(self.model, "is_cache_enabled", False):
+            return None
+        block = self._blocks[0]
+        held = block_input(self.model, block, inputs)
+        return on_copies(block, *held) if held is not None else None
 
     # --- in the attention call --------------------------------------------------------------
     def _reduced(self, q, k, v, mask, dim: int, extras: dict):
