@@ -59,8 +59,7 @@ class ToDoPatch(InFront, CallPatch):
         # The window can run: set as the method, or the budget's milder step for nearest, where the
         # host has a seam for it (``window``: BY_OVERRIDE, BY_REPLACE; None: it has none).
         self.window = window
-        self.may_window = window is not None and (
-            method == WINDOW or (method == "nearest" and rule is not None and rule.max_change > 0))
+        self.may_window = window is not None and may_window(method, rule)
         # BY_REPLACE: the host's attention (q, k, v, heads) -> [B, N, H*D] for the calls not windowed
         self.attention = attention or plain_attention
         self._windowed = frozenset(factors) if method == WINDOW else frozenset()  # without an auto rule
@@ -97,14 +96,14 @@ class ToDoPatch(InFront, CallPatch):
         set of replace patches."""
         replaces = options.get("patches_replace", {})
         attn1 = replaces.get("attn1", {})
-        if self.attn1_replace not in attn1.values():
-            return
         key = ("todo unet replace aside", id(attn1))
         aside = run.cache.get(key)
         if aside is None or aside[0] is not attn1:  # kept with the dict it was made from: its id is not reused
-            aside = run.cache[key] = (attn1, {**replaces, "attn1": {
-                block: f for block, f in attn1.items() if f != self.attn1_replace}})
-        options["patches_replace"] = aside[1]
+            ours = self.attn1_replace
+            aside = run.cache[key] = (attn1, {**replaces, "attn1": {b: f for b, f in attn1.items() if f != ours}}
+                                      if ours in attn1.values() else None)
+        if aside[1] is not None:
+            options["patches_replace"] = aside[1]
 
     def _prepare(self, context: dict, run: RunState, call: ModelCall) -> None:
         if not context["active"]:
@@ -240,6 +239,12 @@ class ToDoPatch(InFront, CallPatch):
         if plan is None:
             plan = run.cache[key] = unet_window_plan(grid, factor, device)
         return plan
+
+
+def may_window(method: str, rule: AutoRule | None) -> bool:
+    """Whether ToDo may run the window: set as its method, or as the quality budget's milder step
+    (nearest with a budget: where nearest is over it, the window is measured in its place)."""
+    return method == WINDOW or (method == "nearest" and rule is not None and rule.max_change > 0)
 
 
 def unet_window_plan(grid: tuple[int, int], factor: float, device) -> WindowPlan:

@@ -49,7 +49,7 @@ from ..peak_window import HEAVY_KEYS, WINDOW, WindowPlan, sdpa, window_call
 from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys, reduced_tokens, window_plans, window_runs
-from ..todo_patch import unet_window_plan
+from ..todo_patch import may_window, unet_window_plan
 from .hooks import (Hooks, Switch, UNetCalls, attention_backend, block_input, on_copies, unet_sample,
                     weights_fingerprint)
 from .models import self_attention
@@ -72,8 +72,7 @@ class UNetToDo(UNetCalls, CallPatch):
         self.session = session
         self.switch = Switch(session)
         self.block_input = None  # max_change: (block, args, kwargs) of the site's block call running now
-        # The window can run: set as the method, or the budget's milder step for nearest.
-        self.may_window = method == WINDOW or (method == "nearest" and rule is not None and rule.max_change > 0)
+        self.may_window = may_window(method, rule)
         self.measuring: str | None = None  # the method the auto rule's forced calls run (its measurement)
         self.milder_step_off: str | None = None  # why the milder step cannot run here (said each run)
         self.plans: dict = {}  # level -> WindowPlan of the current latent (method window: built in prepare)
@@ -87,11 +86,13 @@ class UNetToDo(UNetCalls, CallPatch):
         super().prepare(context, arguments)
         if self.milder_step_off:
             self.session.run.note_once(self.milder_step_off)
+        if not self.may_window:
+            return
         device = unet_sample(arguments).device
-        if self.may_window and (self.session.latent_hw, device) != self._plans_for:  # a new size, or moved
+        if (self.session.latent_hw, device) != self._plans_for:  # a new size, or the model moved
             # method window: every level's plan before the call; the milder step: built where it is taken
             self.plans = {level: unet_window_plan(grid_at(self.session.latent_hw, level), factor, device)
-                          for level, factor in self.factors.items() if self.method == WINDOW}
+                          for level, factor in self.factors.items()} if self.method == WINDOW else {}
             self._plans_for = (self.session.latent_hw, device)
 
     def _plan(self, level: int, grid: tuple[int, int], device) -> WindowPlan:
@@ -296,7 +297,7 @@ class DiTToDo(CallPatch):
             plans = keep_plans(layout, self.factor, self.temporal_factor, hidden.device)
             self._layout, self.plans = (layout, hidden.device), {length: plan for (_, length), plan in plans.items()}
             self._windows = {}  # built where the window may run: method window, or nearest's milder step
-            if self.method == WINDOW or self._may_step_down():
+            if may_window(self.method, self.rule):
                 self._windows = {length: window for (_, length), window in
                                  window_plans(plans, self.factor, self.temporal_factor, hidden.device).items()}
             self.windows = self._windows if self.method == WINDOW else NO_WINDOWS
@@ -346,10 +347,6 @@ class DiTToDo(CallPatch):
                           f"the attention processors of the blocks it selected (a forward or a hook that skips "
                           f"them). Apply TokenReduce after other patches of the model.")
 
-    def _may_step_down(self) -> bool:
-        """The budget's milder step: nearest over max_change steps down to the window."""
-        return self.method == "nearest" and self.rule is not None and self.rule.max_change > 0
-
     def _pays(self, hidden: torch.Tensor, arguments) -> bool:
         """Whether this call reduces (the auto rule's decision; ``self.windows`` set where it runs
         the window): the node's method, or, where nearest is over the quality budget, the window
@@ -361,7 +358,7 @@ class DiTToDo(CallPatch):
         decision = self._decision(hidden, arguments, self.method)
         if decision is None or decision.reduce:
             return True
-        if not (self._may_step_down() and decision.over_budget and self._windows):
+        if self.method == WINDOW or not (decision.over_budget and self._windows):
             return False
         self.windows = self._windows  # the window's measurement and, where it is taken, its calls
         window = self._decision(hidden, arguments, WINDOW)
