@@ -1069,3 +1069,13 @@ def test_plan_every_compiles_with_at_most_one_graph_more(comfy, dits, monkeypatc
     assert shared["breaks"] == 0 and ours["breaks"] == 0, ours["reasons"]
     assert ours["graphs"] <= shared["graphs"] + 1
     assert torch.allclose(ours["outputs"][1], run(comfy, reusing, "flux_dev", steps=3, seed=5), rtol=1e-4, atol=1e-5)
+
+
+def test_min_similarity_leaves_a_grid_with_nothing_alike_whole(comfy, dits):
+    """min_similarity (issue #50) on a DiT: noise has no token 0.999 alike to its tile's target,
+    so no block merges (the unpatched model bit for bit); 0 is a workflow without it."""
+    model = dits("flux_dev")
+    assert torch.equal(run(comfy, tome(comfy, model, min_similarity=0.999).result[0], "flux_dev"),
+                       run(comfy, model, "flux_dev"))
+    assert torch.equal(run(comfy, tome(comfy, model, min_similarity=0.0).result[0], "flux_dev"),
+                       run(comfy, tome(comfy, model).result[0], "flux_dev"))

@@ -177,8 +177,8 @@ def test_matching_sets_how_far_each_token_looks(comfy, models, monkeypatch, matc
     module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
     reaches = []
     original = module.plan_merge
-    monkeypatch.setattr(module, "plan_merge",
-                        lambda *args: reaches.append(args[-1]) or original(*args))
+    monkeypatch.setattr(module, "plan_merge",  # (metric, w, h, sx, sy, partition, r, reach, bound)
+                        lambda *args: reaches.append(args[7]) or original(*args))
     base = models["SD15"]
     output = apply(comfy, "tome", base, matching=matching)
     assert f"matching in the {'whole grid' if reach is None else matching}" in output.result[1]
@@ -207,7 +207,8 @@ def test_tile_matching_plans_within_cells(comfy, models, monkeypatch, family, gr
     module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
     tiled, whole = [], []
     plan_block, plan_merge = module.plan_block, module.plan_merge
-    monkeypatch.setattr(module, "plan_block", lambda x, *a: tiled.append(x.shape[1]) or plan_block(x, *a))
+    monkeypatch.setattr(module, "plan_block",
+                        lambda x, *a, **k: tiled.append(x.shape[1]) or plan_block(x, *a, **k))
     monkeypatch.setattr(module, "plan_merge", lambda *a: whole.append(a) or plan_merge(*a))
     base = models[family]
     output = apply(comfy, "tome", base, matching="tile (fast)")
@@ -237,8 +238,8 @@ def test_plan_every_reuses_the_shared_plans_across_steps(comfy, models, monkeypa
     module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
     made = []
     for planner in ("plan_merge", "plan_block"):  # whole grid (tomesd), tile (fast)
-        monkeypatch.setattr(module, planner, lambda n, *a, original=getattr(module, planner):
-                            made.append(n.shape[0]) or original(n, *a))
+        monkeypatch.setattr(module, planner, lambda n, *a, original=getattr(module, planner), **k:
+                            made.append(n.shape[0]) or original(n, *a, **k))
     base = models["SD15"]
     # max_change 0: measuring the change for the budget runs a merged block (plans counted here)
     settings = dict(max_downsample="2", share_plans=True, matching="tile (fast)", max_change=0.0)
@@ -263,3 +264,23 @@ def test_plan_every_reuses_the_shared_plans_across_steps(comfy, models, monkeypa
     assert made == [1] * 8
     tolerance = batching_tolerance(run(split_cond_uncond(base)), run(base))
     assert rel_error(split, first) < tolerance
+
+
+def test_min_similarity_merges_only_what_is_alike(comfy, models):
+    """min_similarity (issue #50): on a latent half flat, half noise, ratio 0.5 merges the half's
+    count of alike tokens (fewer than ratio's), in both matchings; on noise alone, nothing is alike
+    at 0.999: the image is unpatched's bit for bit; 0 is a workflow without it."""
+    base = models["SD15"]
+    noise = torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(0))
+    noise[..., :16] = noise[..., :16].mean(dim=(-2, -1), keepdim=True)  # the left half flat, per channel
+    for matching in ("whole grid (tomesd)", "tile (fast)"):
+        records = []
+        sample(comfy, spy_attn1(patched(comfy, "tome", base, min_similarity=0.9, matching=matching), records),
+               steps=1, noise=noise)
+        merged = {1024 - r["keys"] for r in records if r["grid"] == (32, 32)}
+        assert merged and all(0 < m < 512 and m % 64 == 0 for m in merged), merged  # eighths of ratio's 512
+    output = apply(comfy, "tome", base, min_similarity=0.9)
+    assert "ratio 0.5 at most, only tokens at least 0.9 alike to their target (min_similarity" in output.result[1]
+    assert torch.equal(sample(comfy, patched(comfy, "tome", base, min_similarity=0.999)), sample(comfy, base))
+    assert torch.equal(sample(comfy, patched(comfy, "tome", base, min_similarity=0.0)),
+                       sample(comfy, patched(comfy, "tome", base)))

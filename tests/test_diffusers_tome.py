@@ -121,3 +121,13 @@ def test_tile_matching_runs_and_repeats(pipes, family):
         assert "matching within each cell (tile, fast)" in patch.info
     assert torch.equal(torch.get_rng_state(), state)
     assert not torch.equal(tiled, whole_grid)
+
+
+def test_min_similarity_merges_nothing_where_nothing_is_alike(pipes):
+    """min_similarity (issue #50) on diffusers' UNets, as in the nodes: at 0.999 nothing on these
+    random weights is alike enough, so the pipeline's image is unpatched's bit for bit."""
+    pipe = pipes["SD15"]
+    unpatched = _run(pipe, 1, 5.0)
+    with apply_patch(pipe, "ToMe", min_similarity=0.999) as patch:
+        assert torch.equal(_run(pipe, 1, 5.0), unpatched)
+        assert "only tokens at least 0.999 alike" in patch.info

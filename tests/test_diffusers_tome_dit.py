@@ -474,3 +474,16 @@ def test_a_clean_first_frame_stays_whole(family):
     with apply_patch(model, "ToMe", ratio=0.5, reduce_when="always", use_rand=False) as patch:
         _run(model, inputs)
         assert f"blocks {2 * H * W}→{2 * H * W - r} " in " ".join(patch.report_lines()) + " "
+
+
+def test_min_similarity_leaves_a_grid_with_nothing_alike_whole(flux):
+    """min_similarity (issue #50), as the ComfyUI node: random tokens have none 0.999 alike to their
+    tile's target, so no block merges; 0.5 merges some, fewer than ratio's count, and repeats."""
+    unpatched = _call(flux)
+    apply_patch(flux, "ToMe", ratio=0.5, reduce_when="always", min_similarity=0.999)
+    assert torch.equal(_call(flux), unpatched)
+    remove_patch(flux)
+    patch = apply_patch(flux, "ToMe", ratio=0.5, reduce_when="always", min_similarity=0.05)
+    first = _call(flux)
+    assert not torch.equal(first, unpatched) and torch.equal(_call(flux), first)
+    assert "at most, only tokens at least 0.05 alike to their target" in patch.info

@@ -36,6 +36,24 @@ def stride_ratio_cap(stride_x: int, stride_y: int, stride_t: int = 1) -> float:
     return 1.0 - 1.0 / (stride_t * stride_x * stride_y)
 
 
+# A merge bounded by similarity merges a count rounded down to an eighth of ``r``: however the
+# picture varies, a grid meets at most nine token counts (nine shapes for a compiled model).
+ALIKE_STEPS = 8
+
+
+def alike_count(similarity: torch.Tensor, r: int, bound: float | None) -> int:
+    """How many of the ``r`` most similar sources merge where a source merges only if its cosine
+    ``similarity`` to its target ([..., sources]) is at least ``bound`` (None or 0: no bound,
+    ``r``): the fewest alike sources of any row (one count for the batch, each row merging its
+    own most similar, all of them alike), rounded down to a multiple of ``ceil(r / ALIKE_STEPS)``.
+    Reads one number from the device: a sync, which the unbounded merge never needs."""
+    if not bound or r <= 0:
+        return r
+    step = -(-r // ALIKE_STEPS)
+    alike = int((similarity >= bound).sum(dim=-1).min())
+    return min(r, alike // step * step)
+
+
 def _gather(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     # MPS mis-gathers along a trailing dimension of size 1 (tomesd#4); add a dimension there.
     if x.device.type == "mps" and x.shape[-1] == 1:
@@ -265,11 +283,12 @@ def _deterministic_mean_into(dst: torch.Tensor, into: torch.Tensor, moved: torch
 
 
 def plan_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, partition: Partition | None, r: int,
-               reach: int | None = None) -> MergePlan:
+               reach: int | None = None, bound: float | None = None) -> MergePlan:
     """Plan merging ``r`` tokens of ``metric`` ([B, N, C], N = h * w in raster order) with a
     partition of its grid (None: the grid holds no whole cell, nothing merges). ``reach``:
     match each src only with the dst of cells at most this many cells away (None: every dst,
-    as tomesd). ``r`` is capped at the number of src tokens."""
+    as tomesd). ``r`` is capped at the number of src tokens. ``bound``: merge only src at least
+    this alike (cosine) to their dst, ``r`` the most (``alike_count``; None: tomesd's ``r``)."""
     if reach is not None and reach < 1:
         raise ValueError(f"reach must be at least 1 cell, got {reach}")
     batch, tokens, _ = metric.shape
@@ -284,6 +303,9 @@ def plan_merge(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, partition
             best, best_dst = _best_dst(a, b)
         else:
             best, best_dst = _best_nearby_dst(metric, h, w, sx, sy, partition, reach)
+        r = alike_count(best, r, bound)
+        if r <= 0:
+            return MergePlan.identity(batch, tokens)
         by_similarity = best.argsort(dim=-1, descending=True)[..., None]
         return _complete_plan(batch, tokens, r, partition, unmerged=by_similarity[..., r:, :],
                               merged=by_similarity[..., :r, :],

@@ -61,6 +61,13 @@ def _reuse_text(settings) -> str:
     return f", reused by the calls like it of the next {steps}. " if every > 1 else ". "
 
 
+def _alike_text(settings) -> str:
+    """min_similarity in the info text, after the ratio."""
+    bound = getattr(settings, "min_similarity", 0.0) or 0.0
+    return (f" at most, only tokens at least {bound:g} alike to their target (min_similarity: fewer where the "
+            f"picture is not alike, the count rounded down to an eighth of ratio's)" if bound else "")
+
+
 def tome_info(settings, target: Target) -> str:
     s = settings
     stages = [name for name, on in (("self-attention " + ("queries" if s.mode == MODE_QUERIES else "q, k, v"),
@@ -68,7 +75,7 @@ def tome_info(settings, target: Target) -> str:
                                      ("cross-attention queries", s.merge_crossattn), ("MLP", s.merge_mlp)) if on]
     per_level = ", ".join(f"downsample {level}: {target.count_at(level)}"
                           for level in target.layout.levels if level <= target.level)
-    return (f"ToMe on {target.family}: ratio {s.ratio:g}, strides {s.stride_x}x{s.stride_y}, "
+    return (f"ToMe on {target.family}: ratio {s.ratio:g}{_alike_text(s)}, strides {s.stride_x}x{s.stride_y}, "
             f"max_downsample {target.level}: {len(target.sites)} of {len(target.layout.sites)} "
             f"transformer blocks ({per_level}); merges {', '.join(stages)}; "
             f"active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
@@ -88,7 +95,7 @@ def tome_dit_info(settings, target: Target, patch) -> str:
     blocks = ", ".join(f"{count} {kind.replace('_', ' ')}s" for kind, count in kinds.items())
     return (f"ToMe on {target.family}: whole blocks merged ({blocks}; the first and last block left whole): the "
             f"image grid's tokens merge before each block and its change is restored after, text and reference "
-            f"tokens never merge; ratio {s.ratio:g}, tiles {s.stride_x}x{s.stride_y}"
+            f"tokens never merge; ratio {s.ratio:g}{_alike_text(s)}, tiles {s.stride_x}x{s.stride_y}"
             + ((f" x {s.stride_t} latent frames" if s.stride_t > 1 else " (frames not merged: stride_t 1)")
                if target.layout.family.video else "")
             + f"; active from {s.start_percent:g} to {s.end_percent:g} of sampling; "

@@ -220,6 +220,12 @@ TOME = Method("ToMe", (
                   "call."),
     measure_change_input(),
     max_change_input(),
+    Input("min_similarity", FLOAT, 0.0, low=0.0, high=1.0, step=0.01, optional=True, advanced=True,
+          tooltip="Merge a token only where it is at least this alike to its merge target (cosine similarity of "
+                  "their features, 1 = identical): ratio is then the most that merges, and fewer merge where the "
+                  "picture is not alike, so a textured region stays whole while a flat one merges. 0 = off: "
+                  "ratio's count always merges, the most alike first (tomesd). Costs one read from the device per "
+                  "plan; the count merged is rounded down to an eighth of ratio's."),
 ), checks=(_ratio_within_cap, _something_to_merge, _window_order, _plan_reuse_needs_shared_plans))
 
 TODO = Method("ToDo", (

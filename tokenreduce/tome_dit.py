@@ -15,7 +15,8 @@ GPU-friendly, with no scatter and no host sync:
   video's conditioning frames (``TokenLayout.whole_frames``) and, with ``st`` above 1, its first
   frame (never in a tile with later frames) and the frames left over after it (``frame_tiling``).
 - *Plan*: each source is compared (cosine) with its own tile's destination only; the ``r`` most
-  similar sources of the whole grid merge (one stable sort on the device, no ``.item()``).
+  similar sources of the whole grid merge (one stable sort on the device, no ``.item()``; with
+  ``min_similarity`` only those at least that alike, a count read from the device once per plan).
 - *Merge*: a dense masked sum per tile (reshape, multiply, sum), the kept sources gathered.
 - *Restore*: ONE gather from a map computed with the plan: every token reads its merged row.
   The block's change is restored, not the merged state: ``out = x + restore(block(m) - m)`` with
@@ -42,6 +43,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from .bipartite import alike_count
 from .describe import grid_text
 from .dit import BlockArgs, TokenLayout
 from .grid_patches import grid_reading_patches
@@ -222,9 +224,13 @@ class BlockPlan(NamedTuple):
         return self.tokens - self.r
 
 
-def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1) -> BlockPlan:
+def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1,
+               bound: float | None = None) -> BlockPlan:
     """The merge of ``grid_tokens`` [B, N, C]: the ``r`` sources most similar (cosine) to their own
     tile's destination merge into it, per sample. Tensor work only: no host sync, no scatter.
+    ``bound`` (ToMe's min_similarity): only sources at least this alike merge, ``r`` the most
+    (``bipartite.alike_count``: one count for the batch, per frame with ``frames``; one read from
+    the device, the bounded merge's only sync); the plan's ``r`` says how many merged.
     ``frames`` > 1 (the grid's frame count, tiles within frames: stride_t 1, ``r`` a multiple of
     it): grouped by frame, each frame's ``r / frames`` most similar sources merge and the merged
     tokens are frame by frame, each frame's as a plan of that frame alone orders them
@@ -238,6 +244,8 @@ def plan_block(grid_tokens: torch.Tensor, tiles: Tiles, r: int, frames: int = 1)
     members = members.to(accumulating(members.dtype))
     normed = members / members.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     similarity = (normed[:, :, 1:] * normed[:, :, :1]).sum(-1).flatten(1)  # [B, S]
+    if bound:
+        r = alike_count(similarity.view(b, frames, -1), r // frames, bound) * frames
     if frames > 1:
         return _plan_frames(similarity, tiles, r, frames)
     order = torch.argsort(similarity, dim=1, descending=True, stable=True)
@@ -524,7 +532,7 @@ SHARED_PLAN = "tome dit plan"  # the key of the plan all merged blocks of a mode
 
 
 def block_plan(plans: dict | None, x: torch.Tensor, where: tuple[int, int], layout: TokenLayout, tiles: Tiles,
-               r: int, frames: int = 1, timer=None) -> BlockPlan:
+               r: int, frames: int = 1, timer=None, bound: float | None = None) -> BlockPlan:
     """The plan a merged block merges the sequence ``x`` (its grid at ``where``) with: the one kept
     in ``plans`` (share_plans: made by the model call's first merged block, or an earlier step's
     with plan_every) where it is for this batch, else made now and kept there (None: every block
@@ -532,8 +540,8 @@ def block_plan(plans: dict | None, x: torch.Tensor, where: tuple[int, int], layo
     plan = plans.get(SHARED_PLAN) if plans is not None else None
     if plan is None or plan.restore_map.shape[0] != x.shape[0]:
         grid = x.narrow(1, where[1], math.prod(layout.grid))
-        plan = plan_block(grid, tiles, r, frames) if timer is None else \
-            timer.timed(x.device, lambda: plan_block(grid, tiles, r, frames))
+        plan = plan_block(grid, tiles, r, frames, bound) if timer is None else \
+            timer.timed(x.device, lambda: plan_block(grid, tiles, r, frames, bound))
         if plans is not None:
             plans[SHARED_PLAN] = plan
     return plan
@@ -666,9 +674,15 @@ def tome_refusal(target_family: str, family) -> str:
 
 
 def reuse_signature(settings) -> tuple:
-    """plan_every in the auto rule's kinds where it reuses (none at 1: decisions kept before it stay valid)."""
-    every = getattr(settings, "plan_every", 1)
-    return ("plan every", every) if every > 1 else ()
+    """plan_every and min_similarity in the auto rule's kinds where they are set (none at their
+    defaults: decisions kept before them stay valid)."""
+    every, bound = getattr(settings, "plan_every", 1), alike_bound(settings)
+    return (("plan every", every) if every > 1 else ()) + (("min similarity", bound) if bound else ())
+
+
+def alike_bound(settings) -> float:
+    """ToMe's min_similarity (0: none, every merge tomesd's ``ratio``)."""
+    return getattr(settings, "min_similarity", 0.0) or 0.0
 
 
 class _Captured(Exception):
@@ -862,7 +876,7 @@ class ToMeDiTPatch(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"], compare=compare)
         spec = self.merge.args[kind]
         grid = sequence_of(spec, args[spec.tokens]).narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid))
+        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid), alike_bound(self.settings))
         # the block calls one plan serves: every merged block of every kind (those of a kind auto may
         # still leave alone included: not decided yet), over plan_every steps
         calls_per_plan = len(keys) * getattr(self.settings, "plan_every", 1)
@@ -904,7 +918,9 @@ class ToMeDiTPatch(CallPatch):
                 note_skipped(call)  # not the predicted layout (another patch changed the tokens): left alone
                 return inner(args)
             plan = block_plan(call["plans"] if self.settings.share_plans else None, x, where, layout, tiles,
-                              call["r"], self._frames(layout.grid), call["timer"])
+                              call["r"], self._frames(layout.grid), call["timer"], alike_bound(self.settings))
+            if plan.r <= 0:  # min_similarity: nothing in this call's grid is alike enough to merge
+                return inner(args)
             # a block given one rotary table for the whole batch (CogVideoX's) runs once per row
             per_row = spec.pe_shared and args.get(spec.pe) is not None
             out = run_merged_block(spec, layout, plan, args, inner, spec.tokens, per_row)

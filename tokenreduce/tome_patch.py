@@ -37,7 +37,7 @@ from .methods import MODE_QUERIES, tile_matching, tome_reach
 from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped, plan_key
 from .seeding import derive_seed
-from .tome_dit import BlockPlan, Tiles, reuse_signature, make_tiles, merge, plan_block, restore
+from .tome_dit import BlockPlan, Tiles, alike_bound, reuse_signature, make_tiles, merge, plan_block, restore
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
 SHARED = ("shared",)  # the key shared plans are drawn under
@@ -80,15 +80,18 @@ def draw_cells(h: int, w: int, sx: int, sy: int, generator: torch.Generator | No
 
 
 def plan_cells(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, cells: Partition | Tiles | None, r: int,
-               reach: int | None) -> MergePlan | TilePlan:
-    """Plan merging ``r`` tokens of ``metric`` with the targets ``draw_cells`` drew."""
+               reach: int | None, bound: float | None = None) -> MergePlan | TilePlan:
+    """Plan merging ``r`` tokens of ``metric`` with the targets ``draw_cells`` drew (``bound``:
+    only tokens at least this alike to their target, ``r`` the most)."""
     if isinstance(cells, Tiles):
         r = min(r, cells.sources)
-        if r <= 0:
-            return MergePlan.identity(metric.shape[0], metric.shape[1])
-        with torch.no_grad():
-            return TilePlan(plan_block(metric, cells, r))
-    return plan_merge(metric, w, h, sx, sy, cells, r, reach)
+        if r > 0:
+            with torch.no_grad():
+                plan = plan_block(metric, cells, r, bound=bound)
+            if plan.r > 0:
+                return TilePlan(plan)
+        return MergePlan.identity(metric.shape[0], metric.shape[1])
+    return plan_merge(metric, w, h, sx, sy, cells, r, reach, bound)
 
 
 class ToMePatch(CallPatch):
@@ -105,6 +108,7 @@ class ToMePatch(CallPatch):
         self.queries_only = settings.mode == MODE_QUERIES
         self.reach = tome_reach(settings)
         self.tiled = tile_matching(settings)
+        self.bound = alike_bound(settings)
         self._per_thread = threading.local()  # .mlp_plans: site key -> this thread's call's plan (MLP patches)
 
     # --- before each model call (outside any compiled region) ------------------------------
@@ -169,7 +173,7 @@ class ToMePatch(CallPatch):
         blocks = sum(1 for site in self.sites if site.level == level) * getattr(s, "plan_every", 1)
         r = int(h * w * s.ratio)
         partition = context["draw_partition"](None, grid)
-        plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731
+        plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach, self.bound)  # noqa: E731
         return block._replace(runs={**block.runs, "plan": plan}, reduced_ms=lambda t: t["reduced"] + t["plan"] / blocks)
 
     def timing_context(self, grid: tuple[int, int], device: torch.device) -> dict:
@@ -239,8 +243,9 @@ class ToMePatch(CallPatch):
         r = int(n.shape[1] * s.ratio)
         timer = context["timer"]
         if timer is None:
-            return plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach)
-        return timer.timed(n.device, lambda: plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach))
+            return plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach, self.bound)
+        return timer.timed(n.device,
+                           lambda: plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach, self.bound))
 
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)

@@ -32,6 +32,7 @@ to image, LPIPS and the speed-up under each).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -79,6 +80,12 @@ CANDIDATES = (
     Config("ToMe 0.5 late (start 0.5)", "tome", (tome(start_percent=0.5, **ALWAYS),)),
     Config("ToMe 0.5 fixed targets", "tome", (tome(use_rand=False, **ALWAYS),)),
     Config("ToMe 0.5 tile", "tome-tile", (tome(matching=MATCH_TILE, **ALWAYS),)),
+    # min_similarity (issue #50): ratio the most that merges, only tokens at least this alike
+    Config("ToMe 0.1", "tome", (tome(ratio=0.1, **ALWAYS),)),  # about alike 0.9's count on the Flux fixture
+    Config("ToMe 0.5 alike 0.95", "tome", (tome(min_similarity=0.95, **ALWAYS),)),
+    Config("ToMe 0.5 alike 0.9", "tome", (tome(min_similarity=0.9, **ALWAYS),)),
+    Config("ToMe 0.5 alike 0.8", "tome", (tome(min_similarity=0.8, **ALWAYS),)),
+    Config("ToMe 0.75 alike 0.9", "tome", (tome(ratio=0.75, min_similarity=0.9, **ALWAYS),)),
 )
 GRID = ("unpatched", "ToDo 2", "ToDo 2 window", "ToMe 0.5", "ToMe 0.5 + ToDo 2", "built-in ToMe 0.3 (its default)")
 GRID_LABELS = {"unpatched": "unpatched", "ToDo 2": "ToDo", "ToDo 2 window": "ToDo window", "ToMe 0.5": "ToMe",
@@ -178,6 +185,7 @@ def run_fixture(host, name: str, args, log=print) -> dict:
     cells = {c.name: Cell([], [], [], []) for c in chosen}
     per_cell = {}
     grid = {}
+    merges = {}  # config -> (merged, ratio's count) of each plan min_similarity bounded
     started = time.monotonic()
     for steps in args.steps:
         seeds = args.long_seeds if args.long_seeds and steps > 4 else args.seeds
@@ -188,7 +196,8 @@ def run_fixture(host, name: str, args, log=print) -> dict:
                 if pictured:
                     grid.setdefault(mode, {})[UNPATCHED] = ref_img[0]
                 for config in chosen[1:]:
-                    img, lat = _images(pf, fx, patched[config.name], caption, steps, mode, seeds)
+                    with _bounded_merges(merges.setdefault(config.name, [])):
+                        img, lat = _images(pf, fx, patched[config.name], caption, steps, mode, seeds)
                     values = (metrics.lpips(img, ref_img).tolist(), metrics.ssim(img, ref_img).tolist(),
                               metrics.psnr(img, ref_img).clamp(max=99.0).tolist(), _rel(lat, ref_lat))
                     for target, v in zip((cells[config.name].lpips, cells[config.name].ssim,
@@ -211,6 +220,9 @@ def run_fixture(host, name: str, args, log=print) -> dict:
             "gpu_speedup": gpu[0] if gpu else None, "gpu_decision": gpu[1] if gpu else None,
             "by_cell": {k.split("|", 1)[1]: statistics.fmean(v) for k, v in per_cell.items()
                         if k.startswith(config.name + "|")},
+            # min_similarity: the share of ratio's count its plans merged (None: unbounded, all of it)
+            "merged_of_ratio": (sum(m for m, _ in merges[config.name]) / sum(r for _, r in merges[config.name])
+                                if merges.get(config.name) else None),
         }
     front = _front({k: (v["gpu_speedup"], v["lpips"]) for k, v in rows.items() if v["gpu_speedup"]})
     for k, v in rows.items():
@@ -221,6 +233,32 @@ def run_fixture(host, name: str, args, log=print) -> dict:
             "steps": args.steps,
             "modes": args.modes, "captions": list(pf.EVAL_CAPTIONS), "rows": rows,
             "seconds": round(time.monotonic() - started)}
+
+
+@contextlib.contextmanager
+def _bounded_merges(records: list):
+    """Record (merged, ratio's count) of every plan ToMe's min_similarity bounds while sampling
+    (``alike_count``, where the planners of UNets and DiTs call it)."""
+    import importlib
+
+    from . import PACK
+
+    modules = [importlib.import_module(f"{PACK}.tokenreduce.{name}") for name in ("bipartite", "tome_dit")]
+    original = modules[0].alike_count
+
+    def counting(similarity, r, bound):
+        merged = original(similarity, r, bound)
+        if bound and r > 0:
+            records.append((merged, r))
+        return merged
+
+    for module in modules:
+        module.alike_count = counting
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.alike_count = original
 
 
 def _random_rows(pf, fx, host, chosen, args) -> dict:
@@ -284,6 +322,9 @@ def markdown(result: dict) -> str:
         cell = "yes" if front is True else (f"no: {', '.join(front)}" if front else "-")
         speed = f"{r['gpu_speedup']:.3f}x ({_short(r['gpu_decision'])})" if r["gpu_speedup"] else "-"
         rand = f"{r['random_rel']:.4f}" if r["random_rel"] is not None else "-"
+        merged = r.get("merged_of_ratio")
+        if merged is not None:  # min_similarity: how much of ratio's count merged
+            name = f"{name} (merged {merged:.0%} of ratio's count)"
         lines.append(f"| {name} | {r['lpips']:.4f} ({r['lpips_sd']:.4f}) | {r['ssim']:.4f} | {r['psnr']:.2f} | "
                      f"{r['rel']:.4f} | {rand} | {speed} | {cell} |")
     return "\n".join(lines)

@@ -39,8 +39,8 @@ from ..dit import BlockArgs
 from ..pays import Work
 from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
-from ..tome_dit import (Tiles, block_plan, gathered, make_tiles, merged_count, plan_block, plan_sequence_index,
-                        reuse_signature, run_merged_block, take)
+from ..tome_dit import (Tiles, alike_bound, block_plan, gathered, make_tiles, merged_count, plan_block,
+                        plan_sequence_index, reuse_signature, run_merged_block, take)
 from .hooks import attention_backend, weights_fingerprint
 from .session import Session
 
@@ -249,18 +249,20 @@ class DiffusersToMeDiT(CallPatch):
             call = {**dict(zip(positional, args)), **kwargs}
             if not self._pays(context, block, kind, backend, original, call, merged):
                 return original(*args, **kwargs)
-            out = self._merged(original, call, current, merged, context["timer"])
+            noted = []
+            out = self._merged(original, call, current, merged, context["timer"], noted)
             if out is None:
                 note_skipped(context)  # not the predicted layout: left alone
                 return original(*args, **kwargs)
-            layout, _, r, _ = current
+            if not noted:  # min_similarity: nothing alike enough merged, the block ran whole
+                return out
+            layout, plan = current[0], noted[0]
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
-            n = math.prod(layout.grid)
-            note_reduced(context, grid, 1, lambda: {"blocks": (n, n - r)})
+            note_reduced(context, grid, 1, lambda: {"blocks": (plan.tokens, plan.merged_tokens)})
             return out
         return forward
 
-    def _merged(self, original, call: dict, current: tuple, block: tuple, timer=None):
+    def _merged(self, original, call: dict, current: tuple, block: tuple, timer=None, noted: list | None = None):
         """The block's output with the grid merged through it and its change restored (the core's
         ``run_merged_block``), or None where its inputs are not the predicted layout. ``block``: its
         kind's (BlockArgs, rotary argument name or None, tokens_out); ``current``: the call's."""
@@ -272,7 +274,11 @@ class DiffusersToMeDiT(CallPatch):
         rope = call.get(rope_name) if rope_name else None
         if x is None or x.ndim != 3 or where is None or x.shape[1] != where[0] or (rope_name and rope is None):
             return None
-        plan = block_plan(plans, x, where, layout, tiles, r, timer=timer)
+        plan = block_plan(plans, x, where, layout, tiles, r, timer=timer, bound=alike_bound(self.settings))
+        if plan.r <= 0:  # min_similarity: nothing in this call's grid is alike enough to merge
+            return original(**call)
+        if noted is not None:  # the plan the block merged with, for the report (min_similarity: its own count)
+            noted.append(plan)
         args = {name: value for name, value in call.items() if name != rope_name}
         if rope_name:  # the rotary as positions [1, L, ...] (made once per plan), merged by the core as the tokens
             args[PE] = gathered(plan, ("rotary", rope_name), rope, lambda: seam.rope_in(rope))
@@ -337,7 +343,7 @@ class DiffusersToMeDiT(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         x = call[merged[0].tokens]
         grid = x.narrow(1, merged[0].in_tokens(layout)[1], math.prod(layout.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r)
+        runs["plan"] = lambda: plan_block(grid, tiles, r, bound=alike_bound(self.settings))
         blocks = len(self.sites)
         return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / blocks)
 
