@@ -7,6 +7,7 @@
     python3 devtools/benchmark.py --gpu-table-video OUT  # its video preset: Wan 2.1 14B 720p, LTX-2, one step each
     python3 devtools/benchmark.py --gpu-table-tome OUT   # its ToMe preset (#38): ToMe vs ToDo at ~1 MP, Pareto fronts
     python3 devtools/benchmark.py --quality OUT          # trained photo fixtures: LPIPS, SSIM, PSNR per setting
+    python3 devtools/benchmark.py --unit-blocks OUT      # the budget's candidate units per Flux fixture block
         [--fixtures sd15 flux] [--seeds 16] [--long-seeds N] [--steps 20 4] [--modes t2i i2i] [--candidates]
     python3 devtools/benchmark.py --peakedness           # attention peakedness per layer of the photo fixtures
     python3 devtools/benchmark.py --window-speed         # ToDo's window against nearest, one attention call (CPU)
@@ -87,6 +88,10 @@ def main() -> int:
         pinned = host.run_inside_host(__file__)
         from bench import prediction_change
         return prediction_change.main(sys.argv[1:], pinned.comfyui)
+    if "--unit-blocks" in sys.argv[1:]:  # which budget unit ranks the Flux fixture's blocks (bench/unit_blocks.py)
+        pinned = host.run_inside_host(__file__)
+        from bench import unit_blocks
+        return unit_blocks.main(sys.argv[1:], pinned.comfyui)
     if "--window-speed" in sys.argv[1:]:  # ToDo's window against nearest, one attention call (bench/window_speed.py)
         host.run_inside_host(__file__)
         from bench import window_speed

@@ -159,6 +159,20 @@ def test_every_series_has_its_own_colour_and_marker():
     assert len(set(colours)) == len(methods) and len(set(markers)) == len(methods)
 
 
+def test_the_unit_tables_rank_correlation_of_hand_made_rankings():
+    from bench.unit_blocks import markdown, spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([0.1, 0.3, 0.2], [5, 7, 6]) == pytest.approx(1.0)  # ranks, not values
+    assert spearman([1, 1, 1], [1, 2, 3]) == 0.0  # constant: no ranking
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.866, abs=1e-3)  # ties take their mean rank
+    result = {"rows": [{"block": "single 0", "method": "nearest", "output": 0.03, "lpips": 0.1}],
+              "spearman": {"output": {"nearest": 0.5, "window": 0.1, "both": 0.9}}}
+    assert "| single 0 | nearest | 0.030 | 0.100 |" in markdown(result)
+    assert "| both | 0.90 |" in markdown(result)
+
+
 def test_the_pareto_front_of_a_hand_made_set():
     from bench.plots import pareto_front, spread
 

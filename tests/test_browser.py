@@ -214,8 +214,11 @@ def _file_widgets(name: str) -> list:
 
 
 def _run_widgets(name: str) -> list:
-    """The example's widgets of our node after ``_small_run``: max_change (the last) set to 0."""
-    return [*_file_widgets(name)[:-1], 0.0]
+    """The example's widgets of our node after ``_small_run``: max_change set to 0 (ToDo's last
+    widget; ToMe's last but one, before min_similarity)."""
+    widgets = list(_file_widgets(name))
+    widgets[-2 if "_tome" in name else -1] = 0.0
+    return widgets
 
 
 def test_the_template_browser_shows_every_example_with_its_thumbnail(ui):
