@@ -29,11 +29,10 @@ import contextlib
 import importlib
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from . import PACK, REPO
+from . import PACK
 
 METHODS = ("nearest", "window")
 TINY = 1e-9  # max_change: every kind over it, so each decision says its change
@@ -192,13 +191,9 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str], comfyui: Path | None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    args = p.parse_args(argv)
-    from . import environment
+    from .quality_table import parsed_with_host
 
-    host = environment.load(args.comfyui or comfyui)
-    sys.path.insert(0, str(REPO / "devtools"))
+    args, host = parsed_with_host(__doc__, add_arguments, argv, comfyui)
     out = args.unit_blocks
     out.mkdir(parents=True, exist_ok=True)
     result = run_fixture(host, args)
