@@ -353,6 +353,31 @@ def test_compiled_without_graph_breaks_or_recompiles_per_step(family, how):
     assert patch.report().levels
 
 
+@pytest.mark.parametrize("method", ["nearest", "window"])
+def test_a_compiled_unet_reduces_as_the_eager_one_and_says_so(method):
+    """apply_patch on a pipeline whose UNet is torch.compile'd: the same image as the eager UNet
+    patched, no recompile on the next run, and the report counts the reduced level (the window's
+    processor notes only eagerly: compiled, its pre-hook notes the call it marks)."""
+    pipe = tiny.pipeline()
+    unet = pipe.unet
+    torch._dynamo.reset()
+    with apply_patch(pipe, "ToDo", method=method, reduce_when="always"):
+        eager = tiny.generate(pipe, steps=2, size=128)
+    pipe.unet = torch.compile(unet, backend="eager")
+    try:
+        with apply_patch(pipe, "ToDo", method=method, reduce_when="always") as patch:
+            first = tiny.generate(pipe, steps=2, size=128)
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                assert torch.equal(tiny.generate(pipe, steps=2, size=128), first)
+            lines, report = patch.report_lines(), patch.report()
+    finally:
+        pipe.unet = unet
+    assert torch.equal(first, eager)
+    keys = 112 if method == "window" else 64  # the window's keys a query sees (plan.seen), nearest's kept
+    assert f"ds 1 · 16×16 · q 256→256 · k/v 256→{keys}" in lines, lines
+    assert report.active_steps == (1, 2) and not report.warnings
+
+
 def test_a_flux_pipeline_runs_by_its_own_timesteps():
     """Flux's pipeline passes sigma-scaled timesteps (t / 1000): the window and the run's steps
     are read from those, and the next pipeline call is a new run."""

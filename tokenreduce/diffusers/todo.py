@@ -118,8 +118,10 @@ class UNetToDo(UNetCalls, CallPatch):
             if method is None:
                 return None
             if method == WINDOW:
-                self._plan(level, (h, w), x.device)
+                plan = self._plan(level, (h, w), x.device)
                 self.pending = ((h, w), level)  # the processor runs this call windowed (and notes it)
+                if torch.compiler.is_compiling():  # the processor notes only eagerly: noted here, where it is marked
+                    note_reduced(context, (h, w), level, lambda: window_stages(h * w, plan))
                 return None
             keys = downsample_tokens(x if x.ndim == 3 else normed_tokens(module, x, kwargs), h, w, factor, self.method)
             note_reduced(context, (h, w), level, lambda: {"q": (h * w, h * w), "k/v": (h * w, keys.shape[1])})
@@ -183,8 +185,7 @@ class UNetToDo(UNetCalls, CallPatch):
             return None
         plan = self.plans[level]
         if self.session.context is not None and not torch.compiler.is_compiling():  # noted where it runs
-            note_reduced(self.session.context, (h, w), level,
-                         lambda: {"q": (h * w, h * w), "k/v": (h * w, round(plan.seen * h * w))})
+            note_reduced(self.session.context, (h, w), level, lambda: window_stages(h * w, plan))
         return _windowed(q, k, v, dim, plan, extras.get("scale"))
 
     def _dispatch(self, original):
@@ -523,6 +524,11 @@ def restore_processors(swapped: list) -> None:
         if attention.processor is ours:
             attention.processor = original
     swapped.clear()
+
+
+def window_stages(tokens: int, plan) -> dict:
+    """A windowed self-attention call's counts for the report: every query, the keys each sees."""
+    return {"q": (tokens, tokens), "k/v": (tokens, round(plan.seen * tokens))}
 
 
 def _windowed(q, k, v, dim: int, window, scale: float | None) -> torch.Tensor:
