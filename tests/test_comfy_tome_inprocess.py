@@ -284,3 +284,20 @@ def test_min_similarity_merges_only_what_is_alike(comfy, models):
     assert torch.equal(sample(comfy, patched(comfy, "tome", base, min_similarity=0.999)), sample(comfy, base))
     assert torch.equal(sample(comfy, patched(comfy, "tome", base, min_similarity=0.0)),
                        sample(comfy, patched(comfy, "tome", base)))
+
+
+def test_min_similarity_is_timed_at_ratios_count_on_random_tokens(comfy, models, measuring, monkeypatch):
+    """reduce_when auto times a UNet level's block on random tokens, where nothing is alike: its
+    plans there merge ratio's count (the most a bounded merge does), not none, while the model's
+    own calls at 0.999 merge nothing (the unpatched image)."""
+    import sys
+
+    module = sys.modules["tokenreduce_pack.tokenreduce.tome_patch"]
+    merged, original = [], module.plan_cells
+    monkeypatch.setattr(module, "plan_cells", lambda *a, **k: (lambda plan: merged.append(
+        plan.tokens - plan.merged_tokens if not plan.is_identity else 0) or plan)(original(*a, **k)))
+    measuring((10.0, 8.0))
+    base = models["SD15"]
+    out = sample(comfy, apply(comfy, "tome", base, min_similarity=0.999, reduce_when="auto").result[0])
+    assert 512 in merged  # the timed block: ratio 0.5 of the 32x32 grid
+    assert torch.equal(out, sample(comfy, base))

@@ -80,6 +80,9 @@ def backend_of(call: ModelCall, override=None) -> str:
     return "+".join(names)
 
 
+RANDOM_TOKENS = "random tokens"  # in a timed call context: the block runs on random tokens
+
+
 def unet_block_work(block: torch.nn.Module, site, grid: tuple[int, int], call: ModelCall, context_key: str,
                     reducing: Callable[[], dict]) -> Callable[[], Work]:
     """The work of the UNet transformer block ``block`` (at ``site``) at ``grid``: unreduced, and
@@ -94,7 +97,9 @@ def unet_block_work(block: torch.nn.Module, site, grid: tuple[int, int], call: M
         options = measuring_options(call, activations_shape=[batch, dim, h, w], original_shape=list(call.x.shape),
                                     block=tuple(site.key[:2]), block_index=site.key[2])
         full = {**options, context_key: call_context(False)}
-        reduced = {**options, context_key: reducing()}
+        # random tokens: nothing a reduction reads off the tokens (ToMe's min_similarity count) is
+        # read from them; the reduction is timed at the most it does
+        reduced = {**options, context_key: {**reducing(), RANDOM_TOKENS: True}}
         work = pair(lambda: block(x, context=text, transformer_options=full),
                     lambda: block(x, context=text, transformer_options=reduced))
         if call.rehearse is None:  # the change is read from the timed runs: random tokens, the call's text

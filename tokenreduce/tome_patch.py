@@ -32,7 +32,7 @@ from .bipartite import MergePlan, Partition, partition_grid, plan_merge
 from .describe import level_text
 from .grid import grid_at
 from .layout import unet_call_grid, unet_call_key
-from .measure import UNetLevels, sample, compute_dtype
+from .measure import RANDOM_TOKENS, UNetLevels, sample, compute_dtype
 from .methods import MODE_QUERIES, tile_matching, tome_reach
 from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped, plan_key
@@ -173,7 +173,7 @@ class ToMePatch(CallPatch):
         blocks = sum(1 for site in self.sites if site.level == level) * getattr(s, "plan_every", 1)
         r = int(h * w * s.ratio)
         partition = context["draw_partition"](None, grid)
-        plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach, self.bound)  # noqa: E731
+        plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731 - random tokens: unbounded
         return block._replace(runs={**block.runs, "plan": plan}, reduced_ms=lambda t: t["reduced"] + t["plan"] / blocks)
 
     def timing_context(self, grid: tuple[int, int], device: torch.device) -> dict:
@@ -241,11 +241,13 @@ class ToMePatch(CallPatch):
         partitions = context["partitions"]
         partition = partitions[(key, grid)] if (key, grid) in partitions else context["draw_partition"](key, grid)
         r = int(n.shape[1] * s.ratio)
+        # timed on random tokens (``measure.RANDOM_TOKENS``): nothing is alike there, so ratio's count,
+        # the most a bounded merge does
+        bound = None if context.get(RANDOM_TOKENS) else self.bound
         timer = context["timer"]
         if timer is None:
-            return plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach, self.bound)
-        return timer.timed(n.device,
-                           lambda: plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach, self.bound))
+            return plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach, bound)
+        return timer.timed(n.device, lambda: plan_cells(n, w, h, s.stride_x, s.stride_y, partition, r, self.reach, bound))
 
     def attn1(self, n, context, value, extra_options):
         call = self.call_context(extra_options)
