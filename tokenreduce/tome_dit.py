@@ -741,6 +741,7 @@ class ToMeDiTPatch(CallPatch):
                  rule: AutoRule | None = None):
         super().__init__(context_key, label, rule)
         self.settings = settings
+        self.bound = alike_bound(settings)  # min_similarity, read once (per block call: a lookup)
         self.family = layout.family
         self.merge = layout.family.merge
         self.blocks = blocks  # indices (in the family's plan) of the blocks it merges
@@ -876,7 +877,7 @@ class ToMeDiTPatch(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"], compare=compare)
         spec = self.merge.args[kind]
         grid = sequence_of(spec, args[spec.tokens]).narrow(1, spec.in_tokens(tokens)[1], math.prod(tokens.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid), alike_bound(self.settings))
+        runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid), self.bound)
         # the block calls one plan serves: every merged block of every kind (those of a kind auto may
         # still leave alone included: not decided yet), over plan_every steps
         calls_per_plan = len(keys) * getattr(self.settings, "plan_every", 1)
@@ -918,7 +919,7 @@ class ToMeDiTPatch(CallPatch):
                 note_skipped(call)  # not the predicted layout (another patch changed the tokens): left alone
                 return inner(args)
             plan = block_plan(call["plans"] if self.settings.share_plans else None, x, where, layout, tiles,
-                              call["r"], self._frames(layout.grid), call["timer"], alike_bound(self.settings))
+                              call["r"], self._frames(layout.grid), call["timer"], self.bound)
             if plan.r <= 0:  # min_similarity: nothing in this call's grid is alike enough to merge
                 return inner(args)
             # a block given one rotary table for the whole batch (CogVideoX's) runs once per row

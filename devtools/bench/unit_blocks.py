@@ -68,6 +68,13 @@ def update_unit():
         todo_dit.on_copies = original
 
 
+def own_change(host, model) -> float:
+    """The change of the method's own decision in the model's last run (not the window measured in
+    nearest's place)."""
+    decisions = host.sessions_of(model)[-1].last_report.decisions
+    return next(d.change for site, d in decisions if "instead" not in site)
+
+
 def spearman(xs: list[float], ys: list[float]) -> float:
     """Spearman's rank correlation (ties take their mean rank; 0 where either side is constant)."""
     def ranks(values):
@@ -97,11 +104,6 @@ def run_fixture(host, args, log=print) -> dict:
                     **changes}
         return host.appliers["todo"](fx.patcher, settings)
 
-    def own_change(model) -> float:
-        """The change of the method's own decision (not the window measured in nearest's place)."""
-        decisions = host.sessions_of(model)[-1].last_report.decisions
-        return next(d.change for site, d in decisions if "instead" not in site)
-
     rows = []
     for block in range(blocks):
         for method in METHODS:
@@ -113,11 +115,11 @@ def run_fixture(host, args, log=print) -> dict:
                     for start, key in ((0.0, "output"), *((late, f"output at {late:g}") for late in args.late)):
                         model = node(block, method, max_change=TINY, start_percent=start)
                         _seeded(pf, fx, model, caption, args.steps, seed)
-                        cells[key].append(own_change(model))
+                        cells[key].append(own_change(host, model))
                     with update_unit():
                         model = node(block, method, max_change=TINY)
                         _seeded(pf, fx, model, caption, args.steps, seed)
-                    cells["update"].append(own_change(model))
+                    cells["update"].append(own_change(host, model))
                     model = node(block, method, reduce_when="always", measure_change=True)
                     image, _ = _seeded(pf, fx, model, caption, args.steps, seed)
                     cells["prediction"].append(host.sessions_of(model)[-1].last_report.prediction_change.change)
@@ -161,8 +163,7 @@ def run_sd(host, args, log=print) -> dict:
                 for start, key in ((0.0, "output"), *((late, f"output at {late:g}") for late in args.late)):
                     measured = model(max_change=TINY, start_percent=start)
                     _seeded(pf, fx, measured, caption, args.steps, seed)
-                    decisions = host.sessions_of(measured)[-1].last_report.decisions
-                    cells[key].append(next(d.change for site, d in decisions if "instead" not in site))
+                    cells[key].append(own_change(host, measured))
                 reference, _ = _seeded(pf, fx, fx.patcher, caption, args.steps, seed)
                 image, _ = _seeded(pf, fx, model(reduce_when="always"), caption, args.steps, seed)
                 cells["lpips"].append(float(metrics.lpips(image, reference)[0]))

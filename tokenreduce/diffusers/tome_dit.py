@@ -169,6 +169,7 @@ class DiffusersToMeDiT(CallPatch):
     def __init__(self, settings, family, sites, label: str, session: Session, rule=None):
         super().__init__("tokenreduce.diffusers", label, rule)
         self.settings = settings
+        self.bound = alike_bound(settings)  # min_similarity, read once (per block call: a lookup)
         self.family = family
         self.seam = MERGES[family.name]
         self.sites = sites
@@ -274,7 +275,7 @@ class DiffusersToMeDiT(CallPatch):
         rope = call.get(rope_name) if rope_name else None
         if x is None or x.ndim != 3 or where is None or x.shape[1] != where[0] or (rope_name and rope is None):
             return None
-        plan = block_plan(plans, x, where, layout, tiles, r, timer=timer, bound=alike_bound(self.settings))
+        plan = block_plan(plans, x, where, layout, tiles, r, timer=timer, bound=self.bound)
         if plan.r <= 0:  # min_similarity: nothing in this call's grid is alike enough to merge
             return original(**call)
         if noted is not None:  # the plan the block merged with, for the report (min_similarity: its own count)
@@ -343,7 +344,7 @@ class DiffusersToMeDiT(CallPatch):
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         x = call[merged[0].tokens]
         grid = x.narrow(1, merged[0].in_tokens(layout)[1], math.prod(layout.grid))
-        runs["plan"] = lambda: plan_block(grid, tiles, r, bound=alike_bound(self.settings))
+        runs["plan"] = lambda: plan_block(grid, tiles, r, bound=self.bound)
         blocks = len(self.sites)
         return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / blocks)
 
