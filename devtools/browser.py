@@ -171,42 +171,62 @@ class Frontend:
         dialog.get_by_text(PACK_TEMPLATES, exact=True).click()
         return dialog
 
-    def thumbnails(self, dialog, names: list[str], timeout_ms: int = 120_000) -> dict[str, int]:
-        """Natural width of the picture on each template's card (0: none loaded within the
-        timeout). The browser fetches thumbnails itself and shows them as blob URLs, so the
-        picture is found by its card's title. Each card is scrolled into view first: the
-        dialog loads a card's picture only once it is shown (more cards than fit in it). The
-        title goes to the bottom of the dialog's scrolled area, so that the picture above it
-        is inside that area too: 1.49's cards load their picture only once a tenth of it is
-        visible there (its LazyImage); a title scrolled in just far enough, at the area's top
-        edge, left the picture above the edge, never loaded (3 of 16 cards, once, in 120 s each)."""
-        widths = """(names) => Object.fromEntries(names.map(name => {
+    def thumbnails(self, dialog, names: list[str], timeout_ms: int = 120_000, attempts: int = 3) -> dict[str, object]:
+        """Natural width of the picture on each template's card, or what the card shows instead
+        (a string: no picture, two pictures, one not loaded). The browser fetches thumbnails
+        itself and shows them as blob URLs, so the picture is found by its card's title. Each
+        card is scrolled into view first: the dialog loads a card's picture only once it is
+        shown (more cards than fit in it). The title goes to the bottom of the dialog's scrolled
+        area, so that the picture above it is inside that area too: 1.49's cards load their
+        picture only once a tenth of it is visible there (its LazyImage); a title scrolled in
+        just far enough, at the area's top edge, left the picture above the edge, never loaded.
+
+        A card that has not shown its picture within its share of the timeout is hidden for a
+        second and shown again, up to ``attempts`` times. The frontends' LazyImage shares one
+        cached blob between a card's mounts; when the dialog re-renders a card while its
+        picture loads, the new mount can get a URL the old one has just revoked: the picture
+        fails, the card shows the fallback beside the broken one, and it retries only once it
+        has left the view, which a card kept in view never does (CI of stops 56 and 58: three
+        cards at 0 for 120 s each, while they loaded in 3 s in a run alone). Hidden, the card
+        has left the view: its picture is released and fetched again when it is shown."""
+        card = """((name) => {
             let card = [...document.querySelectorAll('[role=dialog] *')]
                 .find(e => e.children.length === 0 && e.textContent.trim() === name);
             while (card && card.querySelectorAll('img').length === 0) card = card.parentElement;
-            const images = card ? card.querySelectorAll('img') : [];
-            return [name, images.length === 1 && images[0].complete ? images[0].naturalWidth : 0];
-        }))"""
+            return card; })"""
+        widths = f"""(names) => Object.fromEntries(names.map(name => {{
+            const card = {card}(name);
+            if (!card) return [name, 'no card or no picture'];
+            const images = [...card.querySelectorAll('img')];
+            if (images.length !== 1) return [name, `${{images.length}} pictures`];
+            return [name, images[0].complete ? images[0].naturalWidth || 'broken' : 'loading'];
+        }}))"""
         scroll_to = """((name) => [...document.querySelectorAll('[role=dialog] *')]
             .find(e => e.children.length === 0 && e.textContent.trim() === name)
             ?.scrollIntoView({block: 'end', inline: 'nearest'}))"""
         found = {}
         for name in names:
-            dialog.get_by_text(name, exact=True).first.wait_for()
             # The widths are those of the evaluation that saw them loaded: a second read after a
             # successful wait found two cards at 0 (CI of stop 54 and once here, in 15 s, so no
             # wait had timed out): the dialog can swap a card's picture between two reads. The
             # title is scrolled into view at every poll, not once: the dialog can reorder its
             # cards after the scroll (CI of stop 56, and 1 in 5 here on 1.32.9: the first card
             # scrolled to, moved to the grid's last row out of view, its picture never loaded).
-            try:
-                loaded = self.page.wait_for_function(
-                    f"(names) => {{ {scroll_to}(names[0]); const w = ({widths})(names); "
-                    "return Object.values(w).every(v => v > 0) ? w : false; }",
-                    arg=[name], timeout=timeout_ms, polling=250)
-                found.update(loaded.json_value())
-            except Exception:  # noqa: BLE001 - the caller asserts on the widths it gets
-                found.update(self.evaluate(widths, [name]))
+            for attempt in range(attempts):
+                dialog.get_by_text(name, exact=True).first.wait_for()
+                if attempt:  # the card leaves the view and comes back: its picture starts anew
+                    self.evaluate(f"async (name) => {{ const card = {card}(name); if (!card) return; "
+                                  "card.style.display = 'none'; await new Promise(r => setTimeout(r, 1000)); "
+                                  "card.style.display = ''; }", name)
+                try:
+                    loaded = self.page.wait_for_function(
+                        f"(names) => {{ {scroll_to}(names[0]); const w = ({widths})(names); "
+                        "return Object.values(w).every(v => v > 0) ? w : false; }",
+                        arg=[name], timeout=timeout_ms // attempts, polling=250)
+                    found.update(loaded.json_value())
+                    break
+                except Exception:  # noqa: BLE001 - the caller asserts on the widths it gets
+                    found.update(self.evaluate(widths, [name]))
         return found
 
     def load_template(self, name: str) -> None:
