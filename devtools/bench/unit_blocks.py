@@ -14,6 +14,10 @@ seeds each, euler / simple at ``--steps``. The units, each read from the node's 
 - *update*: the change of the block's update ``block(x) - x`` instead (the unit's two sides with the
   block's input taken out), at the first call;
 - *prediction*: ``measure_change``'s prediction change at the first reduced step;
+- *rehearsed*: the output unit read on a late input made before sampling starts, as a budget
+  deciding at the first call could make it: the unpatched model's one-step prediction noised
+  again (with the run's own noise) to the schedule's step at ``--late``'s last value, one model
+  call there (``rehearsed``);
 - *LPIPS*: the final images with the block reduced at every step (``reduce_when`` always).
 
 Spearman's rank correlation of each unit with LPIPS over the blocks (per method, and over both
@@ -75,6 +79,33 @@ def own_change(host, model) -> float:
     return next(d.change for site, d in decisions if "instead" not in site)
 
 
+def one_step_prediction(pf, fx, caption: str, seed: int):
+    """The unpatched model's denoised prediction of one euler step from ``seed``'s noise."""
+    return _sampled(pf, fx, fx.patcher, caption, 1, seed, None)
+
+
+def rehearsed(pf, fx, patcher, caption: str, steps: int, seed: int, prediction, late: float) -> None:
+    """One model call at the step of ``steps`` nearest ``late``, on ``prediction`` noised to that
+    step's level with ``seed``'s noise (KSampler Advanced's start and last step)."""
+    start = min(steps - 1, round(late * steps))
+    _sampled(pf, fx, patcher, caption, steps, seed, prediction, start)
+
+
+def _sampled(pf, fx, patcher, caption: str, steps: int, seed: int, latent, start: int | None = None):
+    import comfy.sample
+    import torch
+
+    size = fx.latent_size()
+    zeros = torch.zeros(1, fx.spec.latent_channels, size, size)
+    noise = comfy.sample.prepare_noise(zeros, seed)
+    with torch.no_grad():
+        return comfy.sample.sample(patcher, noise, steps, pf.CFG[fx.spec.name], "euler", "simple",
+                                   fx.conditioning(caption, 1), fx.conditioning(pf.EMPTY, 1),
+                                   zeros if latent is None else latent, seed=seed, disable_pbar=True,
+                                   start_step=start, last_step=None if start is None else start + 1,
+                                   force_full_denoise=True)
+
+
 def spearman(xs: list[float], ys: list[float]) -> float:
     """Spearman's rank correlation (ties take their mean rank; 0 where either side is constant)."""
     def ranks(values):
@@ -104,14 +135,19 @@ def run_fixture(host, args, log=print) -> dict:
                     **changes}
         return host.appliers["todo"](fx.patcher, settings)
 
+    predictions = {(caption, seed): one_step_prediction(pf, fx, caption, seed)
+                   for caption in pf.EVAL_CAPTIONS for seed in range(args.seeds)}
     rows = []
     for block in range(blocks):
         for method in METHODS:
             cells = {"output": [], "update": [], "prediction": [], "lpips": [],
-                     **{f"output at {late:g}": [] for late in args.late}}
+                     **{f"output at {late:g}": [] for late in args.late}, "rehearsed": []}
             for caption in pf.EVAL_CAPTIONS:
                 for seed in range(args.seeds):
                     reference, _ = _seeded(pf, fx, fx.patcher, caption, args.steps, seed)
+                    model = node(block, method, max_change=TINY)
+                    rehearsed(pf, fx, model, caption, args.steps, seed, predictions[caption, seed], args.late[-1])
+                    cells["rehearsed"].append(own_change(host, model))
                     for start, key in ((0.0, "output"), *((late, f"output at {late:g}") for late in args.late)):
                         model = node(block, method, max_change=TINY, start_percent=start)
                         _seeded(pf, fx, model, caption, args.steps, seed)
@@ -152,14 +188,19 @@ def run_sd(host, args, log=print) -> dict:
     defaults = {"todo": methods.TODO.defaults(), "tome": methods.TOME.defaults()}
     fx = pf.load("sd15")
     started = time.monotonic()
+    predictions = {(caption, seed): one_step_prediction(pf, fx, caption, seed)
+                   for caption in pf.EVAL_CAPTIONS for seed in range(args.seeds)}
     rows = []
     for name, node, changes in SD_SETTINGS:
         def model(**more):
             return host.appliers[node](fx.patcher, {**defaults[node], **changes, **more})
 
-        cells = {"output": [], **{f"output at {late:g}": [] for late in args.late}, "lpips": []}
+        cells = {"output": [], **{f"output at {late:g}": [] for late in args.late}, "rehearsed": [], "lpips": []}
         for caption in pf.EVAL_CAPTIONS:
             for seed in range(args.seeds):
+                measured = model(max_change=TINY)
+                rehearsed(pf, fx, measured, caption, args.steps, seed, predictions[caption, seed], args.late[-1])
+                cells["rehearsed"].append(own_change(host, measured))
                 for start, key in ((0.0, "output"), *((late, f"output at {late:g}") for late in args.late)):
                     measured = model(max_change=TINY, start_percent=start)
                     _seeded(pf, fx, measured, caption, args.steps, seed)
