@@ -673,7 +673,7 @@ def tome_refusal(target_family: str, family) -> str:
             f"TokenReduce), which supports {family.name}. Remove this node for this model.")
 
 
-def reuse_signature(settings) -> tuple:
+def later_inputs_signature(settings) -> tuple:
     """plan_every and min_similarity in the auto rule's kinds where they are set (none at their
     defaults: decisions kept before them stay valid)."""
     every, bound = getattr(settings, "plan_every", 1), alike_bound(settings)
@@ -835,7 +835,7 @@ class ToMeDiTPatch(CallPatch):
         length = self.merge.args[kind].in_tokens(tokens)
         signature = ("tome dit", self.family.name, kind, self._width(kind), length[0] if length else 0, *tokens.grid,
                      r, s.ratio, *self.strides, tokens.whole_frames, s.share_plans, str(compute_dtype(call)),
-                     backend_of(call, call.options.get(OVERRIDE)), *reuse_signature(s))
+                     backend_of(call, call.options.get(OVERRIDE)), *later_inputs_signature(s))
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]

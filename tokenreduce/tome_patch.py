@@ -37,7 +37,7 @@ from .methods import MODE_QUERIES, tile_matching, tome_reach
 from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped, plan_key
 from .seeding import derive_seed
-from .tome_dit import BlockPlan, Tiles, alike_bound, reuse_signature, make_tiles, merge, plan_block, restore
+from .tome_dit import BlockPlan, Tiles, alike_bound, later_inputs_signature, make_tiles, merge, plan_block, restore
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
 SHARED = ("shared",)  # the key shared plans are drawn under
@@ -152,7 +152,7 @@ class ToMePatch(CallPatch):
         s = self.settings
         grid = grid_at(latent_hw, level)
         reduction = ("ToMe", s.ratio, s.stride_x, s.stride_y, s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp,
-                     s.matching, s.share_plans, *reuse_signature(s))
+                     s.matching, s.share_plans, *later_inputs_signature(s))
         kind = self.unet.kind(call, level, grid, reduction)
         return self.pays(run, call.x.device, kind,
                          lambda: (level_text(level, grid), lambda: self._work(call, level, grid)),

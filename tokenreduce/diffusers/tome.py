@@ -31,7 +31,7 @@ import torch
 from ..describe import level_text
 from ..grid import grid_at
 from ..run import note_reduced, note_skipped
-from ..tome_dit import reuse_signature
+from ..tome_dit import later_inputs_signature
 from ..tome_patch import ToMePatch
 from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, unet_sample, weights_fingerprint
 from .models import self_attention
@@ -106,7 +106,7 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         x = args[0] if args else kwargs["hidden_states"]
         kind = ("diffusers ToMe", level, grid, tuple(x.shape), str(x.dtype), s.ratio, s.stride_x, s.stride_y,
                 s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp, s.matching, s.share_plans,
-                attention_backend(self_attention(module).processor), *reuse_signature(s))
+                attention_backend(self_attention(module).processor), *later_inputs_signature(s))
 
         def describe():  # timed in a context of its own (the core's), as the ComfyUI path times
             # max_change: the block's change on the input the model hands it now (this pre-hook's),

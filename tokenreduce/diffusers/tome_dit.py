@@ -39,8 +39,8 @@ from ..dit import BlockArgs
 from ..pays import Work
 from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
-from ..tome_dit import (Tiles, alike_bound, block_plan, gathered, make_tiles, merged_count, plan_block,
-                        plan_sequence_index, reuse_signature, run_merged_block, take)
+from ..tome_dit import (Tiles, alike_bound, block_plan, gathered, later_inputs_signature, make_tiles, merged_count,
+                        plan_block, plan_sequence_index, run_merged_block, take)
 from .hooks import attention_backend, weights_fingerprint
 from .session import Session
 
@@ -325,7 +325,7 @@ class DiffusersToMeDiT(CallPatch):
         x = call.get(merged[0].tokens)
         signature = ("diffusers ToMe DiT", self.family.name, kind, tuple(x.shape[1:]) if torch.is_tensor(x) else (),
                      *layout.grid, r, s.ratio, *self.strides, layout.whole_frames, s.share_plans, str(getattr(x, "dtype", "")), backend,
-                     *(("compiled",) if self._compiled(block) else ()), *reuse_signature(s))
+                     *(("compiled",) if self._compiled(block) else ()), *later_inputs_signature(s))
 
         def describe():
             n = math.prod(layout.grid)
