@@ -15,7 +15,7 @@ from ..tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks, tome_refusal
 from ..tokenreduce.tome_patch import ToMePatch
 from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, reduce_rule,
                      refuse_or_unchanged, refuse_stacking, unet_levels)
-from .host import bind_to_device_copies, hand_options_to_blocks, install_block_replacements
+from .host import bind_to_device_copies, hand_options_to_blocks, install_attention_override, install_block_replacements
 from .schema import validate_inputs_for
 
 
@@ -49,6 +49,8 @@ class ToMePatchNode(PatchNode):
                           reduce_rule(settings))
         session.attach(patched, patch)
         patched.set_model_attn1_patch(patch.attn1)
+        if patch.proportional:  # the merged keys' log sizes go into the self-attention the attn1 patch merged
+            install_attention_override(patched, patch)
         if settings.merge_attn:
             patched.set_model_attn1_output_patch(patch.unmerge_output)
         if settings.merge_crossattn:

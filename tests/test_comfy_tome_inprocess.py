@@ -97,6 +97,45 @@ def test_info_reports_what_was_patched(comfy, models):
     assert "SDXL" in info and "max_downsample 2" in info and "5 of 16 transformer blocks" in info
 
 
+PROPORTIONAL = "q, k, v + proportional attention"
+
+
+def _attention_spy(model, calls: list):
+    """A clone of ``model`` with an attention override installed before any node's: it keeps each
+    call's (query count, key count, mask) and runs the call as given."""
+    spied = model.clone()
+
+    def spy(func, *args, **kwargs):
+        mask = args[4] if len(args) > 4 else kwargs.get("mask")
+        calls.append((args[0].shape[1], args[1].shape[1], None if mask is None else mask.clone()))
+        return func(*args, **kwargs)
+
+    spied.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = spy
+    return spied
+
+
+def test_proportional_attention_weighs_each_merged_key_by_its_tokens(comfy, models):
+    base = models["SD15"]
+    calls = []
+    model = patched(comfy, "tome", _attention_spy(base, calls), mode=PROPORTIONAL)
+    image = sample(comfy, model, steps=1)
+    merged = [mask for queries, keys, mask in calls if queries == keys == 512]  # level 1: 1024 -> 512 tokens
+    assert len(merged) == 5  # each of the level's blocks, one model call (cond and uncond batched)
+    for mask in merged:  # handed on to the override before ours: a bias per key, every token counted once
+        assert mask is not None and mask.shape[1:] == (1, 512)
+        assert torch.allclose(mask.float().exp().sum(-1), torch.full((mask.shape[0], 1), 1024.0))
+    assert all(mask is None for queries, keys, mask in calls if not queries == keys == 512)  # the rest as they came
+    assert not torch.equal(image, sample(comfy, patched(comfy, "tome", base), steps=1))  # tomesd's q, k, v differ
+    assert torch.equal(image, sample(comfy, model, steps=1))  # reruns bit for bit
+    assert "proportional attention" in apply(comfy, "tome", base, mode=PROPORTIONAL).result[1]
+    assert base.model_options.get("transformer_options", {}).get("optimized_attention_override") is None
+
+
+def test_proportional_attention_with_nothing_merged_is_the_unpatched_model(comfy, models):
+    base = models["SD15"]
+    assert torch.equal(sample(comfy, patched(comfy, "tome", base, ratio=0.0, mode=PROPORTIONAL)), sample(comfy, base))
+
+
 VALIDATED = ("ratio", "stride_x", "stride_y", "max_downsample", "mode", "merge_attn", "merge_crossattn", "merge_mlp",
              "start_percent", "end_percent", "matching", "stride_t")
 

@@ -63,6 +63,8 @@ CASES = [  # ToMe at its defaults: SDXL's case; SD1.5 takes the other modes and 
     # issue #50: the attention override runs the level windowed (always: auto times the window on a CPU)
     ("SD15", [("todo", dict(method="window", reduce_when="always"))]),
     ("SD15", [("tome", dict(mode="queries only (ComfyUI built-in)", matching="3x3 cells", share_plans=True))]),
+    # issue #50: proportional attention, the merged keys' log sizes through the attention override
+    ("SD15", [("tome", dict(mode="q, k, v + proportional attention"))]),
     ("SD15", [("tome", dict(merge_crossattn=True, merge_mlp=True, use_rand=False, max_downsample="2"))]),
     # plan_every: calls that plan and calls that reuse an earlier step's plans, two kinds of call
     # whatever the steps and runs: at most one graph more

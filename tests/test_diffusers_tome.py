@@ -107,6 +107,13 @@ def test_the_packs_own_modes_run_and_repeat(pipes):
     assert not torch.equal(shared, per_block)
 
 
+def test_proportional_attention_is_refused_by_name(pipes):
+    """It needs ComfyUI's attention override; the adapter says so instead of merging as tomesd."""
+    with pytest.raises(ValueError, match="proportional attention.*diffusers has no counterpart"):
+        with apply_patch(pipes["SD15"], "ToMe", mode="q, k, v + proportional attention"):
+            pass
+
+
 @pytest.mark.parametrize("family", ["SD15", "SDXL"])
 def test_tile_matching_runs_and_repeats(pipes, family):
     """matching "tile (fast)" (the DiT path's tile plan): the same on diffusers as in the nodes,

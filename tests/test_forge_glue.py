@@ -282,6 +282,8 @@ def test_refusals_raise_at_the_first_model_call_before_any_step(comfy, models):
         sample(comfy, unet, "SD15", size=(6, 6))
     unet, run = forge_patched(models["SD15"], "SD15", size=(2, 2), ToMe={"stride_x": 3})
     assert "stride_x 3 / stride_y 2 do not fit" in run.refusal
+    unet, run = forge_patched(models["SD15"], "SD15", ToMe={"mode": "q, k, v + proportional attention"})
+    assert "Forge has no counterpart" in run.refusal  # it needs ComfyUI's attention override
     refusing, _ = patching.refusing(models["SD15"], S.FIRST, "no")
     with pytest.raises(patching.Refused, match="^no$"):
         sample(comfy, refusing, "SD15")

@@ -163,6 +163,21 @@ class MergePlan(NamedTuple):
         b, _, c = x.shape
         return _gather(x, 1, self.inverse.expand(b, self.tokens, c))
 
+    def log_sizes(self) -> torch.Tensor | None:
+        """[B, N - r] float32: the log of the tokens each merged token stands for (None: nothing merged)."""
+        return None if self.is_identity else log_sizes(self.inverse[..., 0], self.merged_tokens)
+
+
+def log_sizes(restore_map: torch.Tensor, merged: int) -> torch.Tensor:
+    """[B, merged] float32: the log of how many tokens read each merged row back (``restore_map``
+    [B, N]: the merged row of each token). Proportional attention adds it to a merged key's logits
+    (ToMe, Bolya et al. 2023), so that a key standing for k alike tokens gets their k shares of the
+    softmax: the attention the unmerged keys would give where a group's tokens are alike. Sums of
+    ones: exact, deterministic on every device."""
+    b = restore_map.shape[0]
+    ones = torch.ones(restore_map.shape, dtype=torch.float32, device=restore_map.device)
+    return torch.zeros(b, merged, dtype=torch.float32, device=restore_map.device).scatter_add_(1, restore_map, ones).log()
+
 
 def _split(x: torch.Tensor, partition: Partition) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, N, C] -> its src tokens and its dst tokens."""

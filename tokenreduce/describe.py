@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .layout import DIT
-from .methods import MATCH_TILE, MATCH_WHOLE_GRID, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
+from .methods import MATCH_TILE, MATCH_WHOLE_GRID, MODE_PROPORTIONAL, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
 from .pays import FAILED, MARGIN, MEASURED
 from .peak_window import HALO, HEAVY_KEYS, WINDOW
 from .target import Target
@@ -70,8 +70,9 @@ def _alike_text(settings) -> str:
 
 def tome_info(settings, target: Target) -> str:
     s = settings
-    stages = [name for name, on in (("self-attention " + ("queries" if s.mode == MODE_QUERIES else "q, k, v"),
-                                      s.merge_attn),
+    attention = {MODE_QUERIES: "queries", MODE_PROPORTIONAL: "q, k, v (proportional attention: merged keys weighed "
+                 "by their size)"}.get(s.mode, "q, k, v")
+    stages = [name for name, on in (("self-attention " + attention, s.merge_attn),
                                      ("cross-attention queries", s.merge_crossattn), ("MLP", s.merge_mlp)) if on]
     per_level = ", ".join(f"downsample {level}: {target.count_at(level)}"
                           for level in target.layout.levels if level <= target.level)

@@ -19,6 +19,7 @@ LEVEL_CHOICES = ("auto", "1", "2", "4", "8")  # downsample of a UNet level; auto
 
 MODE_FULL = "q, k, v (tomesd)"
 MODE_QUERIES = "queries only (ComfyUI built-in)"
+MODE_PROPORTIONAL = "q, k, v + proportional attention"  # ToMe's own: a merged key weighs as its tokens
 MATCH_WHOLE_GRID = "whole grid (tomesd)"
 MATCHING_REACH = {MATCH_WHOLE_GRID: None, "3x3 cells": 1, "5x5 cells": 2}  # option -> reach in cells
 MATCH_TILE = "tile (fast)"  # within its own stride cell, merged and restored as tome_dit does (no scatter)
@@ -176,10 +177,14 @@ TOME = Method("ToMe", (
           tooltip="Patch transformer blocks whose feature map is downsampled at most this much from the latent. "
                   "auto: the finest level that has transformer blocks in this model (1 for SD1.x/2.x, 2 for "
                   "SDXL). A value that patches no block is reported." + UNETS_ONLY),
-    Input("mode", CHOICE, MODE_FULL, options=(MODE_FULL, MODE_QUERIES), advanced=True,
-          tooltip="What self-attention computes from merged tokens: queries, keys and values (tomesd, fastest) "
-                  "or only the queries with full keys and values (ComfyUI's built-in TomePatchModel, closer to "
-                  "the unpatched model)." + UNETS_ONLY),
+    Input("mode", CHOICE, MODE_FULL, options=(MODE_FULL, MODE_QUERIES, MODE_PROPORTIONAL), advanced=True,
+          tooltip="What self-attention computes from merged tokens: queries, keys and values (tomesd, fastest); "
+                  "only the queries with full keys and values (ComfyUI's built-in TomePatchModel, closer to "
+                  "the unpatched model); or q, k, v with proportional attention (each merged key counts as the "
+                  "tokens it stands for: the log of their number added to its logits, as the original ToMe does; "
+                  "as fast in arithmetic, much closer to the unpatched model on our trained SD fixture, but the "
+                  "attention call takes a bias, which keeps GPUs off their fastest kernel). Proportional needs "
+                  "ComfyUI's attention override (not Forge nor diffusers yet)." + UNETS_ONLY),
     Input("merge_attn", BOOL, True, advanced=True,
           tooltip="Merge tokens for self-attention (the main speed-up)." + UNETS_ONLY),
     Input("merge_crossattn", BOOL, False, advanced=True,

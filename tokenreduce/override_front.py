@@ -59,6 +59,20 @@ class InFront:
             self.say_in_front(run, current)
         return front, current
 
+    def stay_or_step_aside(self, run: RunState, options: dict, front: Callable, after: Callable | None,
+                           acts: bool) -> None:
+        """After a call's ``_in_front(..., say=False)``: where ours ``acts`` in the call it stays in
+        front (and says so where another node's override is behind it); else it steps aside for the
+        call, so the call's attention pays no Python of ours and nothing is said."""
+        if acts:
+            if getattr(front, "__self__", None) is not self:  # in front of another node's override: said
+                self.say_in_front(run, after)
+            return
+        if after is None:
+            options.pop(OVERRIDE, None)
+        else:
+            options[OVERRIDE] = after
+
     def say_in_front(self, run: RunState, current: Callable | None) -> None:
         """The report's note that ours went in front of ``current`` (the override another node set)."""
         if current is None:

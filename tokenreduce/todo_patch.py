@@ -34,7 +34,7 @@ from .measure import UNetLevels
 from .override_front import InFront, hand_on
 from .pays import AutoRule
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
-from .run import OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
 
 WINDOWED = "windowed"  # call context: the levels whose self-attention runs windowed in this call
 PENDING = "window"  # call context: (grid, level) of the self-attention call the attn1 patch just saw
@@ -78,16 +78,9 @@ class ToDoPatch(InFront, CallPatch):
         # Ours in front first: the window's measurement runs the block through it.
         front, after = self._in_front(run, options, say=False)
         self._prepare(context, run, call)
-        if context["active"] and context.get(WINDOWED):
-            if getattr(front, "__self__", None) is not self:  # in front of another node's override: said
-                self.say_in_front(run, after)
-            return
-        # No level of this call runs windowed (nearest within the budget, or left alone): ours steps
-        # aside for the call, so its attention calls pay no Python of ours and nothing is said.
-        if after is None:
-            options.pop(OVERRIDE, None)
-        else:
-            options[OVERRIDE] = after
+        # Where no level of this call runs windowed (nearest within the budget, or left alone) ours
+        # steps aside for the call.
+        self.stay_or_step_aside(run, options, front, after, bool(context["active"] and context.get(WINDOWED)))
 
     def _replace_aside(self, run: RunState, options: dict) -> None:
         """BY_REPLACE, a call with no level windowed: its options get the attn1 replace patches

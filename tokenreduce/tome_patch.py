@@ -16,6 +16,11 @@ the plan, as tomesd does. With ``share_plans`` the first block of each grid in a
 plans and the other blocks of that grid reuse its plan; with ``plan_every`` n those plans also
 serve the calls like it (``run.plan_key``) of the next n - 1 steps (decided in ``prepare_call``).
 
+Mode ``q, k, v + proportional attention``: the attn1 patch leaves the merged keys' log sizes in
+the call context and the attention override (ours in front of any other, ComfyUI only) adds them
+to that self-attention call as its mask, so a merged key weighs as the tokens it stands for
+(``bipartite.log_sizes``); the next attention call takes them, whatever it is, so none outlives it.
+
 Compile-friendly: the random partitions are drawn before each model call (``prepare_call``,
 outside a compiled region, from seeds that hash the noise level); in the call the patches only
 do tensor work on what the call context holds.
@@ -28,18 +33,20 @@ from typing import NamedTuple
 
 import torch
 
-from .bipartite import MergePlan, Partition, partition_grid, plan_merge
+from .bipartite import MergePlan, Partition, log_sizes, partition_grid, plan_merge
 from .describe import level_text
 from .grid import grid_at
 from .layout import unet_call_grid, unet_call_key
 from .measure import RANDOM_TOKENS, UNetLevels, sample, compute_dtype
-from .methods import MODE_QUERIES, tile_matching, tome_reach
+from .methods import MODE_FULL, MODE_PROPORTIONAL, MODE_QUERIES, tile_matching, tome_reach
+from .override_front import InFront, hand_on
 from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped, plan_key
 from .seeding import derive_seed
 from .tome_dit import BlockPlan, Tiles, alike_bound, later_inputs_signature, make_tiles, merge, plan_block, restore
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
+SIZES = "sizes"  # call context: the log sizes of the keys of the self-attention call the attn1 patch just merged
 SHARED = ("shared",)  # the key shared plans are drawn under
 
 
@@ -69,6 +76,9 @@ class TilePlan(NamedTuple):
     def unmerge(self, x: torch.Tensor) -> torch.Tensor:
         return restore(self.plan, x)
 
+    def log_sizes(self) -> torch.Tensor:
+        return log_sizes(self.plan.restore_map, self.merged_tokens)
+
 
 def draw_cells(h: int, w: int, sx: int, sy: int, generator: torch.Generator | None, device,
                tiled: bool) -> Partition | Tiles | None:
@@ -94,12 +104,25 @@ def plan_cells(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, cells: Pa
     return plan_merge(metric, w, h, sx, sy, cells, r, reach, bound)
 
 
-class ToMePatch(CallPatch):
-    """The patch functions of one ToMe node output, for the sites of ``target``."""
+def proportional_refusal(label: str, host: str) -> str:
+    """Why ``host`` (a host without an attention override) cannot run ToMe's proportional mode."""
+    return (f"{label}: mode '{MODE_PROPORTIONAL}' adds each merged key's log size to the attention's logits "
+            f"through ComfyUI's attention override, which {host} has no counterpart of yet; use mode "
+            f"'{MODE_FULL}' there.")
+
+
+class ToMePatch(InFront, CallPatch):
+    """The patch functions of one ToMe node output, for the sites of ``target``, and, with mode
+    proportional, its attention override: the self-attention call whose keys the attn1 patch
+    merged gets their log sizes as an additive bias (``bipartite.log_sizes``); every other call
+    is handed on as it came."""
 
     def __init__(self, settings, target, context_key: str, label: str, unet: UNetLevels,
                  rule: AutoRule | None = None):
-        super().__init__(context_key, label, rule)
+        CallPatch.__init__(self, context_key, label, rule)
+        InFront.__init__(self)
+        # keys merge only with q, k, v merged together (not queries only, nor keys ToDo already reduced)
+        self.proportional = settings.mode == MODE_PROPORTIONAL and settings.merge_attn
         self.settings = settings
         self.unet = unet
         self.max_level = target.level
@@ -113,7 +136,18 @@ class ToMePatch(CallPatch):
 
     # --- before each model call (outside any compiled region) ------------------------------
     def prepare_call(self, context: dict, run: RunState, call: ModelCall) -> None:
-        """Draw this call's partitions of every selected block's grid."""
+        """Draw this call's partitions of every selected block's grid. With proportional attention
+        ours goes in front of any attention override first (auto's measurement runs the block
+        through it), and steps aside for a call that merges nothing."""
+        if not self.proportional:
+            self._prepare(context, run, call)
+            return
+        options = call.options  # this call's own dict (the host copies it per call)
+        front, after = self._in_front(run, options, say=False)
+        self._prepare(context, run, call)
+        self.stay_or_step_aside(run, options, front, after, bool(context["active"]))
+
+    def _prepare(self, context: dict, run: RunState, call: ModelCall) -> None:
         self.mlp_plans().clear()
         if not context["active"]:
             return
@@ -274,6 +308,8 @@ class ToMePatch(CallPatch):
         if not s.merge_attn:
             return n, context, value
         merged = plan.merge(n)
+        if keys_merged and self.proportional:
+            call[SIZES] = plan.log_sizes()  # the override adds them to this block's self-attention
         return (merged, merged, merged) if keys_merged else (merged, context, value)
 
     def _stages(self, tokens: int, merged: int, keys: int, keys_merged: bool) -> dict:
@@ -295,6 +331,29 @@ class ToMePatch(CallPatch):
         if plan is None or n.shape[1] != plan.merged_tokens:
             return n
         return plan.unmerge(n)
+
+    def _run_before(self, after, func, *args, **kwargs):
+        """Proportional attention: the self-attention call whose keys the attn1 patch just merged
+        gets their log sizes as an additive mask ([B, 1, keys]: every head and query; added to a
+        mask the call has); every other call (cross-attention, levels not merged, calls outside a
+        run) is handed on as it came."""
+        options = kwargs.get("transformer_options")
+        call = self.call_context(options) if isinstance(options, dict) else None
+        sizes = call.pop(SIZES, None) if call is not None and call["active"] else None
+        if sizes is not None:
+            q, k = args[:2]
+            dim = 2 if kwargs.get("skip_reshape") else 1  # [B, H, N, D], else [B, N, H*D]
+            if q.shape[dim] != k.shape[dim] or k.shape[dim] != sizes.shape[1] or k.shape[0] != sizes.shape[0]:
+                note_skipped(call)  # not the self-attention the patch merged (another pack's attention between)
+            else:
+                bias = sizes.to(q.dtype).unsqueeze(1)
+                if len(args) > 4:
+                    mask = args[4]
+                    args = (*args[:4], bias if mask is None else mask + bias, *args[5:])
+                else:
+                    mask = kwargs.get("mask")
+                    kwargs = {**kwargs, "mask": bias if mask is None else mask + bias}
+        return hand_on(after, func, args, kwargs)
 
     def attn2(self, n, context, value, extra_options):
         plan = extra_options.get(PLAN)

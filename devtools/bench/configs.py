@@ -21,7 +21,7 @@ from . import REPO
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))  # last: ComfyUI's own top-level ``nodes`` module must win over ours
 
-from tokenreduce.methods import MATCH_TILE, MODE_QUERIES, TODO, TOME, todo_level_factors  # noqa: E402
+from tokenreduce.methods import MATCH_TILE, MODE_PROPORTIONAL, MODE_QUERIES, TODO, TOME, todo_level_factors  # noqa: E402
 
 TOME_NODE, TODO_NODE, BUILTIN_NODE = "tome", "todo", "builtin"
 # ComfyUI's TomePatchModel declares one input besides the model (tests check this against its schema).
@@ -160,6 +160,9 @@ CONFIGS: tuple[Config, ...] = (
     Config("ToMe 0.5 queries only 3x3", "tome-queries-3x3", (tome(ratio=0.5, matching=LOCAL, **QUERIES),)),
     Config("ToMe 0.5 queries only shared plans", "tome-queries-shared",
            (tome(ratio=0.5, share_plans=True, **QUERIES),)),
+    # issue #50: proportional attention (each merged key weighed by its tokens; a biased attention call)
+    Config("ToMe 0.5 proportional", "tome", (tome(ratio=0.5, mode=MODE_PROPORTIONAL),)),
+    Config("ToMe 0.75 proportional", "tome", (tome(ratio=0.75, mode=MODE_PROPORTIONAL),)),
     Config("ToMe 0.5 + MLP", "tome-mlp", (tome(ratio=0.5, merge_mlp=True),)),
     Config("ToMe 0.5 queries + MLP to downsample 4 3x3", "tome-mlp",
            (tome(ratio=0.5, merge_mlp=True, max_downsample="4", matching=LOCAL, **QUERIES),)),

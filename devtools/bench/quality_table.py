@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import REPO
-from .configs import BUILTIN_NODE, MATCH_TILE, Config, builtin, todo, tome
+from .configs import BUILTIN_NODE, MATCH_TILE, MODE_PROPORTIONAL, Config, builtin, todo, tome
 
 ALWAYS = {"reduce_when": "always"}
 GPU_TABLE = REPO / "docs" / "results" / "gpu-h100-2026-11-27" / "tome.jsonl"
@@ -80,6 +80,9 @@ CANDIDATES = (
     Config("ToMe 0.5 late (start 0.5)", "tome", (tome(start_percent=0.5, **ALWAYS),)),
     Config("ToMe 0.5 fixed targets", "tome", (tome(use_rand=False, **ALWAYS),)),
     Config("ToMe 0.5 tile", "tome-tile", (tome(matching=MATCH_TILE, **ALWAYS),)),
+    # proportional attention (issue #50): UNets only (mode does not apply to DiTs)
+    Config("ToMe 0.5 proportional", "tome", (tome(mode=MODE_PROPORTIONAL, **ALWAYS),)),
+    Config("ToMe 0.75 proportional", "tome", (tome(ratio=0.75, mode=MODE_PROPORTIONAL, **ALWAYS),)),
     # min_similarity (issue #50): ratio the most that merges, only tokens at least this alike
     Config("ToMe 0.1", "tome", (tome(ratio=0.1, **ALWAYS),)),  # about alike 0.9's count on the Flux fixture
     Config("ToMe 0.5 alike 0.95", "tome", (tome(min_similarity=0.95, **ALWAYS),)),
