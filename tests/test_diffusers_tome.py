@@ -28,6 +28,9 @@ def _run(pipe, batch: int, guidance: float) -> torch.Tensor:
     return tiny.generate(pipe, batch=batch, steps=2, guidance=guidance, size=SIZE)
 
 
+PROPORTIONAL = "q, k, v + proportional attention"
+
+
 def _tomesd(pipe, batch, guidance, **args) -> torch.Tensor:
     tomesd.apply_patch(pipe, use_rand=False, **args)
     try:
@@ -107,11 +110,27 @@ def test_the_packs_own_modes_run_and_repeat(pipes):
     assert not torch.equal(shared, per_block)
 
 
-def test_proportional_attention_is_refused_by_name(pipes):
-    """It needs ComfyUI's attention override; the adapter says so instead of merging as tomesd."""
-    with pytest.raises(ValueError, match="proportional attention.*diffusers has no counterpart"):
-        with apply_patch(pipes["SD15"], "ToMe", mode="q, k, v + proportional attention"):
-            pass
+def test_proportional_attention_hands_each_merged_self_attention_its_key_sizes(pipes):
+    pipe = pipes["SD15"]
+    seen = []
+    attention = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    unpatched = _run(pipe, 1, 5.0)
+    with apply_patch(pipe, "ToMe", use_rand=False, reduce_when="always"):
+        plain = _run(pipe, 1, 5.0)
+    with apply_patch(pipe, "ToMe", use_rand=False, reduce_when="always", mode=PROPORTIONAL) as patch:
+        hook = attention.register_forward_pre_hook(  # after the patch's own: what the processor gets
+            lambda m, args, kwargs: seen.append((args[0].shape[1], kwargs.get("attention_mask"))), with_kwargs=True)
+        try:
+            weighed = _run(pipe, 1, 5.0)
+            assert torch.equal(_run(pipe, 1, 5.0), weighed)  # reruns bit for bit
+        finally:
+            hook.remove()
+        assert "proportional attention" in patch.info
+    assert seen and all(q == 32 and mask is not None and mask.shape[1:] == (1, 32) for q, mask in seen)
+    assert all(torch.allclose(mask.float().exp().sum(-1), torch.full((mask.shape[0], 1), 64.0)) for _, mask in seen)
+    assert not torch.equal(weighed, plain)
+    with apply_patch(pipe, "ToMe", ratio=0.0, reduce_when="always", mode=PROPORTIONAL):
+        assert torch.equal(_run(pipe, 1, 5.0), unpatched)
 
 
 @pytest.mark.parametrize("family", ["SD15", "SDXL"])

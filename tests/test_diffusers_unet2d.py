@@ -112,6 +112,10 @@ def test_tome_merges_the_projections_of_the_plain_attentions_and_restores_the_ma
     assert seen[(ATTENTIONS[0], "to_q")] == [32] and seen[(ATTENTIONS[0], "to_k")] == [64]
     patch.remove()
     assert torch.equal(run(model, x), plain)
+    # proportional attention: the sizes cannot go into a processor that projects and attends in one call
+    with pytest.raises(ValueError, match="plain attentions"):
+        apply_patch(model, "ToMe", ratio=0.5, max_downsample="2", mode="q, k, v + proportional attention")
+    assert torch.equal(run(model, x), plain)  # refused before any hook
 
 
 def test_a_unet2dmodel_without_attention_is_refused_by_its_own_name():

@@ -183,8 +183,8 @@ TOME = Method("ToMe", (
                   "the unpatched model); or q, k, v with proportional attention (each merged key counts as the "
                   "tokens it stands for: the log of their number added to its logits, as the original ToMe does; "
                   "as fast in arithmetic, much closer to the unpatched model on our trained SD fixture, but the "
-                  "attention call takes a bias, which keeps GPUs off their fastest kernel). Proportional needs "
-                  "ComfyUI's attention override (not Forge nor diffusers yet)." + UNETS_ONLY),
+                  "attention call takes a bias, which keeps GPUs off their fastest kernel). Proportional: "
+                  "ComfyUI and diffusers (Forge refuses it for now)." + UNETS_ONLY),
     Input("merge_attn", BOOL, True, advanced=True,
           tooltip="Merge tokens for self-attention (the main speed-up)." + UNETS_ONLY),
     Input("merge_crossattn", BOOL, False, advanced=True,

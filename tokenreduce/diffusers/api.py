@@ -20,13 +20,12 @@ import torch
 from ..catalog import TODO_NODE, TOME_NODE
 from ..describe import header, todo_info, tome_dit_info, tome_info
 from ..layout import DIT, UNET
-from ..methods import (MODE_PROPORTIONAL, dit_method_problem, todo_level_factors, todo_select, tome_select,
-                       tome_unet_only, tome_without_frames)
+from ..methods import (dit_method_problem, todo_level_factors, todo_select, tome_select, tome_unet_only,
+                       tome_without_frames)
 from ..pays import auto_rule, decisions_at
 from ..preflight import todo_factors, tome_strides
 from ..run import RunReport
 from ..target import Target, resolve_target
-from ..tome_patch import proportional_refusal
 from .hooks import Hooks, track_calls
 from .families import supported
 from .models import denoisers, is_pipeline, model_layout, unwrapped
@@ -185,8 +184,6 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     if method == "ToMe" and dit:
         patch = DiffusersToMeDiT(settings, family, target.sites, label, session, rule)
     elif method == "ToMe":
-        if settings.mode == MODE_PROPORTIONAL:
-            raise ValueError(proportional_refusal(label, "diffusers"))
         patch = DiffusersToMe(settings, target, label, session, rule)
         session.preflight = tome_strides(label, target.levels, settings.stride_x, settings.stride_y)
     elif not dit:

@@ -145,6 +145,12 @@ class DiffusersToMe(UNetCalls, ToMePatch):
             merged = plan.merge(x)
             if keep_keys and kwargs.get("encoder_hidden_states") is None:
                 kwargs = {**kwargs, "encoder_hidden_states": x}
+            elif self.proportional and module is self._self_attentions.get(id(module)) and not plan.is_identity:
+                # the merged keys' log sizes as the processor's additive mask ([B, 1, keys]: every
+                # head and query; diffusers' processors repeat it per head)
+                sizes = plan.log_sizes().to(merged.dtype).unsqueeze(1)
+                given = kwargs.get("attention_mask")
+                kwargs = {**kwargs, "attention_mask": sizes if given is None else given + sizes}
             args = (merged, *args[1:]) if args else ()
             if not args:
                 kwargs = {**kwargs, "hidden_states": merged}
@@ -159,6 +165,15 @@ class DiffusersToMe(UNetCalls, ToMePatch):
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         s = self.settings
+        self._self_attentions = {}  # id -> a block's attn1: proportional attention's mask goes there
+        for site in self.sites:
+            block = model.get_submodule(site.path)
+            if self.proportional and self_attention(block) is block:
+                raise ValueError(f"{self.label}: mode '{s.mode}' runs in transformer blocks' self-attention; this "
+                                 f"UNet's plain attentions (UNet2DModel) project and attend inside one processor "
+                                 f"call, where the merged keys' sizes cannot go in: use mode 'q, k, v (tomesd)'.")
+            if self.proportional:
+                self._self_attentions[id(block.attn1)] = block.attn1
         for site in self.sites:
             block = model.get_submodule(site.path)
             hooks.pre(block, self.block(site))
