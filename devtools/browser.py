@@ -189,11 +189,12 @@ class Frontend:
         has left the view, which a card kept in view never does (CI of stops 56 and 58: three
         cards at 0 for 120 s each, while they loaded in 3 s in a run alone). Hidden, the card
         has left the view: its picture is released and fetched again when it is shown."""
-        card = """((name) => {
-            let card = [...document.querySelectorAll('[role=dialog] *')]
-                .find(e => e.children.length === 0 && e.textContent.trim() === name);
+        title = """((name) => [...document.querySelectorAll('[role=dialog] *')]
+            .find(e => e.children.length === 0 && e.textContent.trim() === name))"""
+        card = f"""((name) => {{
+            let card = {title}(name);
             while (card && card.querySelectorAll('img').length === 0) card = card.parentElement;
-            return card; })"""
+            return card; }})"""
         widths = f"""(names) => Object.fromEntries(names.map(name => {{
             const card = {card}(name);
             if (!card) return [name, 'no card or no picture'];
@@ -201,9 +202,7 @@ class Frontend:
             if (images.length !== 1) return [name, `${{images.length}} pictures`];
             return [name, images[0].complete ? images[0].naturalWidth || 'broken' : 'loading'];
         }}))"""
-        scroll_to = """((name) => [...document.querySelectorAll('[role=dialog] *')]
-            .find(e => e.children.length === 0 && e.textContent.trim() === name)
-            ?.scrollIntoView({block: 'end', inline: 'nearest'}))"""
+        scroll_to = f"((name) => {title}(name)?.scrollIntoView({{block: 'end', inline: 'nearest'}}))"
         found = {}
         for name in names:
             # The widths are those of the evaluation that saw them loaded: a second read after a

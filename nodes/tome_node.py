@@ -15,7 +15,8 @@ from ..tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks, tome_refusal
 from ..tokenreduce.tome_patch import ToMePatch
 from .common import (PatchNode, builtin_tome_applied, done, find_target, patched_clone, reduce_rule,
                      refuse_or_unchanged, refuse_stacking, unet_levels)
-from .host import bind_to_device_copies, hand_options_to_blocks, install_attention_override, install_block_replacements
+from .host import (bind_to_device_copies, hand_options_to_blocks, install_attention_override,
+                   install_block_replacements)
 from .schema import validate_inputs_for
 
 

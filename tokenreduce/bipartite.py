@@ -176,7 +176,8 @@ def log_sizes(restore_map: torch.Tensor, merged: int) -> torch.Tensor:
     ones: exact, deterministic on every device."""
     b = restore_map.shape[0]
     ones = torch.ones(restore_map.shape, dtype=torch.float32, device=restore_map.device)
-    return torch.zeros(b, merged, dtype=torch.float32, device=restore_map.device).scatter_add_(1, restore_map, ones).log()
+    counts = torch.zeros(b, merged, dtype=torch.float32, device=restore_map.device)
+    return counts.scatter_add_(1, restore_map, ones).log()
 
 
 def _split(x: torch.Tensor, partition: Partition) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .layout import DIT
-from .methods import MATCH_TILE, MATCH_WHOLE_GRID, MODE_PROPORTIONAL, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE, todo_level_factors
+from .methods import (MATCH_TILE, MATCH_WHOLE_GRID, MODE_PROPORTIONAL, MODE_QUERIES, REDUCE_ALWAYS, REDUCE_REMEASURE,
+                      todo_level_factors)
 from .pays import FAILED, MARGIN, MEASURED
 from .peak_window import HALO, HEAVY_KEYS, WINDOW
 from .target import Target

@@ -17,7 +17,7 @@ plans and the other blocks of that grid reuse its plan; with ``plan_every`` n th
 serve the calls like it (``run.plan_key``) of the next n - 1 steps (decided in ``prepare_call``).
 
 Mode ``q, k, v + proportional attention``: the attn1 patch leaves the merged keys' log sizes in
-the call context and the attention override (ours in front of any other, ComfyUI only) adds them
+the call context and the attention override (ours in front of any other; diffusers passes them as attn1's ``attention_mask``) adds them
 to that self-attention call as its mask, so a merged key weighs as the tokens it stands for
 (``bipartite.log_sizes``); the next attention call takes them, whatever it is, so none outlives it.
 
@@ -38,7 +38,7 @@ from .describe import level_text
 from .grid import grid_at
 from .layout import unet_call_grid, unet_call_key
 from .measure import RANDOM_TOKENS, UNetLevels, sample, compute_dtype
-from .methods import MODE_FULL, MODE_PROPORTIONAL, MODE_QUERIES, tile_matching, tome_reach
+from .methods import MODE_PROPORTIONAL, MODE_QUERIES, tile_matching, tome_reach
 from .override_front import InFront, hand_on
 from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped, plan_key
@@ -102,13 +102,6 @@ def plan_cells(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, cells: Pa
                 return TilePlan(plan)
         return MergePlan.identity(metric.shape[0], metric.shape[1])
     return plan_merge(metric, w, h, sx, sy, cells, r, reach, bound)
-
-
-def proportional_refusal(label: str, host: str) -> str:
-    """Why ``host`` (a host without an attention override) cannot run ToMe's proportional mode."""
-    return (f"{label}: mode '{MODE_PROPORTIONAL}' adds each merged key's log size to the attention's logits "
-            f"through ComfyUI's attention override, which {host} has no counterpart of yet; use mode "
-            f"'{MODE_FULL}' there.")
 
 
 class ToMePatch(InFront, CallPatch):

@@ -29,14 +29,14 @@ from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.fingerprint import fingerprint
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels, copied_containers
-from tokenreduce.methods import MODE_PROPORTIONAL, todo_level_factors, todo_select, tome_select
+from tokenreduce.methods import MODE_FULL, MODE_PROPORTIONAL, todo_level_factors, todo_select, tome_select
 from tokenreduce.pays import Decisions, auto_rule
 from tokenreduce.peak_window import WINDOW
 from tokenreduce.preflight import todo_factors, tome_strides
 from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from tokenreduce.target import resolve_target
 from tokenreduce.todo_patch import BY_REPLACE, ToDoPatch
-from tokenreduce.tome_patch import ToMePatch, proportional_refusal
+from tokenreduce.tome_patch import ToMePatch
 from tokenreduce.window import SigmaWindow, schedule_reach
 
 from . import flux as forge_flux
@@ -359,8 +359,10 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
             patch = ToDoPatch({level: factor for _, level, factor in named}, settings.method, context_key, who,
                               unet_levels, rule, window=window, attention=run.attention)
         else:
-            if settings.mode == MODE_PROPORTIONAL:
-                return proportional_refusal(who, "Forge")
+            if settings.mode == MODE_PROPORTIONAL:  # its sizes go in through an attention override
+                return (f"{who}: mode '{MODE_PROPORTIONAL}' adds each merged key's log size to the attention's "
+                        f"logits through an attention override, which Forge has no counterpart of yet; use mode "
+                        f"'{MODE_FULL}' here.")
             check = tome_strides(who, target.levels, settings.stride_x, settings.stride_y)
             patch = ToMePatch(settings, target, context_key, who, unet_levels, rule)
             warnings = []

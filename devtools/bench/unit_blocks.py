@@ -81,29 +81,23 @@ def own_change(host, model) -> float:
 
 def one_step_prediction(pf, fx, caption: str, seed: int):
     """The unpatched model's denoised prediction of one euler step from ``seed``'s noise."""
-    return _sampled(pf, fx, fx.patcher, caption, 1, seed, None)
+    from .prediction_change import _seeded
+
+    return _seeded(pf, fx, fx.patcher, caption, 1, seed)[1]
 
 
 def rehearsed(pf, fx, patcher, caption: str, steps: int, seed: int, prediction, late: float) -> None:
     """One model call at the step of ``steps`` nearest ``late``, on ``prediction`` noised to that
     step's level with ``seed``'s noise (KSampler Advanced's start and last step)."""
-    start = min(steps - 1, round(late * steps))
-    _sampled(pf, fx, patcher, caption, steps, seed, prediction, start)
-
-
-def _sampled(pf, fx, patcher, caption: str, steps: int, seed: int, latent, start: int | None = None):
     import comfy.sample
     import torch
 
-    size = fx.latent_size()
-    zeros = torch.zeros(1, fx.spec.latent_channels, size, size)
-    noise = comfy.sample.prepare_noise(zeros, seed)
+    start = min(steps - 1, round(late * steps))
+    noise = comfy.sample.prepare_noise(torch.zeros_like(prediction), seed)
     with torch.no_grad():
-        return comfy.sample.sample(patcher, noise, steps, pf.CFG[fx.spec.name], "euler", "simple",
-                                   fx.conditioning(caption, 1), fx.conditioning(pf.EMPTY, 1),
-                                   zeros if latent is None else latent, seed=seed, disable_pbar=True,
-                                   start_step=start, last_step=None if start is None else start + 1,
-                                   force_full_denoise=True)
+        comfy.sample.sample(patcher, noise, steps, pf.CFG[fx.spec.name], "euler", "simple",
+                            fx.conditioning(caption, 1), fx.conditioning(pf.EMPTY, 1), prediction, seed=seed,
+                            disable_pbar=True, start_step=start, last_step=start + 1, force_full_denoise=True)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:

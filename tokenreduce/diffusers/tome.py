@@ -132,9 +132,10 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         merged = self._merged_input[1]
         return ((merged, *args[1:]), kwargs) if args else (args, {**kwargs, "input": merged})
 
-    def merge_input(self, stage: bool, keep_keys: bool = False):
+    def merge_input(self, stage: bool, keep_keys: bool = False, weigh_keys: bool = False):
         """Pre-hook of attn1 / attn2 / ff: merge the tokens it is given (``keep_keys``: the
-        queries only, keys and values from the full tokens)."""
+        queries only, keys and values from the full tokens; ``weigh_keys``: proportional attention,
+        the merged keys' log sizes as the processor's additive mask)."""
         def before(module, args, kwargs):
             plan = self.current
             if plan is None or not stage:
@@ -145,9 +146,8 @@ class DiffusersToMe(UNetCalls, ToMePatch):
             merged = plan.merge(x)
             if keep_keys and kwargs.get("encoder_hidden_states") is None:
                 kwargs = {**kwargs, "encoder_hidden_states": x}
-            elif self.proportional and module is self._self_attentions.get(id(module)) and not plan.is_identity:
-                # the merged keys' log sizes as the processor's additive mask ([B, 1, keys]: every
-                # head and query; diffusers' processors repeat it per head)
+            elif weigh_keys and not plan.is_identity:
+                # [B, 1, keys]: every head and query (diffusers' processors repeat it per head)
                 sizes = plan.log_sizes().to(merged.dtype).unsqueeze(1)
                 given = kwargs.get("attention_mask")
                 kwargs = {**kwargs, "attention_mask": sizes if given is None else given + sizes}
@@ -165,28 +165,24 @@ class DiffusersToMe(UNetCalls, ToMePatch):
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         s = self.settings
-        self._self_attentions = {}  # id -> a block's attn1: proportional attention's mask goes there
-        for site in self.sites:
-            block = model.get_submodule(site.path)
-            if self.proportional and self_attention(block) is block:
-                raise ValueError(f"{self.label}: mode '{s.mode}' runs in transformer blocks' self-attention; this "
-                                 f"UNet's plain attentions (UNet2DModel) project and attend inside one processor "
-                                 f"call, where the merged keys' sizes cannot go in: use mode 'q, k, v (tomesd)'.")
-            if self.proportional:
-                self._self_attentions[id(block.attn1)] = block.attn1
-        for site in self.sites:
-            block = model.get_submodule(site.path)
+        blocks = [model.get_submodule(site.path) for site in self.sites]
+        if self.proportional and any(self_attention(block) is block for block in blocks):  # before any hook
+            raise ValueError(f"{self.label}: mode '{s.mode}' runs in transformer blocks' self-attention; this "
+                             f"UNet's plain attentions (UNet2DModel) project and attend inside one processor "
+                             f"call, where the merged keys' sizes cannot go in: use mode 'q, k, v (tomesd)'.")
+        for site, block in zip(self.sites, blocks):
             hooks.pre(block, self.block(site))
             hooks.post(block, self.end_block)
             if self_attention(block) is block:  # a plain attention (UNet2DModel)
                 self._install_plain(hooks, block)
                 continue
-            for name, stage, keep_keys in (("attn1", s.merge_attn, self.queries_only),
-                                           ("attn2", s.merge_crossattn, False), ("ff", s.merge_mlp, False)):
+            for name, stage, keep_keys, weigh_keys in (("attn1", s.merge_attn, self.queries_only, self.proportional),
+                                                       ("attn2", s.merge_crossattn, False, False),
+                                                       ("ff", s.merge_mlp, False, False)):
                 module = getattr(block, name, None)
                 if module is None or not stage:
                     continue
-                hooks.pre(module, self.merge_input(stage, keep_keys))
+                hooks.pre(module, self.merge_input(stage, keep_keys, weigh_keys))
                 hooks.post(module, self.unmerge_output)
 
     def _install_plain(self, hooks: Hooks, attention: torch.nn.Module) -> None:
