@@ -11,6 +11,7 @@
         [--fixtures sd15 flux] [--seeds 16] [--long-seeds N] [--steps 20 4] [--modes t2i i2i] [--candidates]
     python3 devtools/benchmark.py --peakedness           # attention peakedness per layer of the photo fixtures
     python3 devtools/benchmark.py --window-speed         # ToDo's window against nearest, one attention call (CPU)
+    python3 devtools/benchmark.py --corrected-speed OUT  # ToMe's correct_from_whole in whole sampling runs (Flux fixture)
     python3 devtools/benchmark.py --budget-reach OUT     # the quality budget across denoise (photo fixtures)
     python3 devtools/benchmark.py --prediction-change OUT  # measure_change's readout beside LPIPS (photo fixtures)
     python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
@@ -92,6 +93,11 @@ def main() -> int:
         pinned = host.run_inside_host(__file__)
         from bench import unit_blocks
         return unit_blocks.main(sys.argv[1:], pinned.comfyui)
+    if "--corrected-speed" in sys.argv[1:]:  # ToMe's correct_from_whole in whole runs (bench/corrected_runs.py)
+        other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
+        pinned = None if other else host.run_inside_host(__file__)
+        from bench import corrected_runs
+        return corrected_runs.main(sys.argv[1:], pinned and pinned.comfyui)
     if "--window-speed" in sys.argv[1:]:  # ToDo's window against nearest, one attention call (bench/window_speed.py)
         host.run_inside_host(__file__)
         from bench import window_speed

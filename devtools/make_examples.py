@@ -33,7 +33,7 @@ FAMILIES = {  # checkpoint name users most likely have, size, steps, cfg
 # "control after generate" value); the recommended defaults (README).
 PATCHES = {  # node type, method, widget values, node height (room for the report drawn below it)
     "tome": ("TokenReduceToMe", "ToMe", [0.5, 2, 2, "auto", "q, k, v (tomesd)", True, False, False, True, 0, "fixed", 0.0, 1.0,
-                                     False, "whole grid (tomesd)", "auto", 1, 1, False, 0.05, 0.0], 508),
+                                     False, "whole grid (tomesd)", "auto", 1, 1, False, 0.05, 0.0, False], 508),
     "todo": ("TokenReduceToDo", "ToDo", [2.0, 1.0, "auto", "nearest", 0.0, 1.0, 1.0, 1, 1, "auto", False, 0.05], 310),
 }
 LOADER, PATCH, POSITIVE, NEGATIVE_ID, LATENT, SAMPLER, DECODE, SAVE = 4, 10, 6, 7, 5, 3, 8, 9

@@ -9,7 +9,7 @@ from comfy_api.latest import io
 from ..tokenreduce.catalog import TOME_NODE
 from ..tokenreduce.describe import header, tome_dit_info, tome_info
 from ..tokenreduce.layout import DIT, UNET
-from ..tokenreduce.methods import TOME, tome_select, tome_unet_only, tome_without_frames
+from ..tokenreduce.methods import TOME, tome_dit_only, tome_select, tome_unet_only, tome_without_frames
 from ..tokenreduce.preflight import tome_strides
 from ..tokenreduce.tome_dit import ToMeDiTPatch, tome_dit_blocks, tome_refusal
 from ..tokenreduce.tome_patch import ToMePatch
@@ -41,7 +41,8 @@ class ToMePatchNode(PatchNode):
         if target.sites is None:
             return refuse_or_unchanged(model, cls.NODE_ID, target)
 
-        warnings = tome_without_frames(cls.NODE_ID, settings, target.family)  # a UNet: no frames
+        # a UNet: no frames, no whole-block merging to correct
+        warnings = tome_without_frames(cls.NODE_ID, settings, target.family) + tome_dit_only(settings, target.family)
         title = header("ToMe", target)
         patched, session = patched_clone(model, cls.NODE_ID, settings, title, cls.graph_node(),
                                          preflight=tome_strides(cls.NODE_ID, target.levels, settings.stride_x,

@@ -23,7 +23,7 @@ PUBLIC_INPUTS = {  # public interface: saved workflows depend on these names and
 }
 OPTIONAL_INPUTS = {  # added after the first release, optional so that older workflows still load
     "TokenReduceToMe": ["share_plans", "matching", "reduce_when", "stride_t", "plan_every", "measure_change",
-                        "max_change", "min_similarity"],
+                        "max_change", "min_similarity", "correct_from_whole"],
     "TokenReduceToDo": ["temporal_factor", "skip_first_blocks", "skip_last_blocks", "reduce_when", "measure_change", "max_change"],
 }
 MODEL_FILE = (".safetensors", ".sft", ".ckpt", ".pt", ".pth", ".gguf")

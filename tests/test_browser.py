@@ -215,9 +215,9 @@ def _file_widgets(name: str) -> list:
 
 def _run_widgets(name: str) -> list:
     """The example's widgets of our node after ``_small_run``: max_change set to 0 (ToDo's last
-    widget; ToMe's last but one, before min_similarity)."""
+    widget; ToMe's third from last, before min_similarity and correct_from_whole)."""
     widgets = list(_file_widgets(name))
-    widgets[-2 if "_tome" in name else -1] = 0.0
+    widgets[-3 if "_tome" in name else -1] = 0.0
     return widgets
 
 

@@ -1069,6 +1069,68 @@ def test_plan_every_compiles_with_at_most_one_graph_more(comfy, dits, monkeypatc
     assert shared["breaks"] == 0 and ours["breaks"] == 0, ours["reasons"]
     assert ours["graphs"] <= shared["graphs"] + 1
     assert torch.allclose(ours["outputs"][1], run(comfy, reusing, "flux_dev", steps=3, seed=5), rtol=1e-4, atol=1e-5)
+    # correct_from_whole: the step that plans runs each block twice, the others add what it kept
+    corrected = tome(comfy, model, share_plans=True, plan_every=2, correct_from_whole=True).result[0]
+    ours = _compiled(comfy, corrected, "flux_dev")
+    assert ours["breaks"] == 0, ours["reasons"]
+    assert ours["graphs"] <= shared["graphs"] + 1
+    assert torch.allclose(ours["outputs"][1], run(comfy, corrected, "flux_dev", steps=3, seed=5), rtol=1e-4, atol=1e-5)
+
+
+# --- correct_from_whole: the whole block's difference kept with the plan (issue #50) -------------
+
+@pytest.mark.parametrize("variant", ["flux_dev", "wan21_t2v", "hidream"])
+def test_correct_from_whole_gives_the_whole_step_and_corrects_the_steps_after(comfy, dits, variant, monkeypatch):
+    """On the step that plans every merged block runs whole too and gives the whole output, so a
+    one-step run is the unpatched model's bit for bit (Flux's blocks add to their inputs in place:
+    the merged run before it is given copies); the steps that reuse the plan add the kept
+    difference, which brings the run closer to unpatched than the same plans without it, at the
+    same plans (made at steps 1 and 3 of 3); reruns are bit for bit, and a new run keeps nothing
+    of the last (its first step is whole again)."""
+    from comfy_helpers import rel_error
+
+    model = dits(variant)
+    made = _counting_plans(monkeypatch, "tome_dit", "plan_block")
+    settings = dict(share_plans=True, plan_every=2, use_rand=False)
+    corrected = tome(comfy, model, correct_from_whole=True, **settings).result[0]
+    assert torch.equal(run(comfy, corrected, variant, steps=1), run(comfy, model, variant, steps=1))
+    made.clear()
+    out = run(comfy, corrected, variant, steps=3)
+    assert made == [2, 2]
+    plain = run(comfy, tome(comfy, model, **settings).result[0], variant, steps=3)
+    full = run(comfy, model, variant, steps=3)
+    assert rel_error(out, full) < 0.5 * rel_error(plain, full)
+    assert torch.equal(run(comfy, corrected, variant, steps=3), out)
+
+
+def test_auto_times_the_whole_run_correct_from_whole_adds_once_per_plan(comfy, dits, measuring):
+    """reduce_when auto on the CPU, timed (a scripted clock: each kind 10 ms whole, 8 ms merged):
+    with plans every 4 steps merging pays (8 ms); corrected, the step that plans runs the block
+    whole too, 10 ms shared over the plan's 4 steps: 8 + 10 / 4 = 10.5 ms, slower, left alone
+    (a kind of its own: the plain decision is not reused)."""
+    decided = {}
+    for correct in (False, True):
+        measuring((10.0, 8.0))
+        model = tome(comfy, dits("flux_dev"), share_plans=True, plan_every=4, correct_from_whole=correct).result[0]
+        run(comfy, model, "flux_dev", steps=1)
+        decided[correct] = {(d.reduce, round(d.reduced_ms, 3), d.source) for _, d in session_of(model).last_report.decisions}
+    assert decided == {False: {(True, 8.0, "measured")}, True: {(False, 10.5, "measured")}}
+
+
+def test_correct_from_whole_needs_plan_reuse_and_does_nothing_on_unets(comfy, dits, models):
+    """Without plan_every 2 or more no step reuses a plan: refused at validation, saying what to
+    set; on a UNet (ToMe merges inside self-attention) it does nothing, and says so; the info text
+    says what it does."""
+    validate = comfy.pack.ToMePatchNode.validate_inputs
+    problem = validate(share_plans=True, plan_every=1, correct_from_whole=True)
+    assert isinstance(problem, str) and "set plan_every to 2 or more" in problem
+    assert validate(share_plans=True, plan_every=2, correct_from_whole=True) is True
+    output = tome(comfy, models["SD15"], share_plans=True, plan_every=2, correct_from_whole=True)
+    assert output.ui["tokenreduce"][0]["warnings"] == [
+        "WARNING: correct_from_whole does nothing on SD15: it corrects ToMe's whole-block merging on DiTs; on UNets "
+        "ToMe merges inside self-attention (see mode)."]
+    info = tome(comfy, dits("flux_dev"), share_plans=True, plan_every=2, correct_from_whole=True).result[1]
+    assert "the step that plans also runs each merged block whole and keeps the difference" in info
 
 
 def test_min_similarity_leaves_a_grid_with_nothing_alike_whole(comfy, dits):

@@ -53,6 +53,11 @@ def test_plan_every_is_refused_until_the_adapter_reuses_plans(pipe):
         apply_patch(pipe, "ToMe", share_plans=True, plan_every=2)
     with pytest.raises(ValueError, match="plan_every 2 reuses the shared plan across steps, and share_plans is off"):
         apply_patch(pipe, "ToMe", plan_every=2)
+    # correct_from_whole needs plan reuse: refused with plan_every 1 (the nodes' message), else with it
+    with pytest.raises(ValueError, match="correct_from_whole keeps each merged block's difference .* set plan_every"):
+        apply_patch(pipe, "ToMe", share_plans=True, correct_from_whole=True)
+    with pytest.raises(ValueError, match="TokenReduceToMe: plan_every 2 .* not yet in the diffusers adapter"):
+        apply_patch(pipe, "ToMe", share_plans=True, plan_every=2, correct_from_whole=True)
     assert not pipe.unet._forward_pre_hooks
 
 

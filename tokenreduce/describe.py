@@ -55,11 +55,17 @@ def budget_text(settings) -> str:
             f"whose reduction changes its output by more is left alone (measured once with the decision, kept).")
 
 
-def _reuse_text(settings) -> str:
-    """plan_every in the info text, after "one plan per ... model call"."""
+def _reuse_text(settings, dit: bool = False) -> str:
+    """plan_every in the info text, after "one plan per ... model call" (``dit``: with
+    correct_from_whole, which corrects whole-block merging)."""
     every = getattr(settings, "plan_every", 1)
     steps = "step" if every == 2 else f"{every - 1} steps"
-    return f", reused by the calls like it of the next {steps}. " if every > 1 else ". "
+    if every <= 1:
+        return ". "
+    corrected = ("; the step that plans also runs each merged block whole and keeps the difference, which "
+                 "the steps reusing the plan add (correct_from_whole)"
+                 if dit and getattr(settings, "correct_from_whole", False) else "")
+    return f", reused by the calls like it of the next {steps}{corrected}. "
 
 
 def _alike_text(settings) -> str:
@@ -102,7 +108,7 @@ def tome_dit_info(settings, target: Target, patch) -> str:
                if target.layout.family.video else "")
             + f"; active from {s.start_percent:g} to {s.end_percent:g} of sampling; "
             + (f"random targets, seed {s.seed}" if s.use_rand else "top-left targets")
-            + ("; one plan per model call" + _reuse_text(s) if s.share_plans else "; one plan per block call. ")
+            + ("; one plan per model call" + _reuse_text(s, dit=True) if s.share_plans else "; one plan per block call. ")
             + (reduce_when_text(s) if s.reduce_when == REDUCE_ALWAYS else
                f"reduce_when auto{' (measure again: timed anew once)' if s.reduce_when == REDUCE_REMEASURE else ''}: "
                f"on a CPU every block is merged, untimed; on a GPU (any other device) each kind of block is merged "

@@ -27,6 +27,8 @@ With ``share_plans`` the first merged block of a model call plans and the others
 with ``plan_every`` n that plan also serves the calls like it (``run.plan_key``: same latent,
 batch and cond/uncond rows) of the next n - 1 steps, put into their contexts by ``prepare_call``
 (outside any compiled region: a compiled model sees two kinds of call, planning and reusing).
+With ``correct_from_whole`` the step that plans also runs each merged block whole and keeps the
+difference, which the steps reusing the plan add (``whole_difference``).
 
 A merged block is handed a copy of the call's options with its plan under ``run.MERGED_GRID``,
 so ToDo's attention override inside it reduces the merged grid's keys (``todo_dit``).
@@ -52,6 +54,7 @@ from .pays import AutoRule, Work
 from .run import (MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped,
                   plan_key)
 from .seeding import derive_seed
+from .whole_difference import corrected_block
 
 
 class Tiles(NamedTuple):
@@ -674,10 +677,16 @@ def tome_refusal(target_family: str, family) -> str:
 
 
 def later_inputs_signature(settings) -> tuple:
-    """plan_every and min_similarity in the auto rule's kinds where they are set (none at their
-    defaults: decisions kept before them stay valid)."""
+    """plan_every, min_similarity and correct_from_whole in the auto rule's kinds where they are set
+    (none at their defaults: decisions kept before them stay valid)."""
     every, bound = getattr(settings, "plan_every", 1), alike_bound(settings)
-    return (("plan every", every) if every > 1 else ()) + (("min similarity", bound) if bound else ())
+    return ((("plan every", every) if every > 1 else ()) + (("min similarity", bound) if bound else ())
+            + (("corrected from whole",) if corrects(settings) else ()))
+
+
+def corrects(settings) -> bool:
+    """ToMe's correct_from_whole (on DiTs, with plan_every: the whole block's difference kept per plan)."""
+    return bool(getattr(settings, "correct_from_whole", False))
 
 
 def alike_bound(settings) -> float:
@@ -742,6 +751,7 @@ class ToMeDiTPatch(CallPatch):
         super().__init__(context_key, label, rule)
         self.settings = settings
         self.bound = alike_bound(settings)  # min_similarity, read once (per block call: a lookup)
+        self.correct = corrects(settings)
         self.family = layout.family
         self.merge = layout.family.merge
         self.blocks = blocks  # indices (in the family's plan) of the blocks it merges
@@ -766,7 +776,8 @@ class ToMeDiTPatch(CallPatch):
             reason = problem or tokens or "its inputs hold tokens whose layout ToMe does not know"
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: {reason}.")
             return
-        reused = self._earlier_plan(run, call, tokens.grid)
+        kept = self._earlier_plans(run, call, tokens.grid)
+        reused = kept[SHARED_PLAN] if kept is not None else None
         if self.merge.frame_grouped and self.strides[0] > 1:  # the ComfyUI node refuses it at validation
             context["active"] = False
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: its blocks group their "
@@ -793,22 +804,24 @@ class ToMeDiTPatch(CallPatch):
                                     tokens.whole_frames)
         if shortfall is not None:  # said once per run and grid (the same text)
             run.warn_once(f"{self.label}: {shortfall}")
-        # this call's plans: an earlier step's, or none yet (its first merged block plans, and with
-        # share_plans keeps its plan here for the others: ``block_plan``)
-        plans = {SHARED_PLAN: reused} if reused is not None else {}
-        context.update(layout=tokens, tiles=tiles, r=r, left=left, plans=plans)
+        # this call's plans: an earlier step's (with the differences correct_from_whole kept with
+        # them), or none yet (its first merged block plans, and with share_plans keeps its plan here
+        # for the others: ``block_plan``)
+        plans = dict(kept) if reused is not None else {}
+        context.update(layout=tokens, tiles=tiles, r=r, left=left, plans=plans, planning=reused is None)
         if reused is None and getattr(self.settings, "plan_every", 1) > 1:
             run.keep_plans(plan_key(call), run.step(call.sigmas), plans)  # they serve the next every - 1 steps
 
-    def _earlier_plan(self, run: RunState, call: ModelCall, grid: tuple[int, int, int]) -> BlockPlan | None:
-        """plan_every: the plan an earlier step's call like this one made (fewer than plan_every steps
-        before) for this grid, or None: this call plans. Decided here, outside any compiled region."""
+    def _earlier_plans(self, run: RunState, call: ModelCall, grid: tuple[int, int, int]) -> dict | None:
+        """plan_every: the plans an earlier step's call like this one made (fewer than plan_every
+        steps before) for this grid (its shared plan under ``SHARED_PLAN``), or None: this call
+        plans. Decided here, outside any compiled region."""
         every = getattr(self.settings, "plan_every", 1)
         if every <= 1:
             return None
         plans = run.kept_plans(plan_key(call), run.step(call.sigmas), every)
         plan = plans.get(SHARED_PLAN) if plans is not None else None
-        return plan if plan is not None and plan.tiles.grid == grid else None
+        return plans if plan is not None and plan.tiles.grid == grid else None
 
     # --- reduce_when auto ----------------------------------------------------------------------
     def call_key(self, call: ModelCall) -> tuple:
@@ -880,8 +893,13 @@ class ToMeDiTPatch(CallPatch):
         runs["plan"] = lambda: plan_block(grid, tiles, r, self._frames(tokens.grid), self.bound)
         # the block calls one plan serves: every merged block of every kind (those of a kind auto may
         # still leave alone included: not decided yet), over plan_every steps
-        calls_per_plan = len(keys) * getattr(self.settings, "plan_every", 1)
-        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / calls_per_plan, compare=compare)
+        every = getattr(self.settings, "plan_every", 1)
+        calls_per_plan = len(keys) * every
+        # correct_from_whole: the step that plans runs the block whole too (the change is read
+        # uncorrected: the most it can be, the first step's none and the others' less)
+        whole_share = 1 / every if self.correct else 0.0
+        return Work(runs, lambda t: t["full"],
+                    lambda t: t["reduced"] + t["plan"] / calls_per_plan + t["full"] * whole_share, compare=compare)
 
     def _tiles(self, run: RunState, layout: TokenLayout, call: ModelCall) -> Tiles:
         """This call's tiles: their structure (the first token of each tile the destination) made
@@ -924,7 +942,12 @@ class ToMeDiTPatch(CallPatch):
                 return inner(args)
             # a block given one rotary table for the whole batch (CogVideoX's) runs once per row
             per_row = spec.pe_shared and args.get(spec.pe) is not None
-            out = run_merged_block(spec, layout, plan, args, inner, spec.tokens, per_row)
+
+            def merged(a):
+                return run_merged_block(spec, layout, plan, a, inner, spec.tokens, per_row)
+
+            out = (corrected_block(call["plans"], (kind, block), call.get("planning", False), args, inner, merged)
+                   if self.correct else merged(args))
             if out is None:
                 note_skipped(call)  # not the predicted layout: left alone
                 return inner(args)

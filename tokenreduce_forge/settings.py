@@ -25,11 +25,12 @@ DEFAULT_ON = {"ToDo": True, "ToMe": False}  # ToDo at its defaults is what the R
 # Inputs that act on DiTs only; the WebUI does not show them, so they keep their defaults (on
 # Forge's Flux.1, the one DiT the extension patches: its first and last blocks are left alone).
 DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks", "stride_t"})
-# Not shown either, so they keep their defaults: ToMe's plan_every (reusing plans across steps),
-# measure_change (the prediction change in the infotext), max_change (auto's quality budget) and
-# ToMe's min_similarity (merging only what is alike), not in the accordion yet, which keeps the API's
-# positional arguments as they are (a control per method and pass would shift them).
-NOT_SHOWN = DIT_ONLY | {"plan_every", "measure_change", "max_change", "min_similarity"}
+# Not shown either, so they keep their defaults: ToMe's plan_every (reusing plans across steps) and
+# correct_from_whole (which needs it), measure_change (the prediction change in the infotext),
+# max_change (auto's quality budget) and ToMe's min_similarity (merging only what is alike), not in
+# the accordion yet, which keeps the API's positional arguments as they are (a control per method
+# and pass would shift them).
+NOT_SHOWN = DIT_ONLY | {"plan_every", "correct_from_whole", "measure_change", "max_change", "min_similarity"}
 # Of those, what the API's dict form takes (it has no positions to shift): {"ToDo": {"measure_change": true}}.
 DICT_ONLY = frozenset({"measure_change", "max_change", "min_similarity"})
 

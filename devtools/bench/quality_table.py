@@ -89,6 +89,12 @@ CANDIDATES = (
     Config("ToMe 0.5 alike 0.9", "tome", (tome(min_similarity=0.9, **ALWAYS),)),
     Config("ToMe 0.5 alike 0.8", "tome", (tome(min_similarity=0.8, **ALWAYS),)),
     Config("ToMe 0.75 alike 0.9", "tome", (tome(ratio=0.75, min_similarity=0.9, **ALWAYS),)),
+    # correct_from_whole (issue #50): DiTs; the step that plans runs each merged block whole too
+    Config("ToMe 0.5 plans every 5", "tome", (tome(share_plans=True, plan_every=5, **ALWAYS),)),
+    Config("ToMe 0.5 plans every 5 corrected", "tome",
+           (tome(share_plans=True, plan_every=5, correct_from_whole=True, **ALWAYS),)),
+    Config("ToMe 0.5 plans every 2 corrected", "tome",
+           (tome(share_plans=True, plan_every=2, correct_from_whole=True, **ALWAYS),)),
 )
 GRID = ("unpatched", "ToDo 2", "ToDo 2 window", "ToMe 0.5", "ToMe 0.5 + ToDo 2", "built-in ToMe 0.3 (its default)")
 GRID_LABELS = {"unpatched": "unpatched", "ToDo 2": "ToDo", "ToDo 2 window": "ToDo window", "ToMe 0.5": "ToMe",
