@@ -896,7 +896,7 @@ class ToMeDiTPatch(CallPatch):
         every = getattr(self.settings, "plan_every", 1)
         calls_per_plan = len(keys) * every
         # correct_from_whole: the step that plans runs the block whole too (the change is read
-        # uncorrected: the most it can be, the first step's none and the others' less)
+        # uncorrected: the corrected first step changes nothing, its later steps cannot be read yet)
         whole_share = 1 / every if self.correct else 0.0
         return Work(runs, lambda t: t["full"],
                     lambda t: t["reduced"] + t["plan"] / calls_per_plan + t["full"] * whole_share, compare=compare)
