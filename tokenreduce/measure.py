@@ -178,12 +178,24 @@ def dit_attention_work(attention: Callable, geometry, length: int, call: ModelCa
     return build
 
 
+def tensor_copies(args: dict) -> dict:
+    """A DiT block's arguments with their tensors copied (those in tuples and lists too): a block
+    may add to its input in place (Flux's double blocks do: ``img +=``), so a second run on the
+    same input (the quality budget's other side, ToMe's correct_from_whole) is given copies."""
+    def copy(value):
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, (tuple, list)):
+            return type(value)(copy(v) for v in value)
+        return value
+    return {name: copy(value) for name, value in args.items()}
+
+
 def on_copies(block: Callable, args: dict, extra: dict) -> Callable:
-    """A DiT block-replace run on fresh copies of its captured tensors, for the quality budget's
-    comparison: a block may add to its input in place (Flux's double blocks do: ``img +=``), and
-    both sides compared must start from the same input."""
+    """A DiT block-replace run on fresh copies of its captured tensors (``tensor_copies``), for the
+    quality budget's comparison: both sides compared must start from the same input."""
     def run():
-        return block({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}, extra)
+        return block(tensor_copies(args), extra)
     return run
 
 

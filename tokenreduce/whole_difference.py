@@ -21,20 +21,9 @@ from typing import Callable
 
 import torch
 
+from .measure import tensor_copies
+
 DIFFERENCE = "whole minus merged"  # a block's difference, in the plans, under (DIFFERENCE, its key)
-
-
-def cloned(args: dict) -> dict:
-    """The block's arguments with their tensors copied (those in tuples and lists too): blocks
-    that add to their inputs in place (ComfyUI's Flux) run merged on these, so the whole run after
-    it is given what the model handed the block."""
-    def copy(value):
-        if torch.is_tensor(value):
-            return value.clone()
-        if isinstance(value, (tuple, list)):
-            return type(value)(copy(v) for v in value)
-        return value
-    return {name: copy(value) for name, value in args.items()}
 
 
 def difference(whole, merged):
@@ -68,10 +57,12 @@ def corrected_block(plans: dict, key, planning: bool, args: dict, whole: Callabl
     block ``merged`` (its arguments -> output, or None where it cannot merge them) on copies of
     ``args``, then ``whole`` on ``args``: the whole output returned and the difference kept in
     ``plans`` under ``key``; on the steps that reuse the plan, the merged output plus the kept
-    difference. Returns None where the block cannot merge (the caller runs it whole)."""
+    difference. Returns None where the block cannot merge (the caller runs it whole). The merged
+    run is given copies: blocks that add to their inputs in place (ComfyUI's Flux) would else hand
+    the whole run what the merged one left."""
     slot = (DIFFERENCE, key)
     if planning:
-        out = merged(cloned(args))
+        out = merged(tensor_copies(args))
         if out is None:
             return None
         full = whole(args)
