@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 import types
 from pathlib import Path
 
@@ -19,6 +20,14 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 PACK_MODULE = "tokenreduce_pack"  # the name the tests load the pack under, as ComfyUI would
+
+# The diffusers adapter keeps reduce_when auto's decisions in the user's cache directory
+# ($XDG_CACHE_HOME/tokenreduce): the tests (each pytest worker) keep theirs in a directory of
+# their own, made anew each session, so a test never finds what an earlier session on the machine
+# measured (a test passed on a machine with a filled store and failed on a fresh one) nor writes
+# into the user's store.
+_CACHE = tempfile.TemporaryDirectory(prefix="tokenreduce-tests-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE.name
 
 
 def comfyui_dir() -> Path:
@@ -58,7 +67,6 @@ def one_at_a_time(request):
         yield
         return
     import fcntl
-    import tempfile
 
     with open(Path(tempfile.gettempdir()) / f"tokenreduce-tests-{run}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -131,8 +139,6 @@ def load_comfy(root: Path) -> types.SimpleNamespace:
     if worker:
         # Each pytest worker keeps the auto rule's decisions in a user directory of its own, as a
         # serial run keeps them in the host tree's: no worker reads what another measured.
-        import tempfile
-
         import folder_paths
 
         folder_paths.set_user_directory(tempfile.mkdtemp(prefix=f"tokenreduce-{worker}-user-"))

@@ -46,18 +46,17 @@ def test_unknown_inputs_and_methods_are_named(pipe):
         apply_patch(pipe, "ToDo", level="4")
 
 
-def test_plan_every_is_refused_until_the_adapter_reuses_plans(pipe):
-    """ToMe's plan_every reuses plans in the nodes' patches; this adapter plans for itself: refused,
-    never a silent no-op (and without share_plans the nodes' own message)."""
-    with pytest.raises(ValueError, match="TokenReduceToMe: plan_every 2 .* not yet in the diffusers adapter"):
-        apply_patch(pipe, "ToMe", share_plans=True, plan_every=2)
+def test_plan_every_needs_share_plans_and_correct_from_whole_plan_every(pipe):
+    """ToMe's plan_every and correct_from_whole are validated as in the nodes: plan_every above 1
+    without share_plans, and correct_from_whole with plan_every 1, are refused with the nodes'
+    messages; together they patch."""
     with pytest.raises(ValueError, match="plan_every 2 reuses the shared plan across steps, and share_plans is off"):
         apply_patch(pipe, "ToMe", plan_every=2)
-    # correct_from_whole needs plan reuse: refused with plan_every 1 (the nodes' message), else with it
     with pytest.raises(ValueError, match="correct_from_whole keeps each merged block's difference .* set plan_every"):
         apply_patch(pipe, "ToMe", share_plans=True, correct_from_whole=True)
-    with pytest.raises(ValueError, match="TokenReduceToMe: plan_every 2 .* not yet in the diffusers adapter"):
-        apply_patch(pipe, "ToMe", share_plans=True, plan_every=2, correct_from_whole=True)
+    assert not pipe.unet._forward_pre_hooks
+    with apply_patch(pipe, "ToMe", share_plans=True, plan_every=2):
+        assert pipe.unet._forward_pre_hooks
     assert not pipe.unet._forward_pre_hooks
 
 

@@ -157,3 +157,31 @@ def test_min_similarity_merges_nothing_where_nothing_is_alike(pipes):
     with apply_patch(pipe, "ToMe", min_similarity=0.999) as patch:
         assert torch.equal(_run(pipe, 1, 5.0), unpatched)
         assert "only tokens at least 0.999 alike" in patch.info
+
+
+def test_plan_every_reuses_the_shared_plans_across_a_pipelines_steps(pipes, monkeypatch):
+    """plan_every (as the nodes' rule): with share_plans a grid's plan is made on step 0 and reused
+    on step 1 at 2 (4 steps: 2 plans per grid), made anew in every run, the same latents on
+    reruns; the step is the scheduler's (no timestep read per call); plan_every 1 plans each step.
+    correct_from_whole on a UNet is said to do nothing."""
+    from tokenreduce.run import RunState
+    from tokenreduce.tome_patch import ToMePatch
+
+    pipe = pipes["SD15"]
+    made, new_plan = [], ToMePatch._new_plan
+    monkeypatch.setattr(ToMePatch, "_new_plan", lambda self, context, key, grid, n: made.append(grid) or
+                        new_plan(self, context, key, grid, n))
+    reads, step = [], RunState.step
+    monkeypatch.setattr(RunState, "step", lambda self, sigmas: reads.append(sigmas) or step(self, sigmas))
+    run = lambda: tiny.generate(pipe, steps=4, size=SIZE)  # noqa: E731
+    with apply_patch(pipe, "ToMe", share_plans=True, use_rand=False, reduce_when="always"):
+        every_step = run()
+        per_run = len(made)
+    made.clear()
+    with apply_patch(pipe, "ToMe", share_plans=True, plan_every=2, use_rand=False, reduce_when="always"):
+        first = run()
+        assert len(made) == per_run // 2 and not reads
+        assert torch.equal(run(), first) and len(made) == per_run  # a new run plans anew
+    assert not torch.equal(first, every_step)
+    with apply_patch(pipe, "ToMe", share_plans=True, plan_every=2, correct_from_whole=True) as patch:
+        assert any("correct_from_whole does nothing on SD" in w for w in patch.warnings)

@@ -487,3 +487,81 @@ def test_min_similarity_leaves_a_grid_with_nothing_alike_whole(flux):
     first = _call(flux)
     assert not torch.equal(first, unpatched) and torch.equal(_call(flux), first)
     assert "at most, only tokens at least 0.05 alike to their target" in patch.info
+
+
+def _counting_plans(monkeypatch) -> list:
+    import tokenreduce.tome_dit as core
+
+    made, plan_block = [], core.plan_block
+    monkeypatch.setattr(core, "plan_block", lambda *a, **k: made.append(a[0].shape) or plan_block(*a, **k))
+    return made
+
+
+def test_plan_every_reuses_the_shared_plan_across_a_pipelines_steps(monkeypatch):
+    """plan_every (issue #50's correct_from_whole needs it here too): one plan per model call with
+    share_plans, made on steps 0 and 2 of 4 at plan_every 2 and reused between, made anew in each
+    run (reruns bit for bit); the step is the scheduler's, read from no device."""
+    from tokenreduce.run import RunState
+
+    pipe = tiny.flux_pipeline()
+    made = _counting_plans(monkeypatch)
+    reads, step = [], RunState.step
+    monkeypatch.setattr(RunState, "step", lambda self, sigmas: reads.append(sigmas) or step(self, sigmas))
+    with apply_patch(pipe, "ToMe", ratio=0.5, reduce_when="always", share_plans=True):
+        every_step = tiny.generate(pipe, steps=4)
+    assert len(made) == 4
+    made.clear()
+    with apply_patch(pipe, "ToMe", ratio=0.5, reduce_when="always", share_plans=True, plan_every=2):
+        first = tiny.generate(pipe, steps=4)
+        assert len(made) == 2 and not reads
+        assert torch.equal(tiny.generate(pipe, steps=4), first) and len(made) == 4
+    assert not torch.equal(first, every_step)
+
+
+def _steps(model, inputs: list, times: list) -> list:
+    """The model called on each of ``inputs`` at each timestep of ``times`` (a bare model's run)."""
+    with torch.no_grad():
+        return [model(**{**given, "timestep": torch.full((1,), t)}, return_dict=False)[0]
+                for t in times for given in inputs]
+
+
+def test_calls_apart_in_a_step_keep_their_own_plans(flux, monkeypatch):
+    """A model called for cond and uncond apart in each step (Wan's pipeline does): each call keeps
+    the plan and the correction of its own place in the step, so each gives what it gives in a run
+    of its own; a bare model's steps are its distinct timesteps."""
+    cond = tiny.transformer_inputs("Flux", flux, h=H, w=W, seed=3)
+    uncond = tiny.transformer_inputs("Flux", flux, h=H, w=W, seed=4)
+    times = [0.9, 0.8, 0.7]
+    settings = dict(ratio=0.5, reduce_when="always", share_plans=True, plan_every=2, correct_from_whole=True)
+    made = _counting_plans(monkeypatch)
+    with apply_patch(flux, "ToMe", **settings):
+        both = _steps(flux, [cond, uncond], times)
+        assert len(made) == 4  # steps 0 and 2, two places each
+        alone = [_steps(flux, [given], times) for given in (cond, uncond)]
+    assert all(torch.equal(a, b) for a, b in zip(both[0::2], alone[0]))
+    assert all(torch.equal(a, b) for a, b in zip(both[1::2], alone[1]))
+
+
+def test_correct_from_whole_keeps_a_pipeline_closer_to_unpatched(monkeypatch):
+    """correct_from_whole through the core's ``corrected_block``, as in the ComfyUI node: the step
+    that plans gives the whole blocks' output (one step: the unpatched latents bit for bit); over
+    four steps with a plan every 4 the latents are closer to unpatched than the same plans' without
+    it; reruns bit for bit; the planning step runs each merged block merged, then whole."""
+    import tokenreduce.whole_difference as whole_difference
+    from tokenreduce.diffusers import tome_dit as diffusers_tome_dit
+
+    assert diffusers_tome_dit.corrected_block is whole_difference.corrected_block
+    pipe = tiny.flux_pipeline()
+    unpatched = {steps: tiny.generate(pipe, steps=steps) for steps in (1, 4)}
+    settings = dict(ratio=0.5, reduce_when="always", share_plans=True, plan_every=4, use_rand=False)
+    with apply_patch(pipe, "ToMe", **settings):
+        plain = tiny.generate(pipe, steps=4)
+    with apply_patch(pipe, "ToMe", correct_from_whole=True, **settings) as patch:
+        assert torch.equal(tiny.generate(pipe, steps=1), unpatched[1])
+        corrected = tiny.generate(pipe, steps=4)
+        assert torch.equal(tiny.generate(pipe, steps=4), corrected)
+        assert "blocks" in " ".join(patch.report_lines())
+
+    def far(x):
+        return ((x - unpatched[4]).norm() / unpatched[4].norm()).item()
+    assert far(corrected) < 0.5 * far(plain), (far(corrected), far(plain))

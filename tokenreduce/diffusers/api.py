@@ -20,8 +20,8 @@ import torch
 from ..catalog import TODO_NODE, TOME_NODE
 from ..describe import header, todo_info, tome_dit_info, tome_info
 from ..layout import DIT, UNET
-from ..methods import (dit_method_problem, todo_level_factors, todo_select, tome_select, tome_unet_only,
-                       tome_without_frames)
+from ..methods import (dit_method_problem, todo_level_factors, todo_select, tome_dit_only, tome_select,
+                       tome_unet_only, tome_without_frames)
 from ..pays import auto_rule, decisions_at
 from ..preflight import todo_factors, tome_strides
 from ..run import RunReport
@@ -156,9 +156,6 @@ def _refuse_foreign_tome(model: torch.nn.Module, label: str) -> None:
 
 def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule, scheduler=None) -> ModelPatch:
     """Patch one model (``given``: it, or its torch.compile wrapper)."""
-    if method == "ToMe" and settings.plan_every > 1:  # never a silent no-op
-        raise ValueError(f"{label}: plan_every {settings.plan_every} (reusing a plan across steps) works in the "
-                         f"ComfyUI node, not yet in the diffusers adapter: set plan_every to 1.")
     model = unwrapped(given)
     name, layout = model_layout(model)
     kinds = (UNET, DIT) if method != "ToMe" or merges(layout and layout.family) else (UNET,)
@@ -173,7 +170,8 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     video = target.layout.kind == DIT and target.layout.family.video
     if method == "ToMe":  # stride_t acts on video DiTs only: said (or the ratio refused) elsewhere
         warnings = [] if video else tome_without_frames(label, settings, name)
-        warnings += tome_unet_only(settings, name) if target.layout.kind == DIT else []
+        dit_only = target.layout.kind == DIT
+        warnings += tome_unet_only(settings, name) if dit_only else tome_dit_only(settings, name)
         info = None if target.layout.kind == DIT else tome_info(settings, target)  # DiTs: once the patch knows its blocks
     else:
         info, warnings = todo_info(settings, target)

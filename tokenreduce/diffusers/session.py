@@ -80,6 +80,7 @@ class Session:
         self.last_report: RunReport | None = None
         self.preflight = None  # latent shape -> warnings, raises for settings that cannot fit (the node's checks)
         self._checked = False  # the run's first call was checked
+        self._slot = (None, 0)  # plan reuse: (the step of the last model call that asked, its calls so far)
 
     def _window(self, scheduler) -> SigmaWindow:
         """The window in timesteps, as ComfyUI's percent_to_sigma for this scheduler's schedule."""
@@ -124,6 +125,7 @@ class Session:
             self.run = RunState(self.window, always_active=self.always_active,
                                 measure_change=self.settings.measure_change, reach=reach)
             self._timesteps, self._started, self._checked, self._marker = [], now, False, marker
+            self._slot = (None, 0)
         if marker is None:
             self._last = self.run.sigma(t)
         self._timesteps.append(t)
@@ -132,6 +134,27 @@ class Session:
         self.context = self.run.open_call(t, aside=aside)
         self.context["timestep"] = t
         return self.context
+
+    def plan_key(self, context: dict, *shapes) -> tuple[tuple, int]:
+        """Plan reuse across steps (ToMe's ``plan_every``): which calls of the run may share a plan,
+        and this call's step. diffusers says no cond/uncond rows (ComfyUI's ``cond_or_uncond``):
+        a pipeline that calls its model for cond and uncond apart (Wan's) calls them in the same
+        order every step, so the key holds the call's place among its step's calls, beside the
+        shapes ``shapes`` of its inputs (the batch included). The step is the scheduler's
+        ``step_index`` under a pipeline (no device read), else the run's count of distinct
+        timesteps (one read a call). Asked once per model call (kept in ``context``)."""
+        found = context.get("plan key")
+        if found is None:
+            scheduler = self.scheduler()
+            if scheduler is not None and hasattr(type(scheduler), "step_index"):
+                index = scheduler.step_index  # None before its first step: its begin_index, or 0
+                step = int(index if index is not None else (getattr(scheduler, "begin_index", None) or 0))
+            else:
+                step = self.run.step(context["timestep"])
+            place = self._slot[1] + 1 if self._slot[0] == step else 0
+            self._slot = (step, place)
+            found = context["plan key"] = (("diffusers", place, *shapes), step)
+        return found
 
     def _unreduced(self, rerun):
         """``rerun()`` with this session's patch passing through: an inactive call context, which the

@@ -60,7 +60,25 @@ class DiffusersToMe(UNetCalls, ToMePatch):
             if not noise:
                 noise.append(run.sigma(timestep) if self.settings.use_rand else None)
             return self._partition(run, key, grid, device, noise[0])
-        context.update(partitions={}, shared={}, left=frozenset(), draw_partition=draw)
+        context.update(partitions={}, shared=self._shared_plans(context, arguments), left=frozenset(),
+                       draw_partition=draw)
+
+    def _shared_plans(self, context: dict, arguments) -> dict:
+        """share_plans: grid -> the plan of this call, filled by its first block of each grid; with
+        plan_every the plans of an earlier step's call like this one (fewer than plan_every steps
+        before; a copy: a grid planned anew here is this call's own), or kept for the next steps
+        (the ComfyUI node's rule; ``Session.plan_key`` says which calls are alike)."""
+        every, shared = getattr(self.settings, "plan_every", 1), {}
+        if every <= 1:
+            return shared
+        sample, text = unet_sample(arguments), arguments("encoder_hidden_states")
+        key, step = self.session.plan_key(context, sample.device, tuple(sample.shape),
+                                          tuple(text.shape) if torch.is_tensor(text) else ())
+        kept = self.session.run.kept_plans(key, step, every)
+        if kept is not None:
+            return dict(kept)
+        self.session.run.keep_plans(key, step, shared)
+        return shared
 
     # --- in the block ---------------------------------------------------------------------
     def _grid(self, tokens: int) -> tuple[tuple[int, int], int]:

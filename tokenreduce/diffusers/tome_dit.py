@@ -24,6 +24,10 @@ Tiles are drawn from a private generator seeded from the seed and the timestep (
 node draws them), once per run and timestep (the calls of a step share them; under a pipeline the
 scheduler's timesteps are read once per run, not each call's), so reruns are bit for bit and the
 global RNG is untouched.
+
+With ``plan_every`` a call's shared plan also serves the calls at the same place in the next
+steps (``Session.plan_key``), kept in the run as the ComfyUI node keeps it (``RunState.keep_plans``);
+with ``correct_from_whole`` the blocks run through the core's ``corrected_block`` as there.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ from ..dit import BlockArgs
 from ..pays import Work
 from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
-from ..tome_dit import (Tiles, alike_bound, block_plan, gathered, later_inputs_signature, make_tiles, merged_count,
-                        plan_block, plan_sequence_index, run_merged_block, take)
+from ..tome_dit import (SHARED_PLAN, Tiles, alike_bound, block_plan, corrects, gathered, later_inputs_signature,
+                        make_tiles, merged_count, plan_block, plan_sequence_index, run_merged_block, take)
+from ..whole_difference import corrected_block
 from .hooks import attention_backend, weights_fingerprint
 from .session import Session
 
@@ -152,6 +157,17 @@ MERGES = {"Flux": _FLUX, "SD3": _SD3, "Qwen-Image": _QWEN, "Wan": _WAN, "Hunyuan
           "Chroma": _CHROMA, "AuraFlow": _AURAFLOW, "Lumina 2": _LUMINA}
 
 
+class _Current(NamedTuple):
+    """The model call running now, as the merged blocks read it."""
+
+    layout: object  # its TokenLayout
+    tiles: Tiles
+    r: int  # tokens merged
+    plans: dict | None  # share_plans: the plan its first merged block makes for the others (with
+    # plan_every an earlier step's, with the differences correct_from_whole kept); None: each block plans
+    planning: bool  # it makes its plans (not reusing an earlier step's): correct_from_whole runs the blocks whole
+
+
 def _per_kind(value, kind: str):
     """A seam's field for one kind of block (a dict by kind, or one value for every kind)."""
     return value[kind] if isinstance(value, dict) else value
@@ -175,11 +191,11 @@ class DiffusersToMeDiT(CallPatch):
         self.sites = sites
         self.session = session
         self.strides = (getattr(settings, "stride_t", 1) if family.video else 1, settings.stride_y, settings.stride_x)
+        self.every = getattr(settings, "plan_every", 1)  # a plan reused over this many steps (share_plans)
+        self.correct = corrects(settings)  # correct_from_whole: the whole block's difference kept per plan
         self.model = None
         self.state: dict = {}  # what the family's layout keeps between calls (Flux: its img_ids' grid)
-        # the model call running now: (layout, tiles, r, its plans: with share_plans, the plan its first
-        # merged block makes for the others; None: each block plans), or None: blocks as they are
-        self.current = None
+        self.current: _Current | None = None  # the model call running now; None: blocks as they are
         self.wrapped = False  # patched under a torch.compile wrapper (apply_patch sets it): the model runs compiled
         self._wrapped: list = []  # the blocks whose forward we set
 
@@ -193,10 +209,37 @@ class DiffusersToMeDiT(CallPatch):
             self.session.run.warn_once(f"{self.label}: this {self.family.name} model call has inputs whose token "
                                        f"layout ToMe does not know; those calls were left alone.")
             return
-        tiles = self._tiles(layout.grid, arguments("hidden_states").device, context, layout.whole_frames)
+        x = arguments("hidden_states")
+        kept = self._earlier_plans(context, arguments, layout)
+        reused = kept[SHARED_PLAN] if kept is not None else None
+        tiles = reused.tiles if reused is not None else self._tiles(layout.grid, x.device, context, layout.whole_frames)
         r = merged_count(tiles, self.settings.ratio)
-        if r > 0:
-            self.current = (layout, tiles, r, {} if self.settings.share_plans else None)
+        if r <= 0:
+            return
+        # this call's plans: an earlier step's (with the differences correct_from_whole kept with
+        # them), or none yet (its first merged block plans, and with share_plans keeps it here)
+        plans = dict(kept) if reused is not None else {} if self.settings.share_plans else None
+        if reused is None and self.every > 1:
+            self.session.run.keep_plans(*self._plan_key(context, arguments), plans)  # for the next every - 1 steps
+        self.current = _Current(layout, tiles, r, plans, reused is None)
+
+    def _plan_key(self, context: dict, arguments) -> tuple[tuple, int]:
+        """plan_every: which calls share a plan (``Session.plan_key``: the call's place in its
+        step, its image and text tokens' shapes) and this call's step."""
+        text = arguments("encoder_hidden_states")
+        x = arguments("hidden_states")
+        text_shape = tuple(text.shape) if torch.is_tensor(text) else ()
+        return self.session.plan_key(context, x.device, tuple(x.shape), text_shape)
+
+    def _earlier_plans(self, context: dict, arguments, layout) -> dict | None:
+        """plan_every: the plans an earlier step's call like this one made (fewer than plan_every
+        steps before) for this grid, or None: this call plans (the ComfyUI node's rule)."""
+        if self.every <= 1:
+            return None
+        key, step = self._plan_key(context, arguments)
+        plans = self.session.run.kept_plans(key, step, self.every)
+        plan = plans.get(SHARED_PLAN) if plans is not None else None
+        return plans if plan is not None and plan.tiles.grid == layout.grid else None
 
     def _tiles(self, grid: tuple[int, int, int], device, context: dict, whole_frames: int = 0) -> Tiles:
         """The call's tiles, made once per run and draw: the first token of every tile (use_rand
@@ -230,7 +273,7 @@ class DiffusersToMeDiT(CallPatch):
         return run.sigma(torch.as_tensor(context["timestep"]))
 
     # --- in the block ----------------------------------------------------------------------
-    def _forward(self, block, original):
+    def _forward(self, block, original, path: str):
         signature = inspect.signature(original)
         kind = self.seam.kinds[type(block).__name__]
         rope = next((name for name in self.seam.rope if name in signature.parameters), None)
@@ -251,13 +294,19 @@ class DiffusersToMeDiT(CallPatch):
             if not self._pays(context, block, kind, backend, original, call, merged):
                 return original(*args, **kwargs)
             noted = []
-            out = self._merged(original, call, current, merged, context["timer"], noted)
+
+            def merged_run(given: dict):
+                return self._merged(original, given, current, merged, context["timer"], noted)
+
+            # correct_from_whole: the step that plans runs the block whole too, the others add the kept difference
+            out = corrected_block(current.plans, (kind, path), current.planning, call, lambda given: original(**given),
+                                  merged_run) if self.correct else merged_run(call)
             if out is None:
                 note_skipped(context)  # not the predicted layout: left alone
                 return original(*args, **kwargs)
             if not noted:  # min_similarity: nothing alike enough merged, the block ran whole
                 return out
-            layout, plan = current[0], noted[0]
+            layout, plan = current.layout, noted[0]
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
             note_reduced(context, grid, 1, lambda: {"blocks": (plan.tokens, plan.merged_tokens)})
             return out
@@ -269,7 +318,7 @@ class DiffusersToMeDiT(CallPatch):
         kind's (BlockArgs, rotary argument name or None, tokens_out); ``current``: the call's."""
         seam = self.seam
         spec, rope_name, tokens_out = block
-        layout, tiles, r, plans = current
+        layout, tiles, r, plans, _ = current
         x = call.get(spec.tokens)
         where = spec.in_tokens(layout)
         rope = call.get(rope_name) if rope_name else None
@@ -321,7 +370,7 @@ class DiffusersToMeDiT(CallPatch):
         if self.rule is None:
             return True
         s = self.settings
-        layout, _, r, _ = self.current
+        layout, r = self.current.layout, self.current.r
         x = call.get(merged[0].tokens)
         signature = ("diffusers ToMe DiT", self.family.name, kind, tuple(x.shape[1:]) if torch.is_tensor(x) else (),
                      *layout.grid, r, s.ratio, *self.strides, layout.whole_frames, s.share_plans, str(getattr(x, "dtype", "")), backend,
@@ -337,16 +386,20 @@ class DiffusersToMeDiT(CallPatch):
     def _work(self, original, call: dict, merged: tuple) -> Work:
         """The block unmerged and merged, as the ComfyUI node times its blocks: with share_plans the
         merged block with its plan made once, and the plan's own time shared by the merged blocks."""
-        layout, tiles, r, plans = self.current
-        reduced = (layout, tiles, r, {} if plans is not None else None)  # the call's own plans stay untouched
+        layout, tiles, r, plans, _ = self.current
+        # the call's own plans stay untouched; the budget reads the merged block uncorrected (as
+        # the ComfyUI node's: the corrected planning step changes nothing, the later ones cannot be read yet)
+        reduced = _Current(layout, tiles, r, {} if plans is not None else None, True)
         runs = {"full": lambda: original(**call), "reduced": lambda: self._merged(original, call, reduced, merged)}
         if plans is None:
             return Work(runs, lambda t: t["full"], lambda t: t["reduced"])
         x = call[merged[0].tokens]
         grid = x.narrow(1, merged[0].in_tokens(layout)[1], math.prod(layout.grid))
         runs["plan"] = lambda: plan_block(grid, tiles, r, bound=self.bound)
-        blocks = len(self.sites)
-        return Work(runs, lambda t: t["full"], lambda t: t["reduced"] + t["plan"] / blocks)
+        calls_per_plan = len(self.sites) * self.every  # the block calls one plan serves, over plan_every steps
+        whole_share = 1 / self.every if self.correct else 0.0  # correct_from_whole: a whole run per plan
+        return Work(runs, lambda t: t["full"],
+                    lambda t: t["reduced"] + t["plan"] / calls_per_plan + t["full"] * whole_share)
 
     def replace_keys(self) -> dict:
         """{block index: (kind, index)} of the blocks it merges (the info text counts them by kind)."""
@@ -369,8 +422,8 @@ class DiffusersToMeDiT(CallPatch):
             if "forward" in block.__dict__:
                 raise ValueError(f"{self.label}: block {site.path} of this {self.family.name} model has its forward "
                                  f"replaced already (another patch); ToMe cannot wrap it.")
-        for block in blocks:
-            block.forward = self._forward(block, block.forward)
+        for site, block in zip(self.sites, blocks):
+            block.forward = self._forward(block, block.forward, site.path)
             self._wrapped.append(block)
 
     def uninstall(self) -> None:
