@@ -271,6 +271,22 @@ def test_tome_and_todo_stack_on_forges_flux(forge, monkeypatch):
     assert torch.equal(sample(install(unet, tome())[0], sigmas=(1.0,)), only_tome)
 
 
+def test_tome_plan_reuse_corrected_from_the_whole_blocks_on_forges_own_flux(forge, unet):
+    """plan_every with correct_from_whole (the API's dict form) through Forge's own Flux blocks and
+    sampling options: the step that plans gives the unpatched output (its merged blocks' whole
+    outputs), the next step reuses the plan with the kept differences, closer to unpatched than
+    the same plans without them; reruns bit for bit."""
+    plain_one, plain_two = sample(unet, sigmas=(1.0,)), sample(unet)
+    settings = dict(share_plans=True, plan_every=2, reduce_when="always")
+    corrected, run = install(unet, tome(correct_from_whole=True, **settings))
+    assert run.refusal is None, run.refusal
+    assert torch.equal(sample(corrected, sigmas=(1.0,)), plain_one)
+    two = sample(corrected)
+    assert torch.equal(sample(install(unet, tome(correct_from_whole=True, **settings))[0]), two)
+    merged = sample(install(unet, tome(**settings))[0])
+    assert (two - plain_two).norm() < 0.5 * (merged - plain_two).norm()
+
+
 def test_output_differs_within_a_bounded_error_and_reruns_bit_for_bit(forge, unet):
     baseline = sample(unet)
     first = sample(install(unet, todo())[0])

@@ -258,6 +258,35 @@ def test_tome_on_forges_flux_merges_only_the_image_and_reruns_bit_for_bit():
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
+def test_tome_on_forges_flux_reuses_plans_and_corrects_from_the_whole_blocks():
+    """plan_every and correct_from_whole (the API's dict form) on Forge's Flux, through the core's
+    block wrapper as in ComfyUI: the step that plans gives the whole blocks' output (the unpatched
+    one), the steps reusing its plan add the kept differences (closer to unpatched than the same
+    plans without them), one plan per step kept (fewer merged calls plan), reruns bit for bit."""
+    import tokenreduce.tome_dit as core
+
+    torch.manual_seed(0)
+    model = ToyForgeFlux()
+    x, context = torch.randn(1, 4, 12, 10), torch.randn(1, 6, 8)
+    seeds = (0.9, 0.8, 0.7)
+    with torch.no_grad():
+        unpatched = [model(x, torch.full((1,), s), context) for s in seeds]
+        settings = {"ratio": 0.5, "reduce_when": "always", "share_plans": True, "plan_every": 3}
+        plans, plan_block = [], core.plan_block
+        core.plan_block = lambda *a, **k: plans.append(1) or plan_block(*a, **k)
+        try:
+            plain, _, _ = _forge_tome_run(model, settings, x, context, seeds)
+            assert len(plans) == 1  # step 0 plans, steps 1 and 2 reuse
+            corrected, _, _ = _forge_tome_run(model, {**settings, "correct_from_whole": True}, x, context, seeds)
+            again, _, _ = _forge_tome_run(model, {**settings, "correct_from_whole": True}, x, context, seeds)
+        finally:
+            core.plan_block = plan_block
+    assert torch.equal(corrected[0], unpatched[0]) and not torch.equal(plain[0], unpatched[0])
+    assert all(torch.equal(a, b) for a, b in zip(corrected, again))
+    for step in (1, 2):
+        assert (corrected[step] - unpatched[step]).norm() < 0.5 * (plain[step] - unpatched[step]).norm()
+
+
 def test_tome_auto_on_forges_flux_says_it_is_untimed():
     torch.manual_seed(0)
     model = ToyForgeFlux()

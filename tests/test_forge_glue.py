@@ -128,6 +128,11 @@ def test_the_api_dict_form():
     assert "unknown key 'todoo'" in S.job_from_args([{"todoo": True}], hires_runs=True).problem
     assert "unknown input 'ratioo'" in S.job_from_args([{"ToMe": {"ratioo": 1}}], hires_runs=True).problem
     assert "neither ToDo nor ToMe" in S.job_from_args([{}], hires_runs=True).problem
+    # ToMe's plan reuse (no control): the dict form takes it, validated as in the nodes
+    job = S.job_from_args([{"ToMe": {"share_plans": True, "plan_every": 3, "correct_from_whole": True}}],
+                          hires_runs=False)
+    assert (job.stage(S.FIRST)["ToMe"].plan_every, job.stage(S.FIRST)["ToMe"].correct_from_whole) == (3, True)
+    assert "share_plans is off" in S.job_from_args([{"ToMe": {"plan_every": 3}}], hires_runs=False).problem
 
 
 def test_xyz_axes_turn_their_method_on_and_factor_1_is_the_cell_without_todo():
@@ -220,6 +225,8 @@ def forge_patched(model, family, stage=S.FIRST, size=(32, 32), **methods):
     ("SD15", {"ToMe": {"merge_crossattn": True, "merge_mlp": True, "max_downsample": "2", "ratio": 0.6,
                        "max_change": 0.0}}),
     ("SD15", {"ToMe": {"mode": MODE_QUERIES, "matching": "3x3 cells", "share_plans": True, "seed": 7}}),
+    # plan_every (the API's dict form): step 1 reuses step 0's plans, cond and uncond each their own
+    ("SD15", {"ToMe": {"share_plans": True, "plan_every": 2, "max_change": 0.0}}),
     ("SDXL", {"ToDo": {"factor_next": 2.0, "method": "bicubic", "max_change": 0.0}}),
     ("SDXL", {"ToMe": {"max_change": 0.0}}),
 ])

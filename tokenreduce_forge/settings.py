@@ -32,7 +32,7 @@ DIT_ONLY = frozenset({"temporal_factor", "skip_first_blocks", "skip_last_blocks"
 # and pass would shift them).
 NOT_SHOWN = DIT_ONLY | {"plan_every", "correct_from_whole", "measure_change", "max_change", "min_similarity"}
 # Of those, what the API's dict form takes (it has no positions to shift): {"ToDo": {"measure_change": true}}.
-DICT_ONLY = frozenset({"measure_change", "max_change", "min_similarity"})
+DICT_ONLY = frozenset({"measure_change", "max_change", "min_similarity", "plan_every", "correct_from_whole"})
 
 FIRST, HIRES = "first", "hires"  # the sampling passes of a generation (hires: the hires. fix pass)
 STAGE_WORDS = {FIRST: "first pass", HIRES: "hires pass"}
