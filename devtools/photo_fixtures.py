@@ -350,6 +350,15 @@ CFG = {"flux": 1.0, "sd15": 2.0}  # Flux.1 [schnell] samples without CFG; the UN
 
 
 @torch.no_grad()
+def start_latent(fixture: Fixture, image: torch.Tensor | None = None, px: int | None = None) -> torch.Tensor:
+    """The latent a sample starts from: empty (text to image, at ``px`` or the native size), or
+    ``image`` (an IMAGE [1, H, W, 3]) encoded by the fixture's VAE (image to image)."""
+    if image is None:
+        size = fixture.latent_size(px)
+        return torch.zeros(1, fixture.spec.latent_channels, size, size)
+    return fixture.vae.encode(image)
+
+
 def sample(fixture: Fixture, patcher, caption: str, seed: int, steps: int, image: torch.Tensor | None = None,
            denoise: float = 1.0, px: int | None = None, sampler: str = "euler", scheduler: str = "simple") -> torch.Tensor:
     """One image as ComfyUI's KSampler makes it (``comfy.sample.sample``, its noise from ``seed``)
@@ -357,11 +366,7 @@ def sample(fixture: Fixture, patcher, caption: str, seed: int, steps: int, image
     [1, H, W, 3]) at ``denoise``. ``patcher``: the fixture's model or a patched clone of it."""
     import comfy.sample
 
-    if image is None:
-        size = fixture.latent_size(px)
-        latent = torch.zeros(1, fixture.spec.latent_channels, size, size)
-    else:
-        latent = fixture.vae.encode(image)
+    latent = start_latent(fixture, image, px)
     noise = comfy.sample.prepare_noise(latent, seed)
     positive = fixture.conditioning(caption)
     negative = fixture.conditioning(EMPTY)

@@ -1,0 +1,82 @@
+"""The trained Flux photo fixture through the diffusers adapter (issue #51: a trained model through
+diffusers is reduced within the quality budget or left alone with the report saying why), its
+weights in diffusers' FluxTransformer2DModel (``devtools/diffusers_fixture.py``). No timings: on
+the CPU auto decides ToDo's nearest and ToMe by the budget alone (the window is timed, and its
+decision either way must be said)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+
+@pytest.fixture(scope="module")
+def flux(comfy):
+    import diffusers_fixture
+    import photo_fixtures
+
+    fixture = photo_fixtures.load("flux")
+    return fixture, diffusers_fixture.flux_transformer(fixture)
+
+
+@pytest.fixture()
+def own_store(monkeypatch):
+    """A decisions store of the test's own, in memory: the first call measures."""
+    from tokenreduce import pays
+    from tokenreduce.diffusers import api
+
+    monkeypatch.setattr(api, "decisions_at", lambda path: pays.Decisions(None))
+
+
+def test_the_diffusers_model_computes_comfyuis_call_and_images(flux):
+    import diffusers_fixture
+    import photo_fixtures
+
+    fixture, model = flux
+    x = torch.randn(1, 16, 32, 32, generator=torch.Generator().manual_seed(0))
+    text = fixture.text(["a cat"]).float()
+    with torch.no_grad():
+        ours = fixture.patcher.model.diffusion_model(x, torch.tensor([0.6]), text, y=text.mean(1))
+    theirs = diffusers_fixture.velocity(model, fixture, x, 0.6, "a cat")
+    assert ((theirs - ours).norm() / ours.norm()) < 1e-5
+    image = diffusers_fixture.sample(model, fixture, "a cat", 0, 2, px=256)
+    torch.testing.assert_close(image, photo_fixtures.sample(fixture, fixture.patcher, "a cat", 0, 2, px=256),
+                               rtol=0, atol=1e-5)
+    photo = photo_fixtures.held_out_images(256)[:1]  # image to image: the last 2 of 4 steps
+    image = diffusers_fixture.sample(model, fixture, "a cat", 0, 2, image=photo, denoise=0.5, px=256)
+    torch.testing.assert_close(image, photo_fixtures.sample(fixture, fixture.patcher, "a cat", 0, 2, image=photo,
+                                                            denoise=0.5, px=256), rtol=0, atol=1e-5)
+
+
+def _percent(line: str) -> float:
+    return float(re.search(r"changes its output ([\d.]+) %", line).group(1))
+
+
+@pytest.mark.parametrize("method", ["ToDo", "ToMe"])
+def test_the_budget_on_the_trained_fixture_leaves_alone_and_says_why(flux, own_store, method):
+    """At the defaults (auto, max_change 0.05) each kind the trained fixture's reduction changes by
+    more than 5 % is left alone, the report naming the change; ToDo's nearest steps down to the
+    window, whose decision (reduced, or left alone as slower here) is said too; nothing reduced
+    without a line; with the budget off the same reduction runs and moves the image."""
+    import diffusers_fixture
+    from tokenreduce.diffusers import apply_patch
+
+    fixture, model = flux
+    unpatched = diffusers_fixture.sample(model, fixture, "a rocket", 1, 2)
+    with apply_patch(model, method) as patch:
+        image = diffusers_fixture.sample(model, fixture, "a rocket", 1, 2)
+        lines = patch.report_lines()
+    decided = [line for line in " | ".join(lines).split(" | ") if line.startswith("auto · ")]
+    over = [line for line in decided if "left alone: changes its output" in line]
+    assert over and all(_percent(line) > 5 for line in over), lines
+    if method == "ToDo":
+        (milder,) = [line for line in decided if "method window instead" in line]
+        assert "left alone" in milder or not torch.equal(image, unpatched), lines
+    else:
+        assert torch.equal(image, unpatched)  # every kind of block over the budget: the unpatched image
+    with apply_patch(model, method, max_change=0.0, reduce_when="always"):
+        assert not torch.equal(diffusers_fixture.sample(model, fixture, "a rocket", 1, 2), unpatched)
