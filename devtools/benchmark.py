@@ -12,7 +12,7 @@
     python3 devtools/benchmark.py --peakedness           # attention peakedness per layer of the photo fixtures
     python3 devtools/benchmark.py --window-speed         # ToDo's window against nearest, one attention call (CPU)
     python3 devtools/benchmark.py --corrected-speed OUT  # ToMe's correct_from_whole in whole sampling runs (Flux fixture)
-    python3 devtools/benchmark.py --diffusers-fixture OUT  # the trained Flux fixture through the diffusers adapter
+    python3 devtools/benchmark.py --diffusers-fixture OUT  # the trained photo fixtures through the diffusers adapter
     python3 devtools/benchmark.py --budget-reach OUT     # the quality budget across denoise (photo fixtures)
     python3 devtools/benchmark.py --prediction-change OUT  # measure_change's readout beside LPIPS (photo fixtures)
     python3 devtools/benchmark.py --tome-dit [--clock cpu]  # ToMe on DiTs vs ToDo: Pareto table per tiny DiT
@@ -99,7 +99,7 @@ def main() -> int:
         pinned = None if other else host.run_inside_host(__file__)
         from bench import corrected_runs
         return corrected_runs.main(sys.argv[1:], pinned and pinned.comfyui)
-    if "--diffusers-fixture" in sys.argv[1:]:  # the trained Flux fixture through diffusers (bench/diffusers_fixture_table.py)
+    if "--diffusers-fixture" in sys.argv[1:]:  # the trained photo fixtures through diffusers (bench/diffusers_fixture_table.py)
         other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
         pinned = None if other else host.run_inside_host(__file__)
         from bench import diffusers_fixture_table

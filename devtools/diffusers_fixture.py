@@ -1,14 +1,18 @@
-"""The trained Flux photo fixture (``photo_fixtures.py``) as a diffusers ``FluxTransformer2DModel``.
+"""The trained photo fixtures (``photo_fixtures.py``) as diffusers models: the Flux fixture as a
+``FluxTransformer2DModel``, the SD fixture as a ``UNet2DConditionModel``.
 
-So the diffusers adapter can be checked on a trained model whose attention is peaked (issue #51:
-the quality budget through diffusers on a trained model), against what the ComfyUI node does on
-the same weights. The fixture is trained in ComfyUI's Flux class (BFL's layout); diffusers'
-single-file converter assumes Flux.1's width (3072), so the keys are mapped here, for any width.
+So the diffusers adapter can be checked on trained models (issue #51: the quality budget through
+diffusers on a trained model), against what the ComfyUI node does on the same weights. The Flux
+fixture is trained in ComfyUI's Flux class (BFL's layout); diffusers' single-file converter
+assumes Flux.1's width (3072), so its keys are mapped here, for any width. The SD fixture's UNet
+goes through diffusers' own converter (``convert_ldm_unet_checkpoint``) with its config.
 
-``sample`` runs what ComfyUI's KSampler runs for the fixture (euler, the simple schedule of its
-model sampling, CFG 1: one model call a step) with diffusers' transformer called as
-FluxPipeline calls it (packed 2x2 latents, ``img_ids`` rows and columns, ``timestep`` = sigma),
-from the same noise (``comfy.sample.prepare_noise``), and decodes with the fixture's codec.
+``sample`` runs what ComfyUI's KSampler runs for a fixture (euler, the simple schedule of its
+model sampling, its CFG: 1 for Flux, one model call a step; 2 for SD, cond and uncond in one
+batch) with the diffusers model called as its pipeline calls it (Flux: packed 2x2 latents,
+``img_ids`` rows and columns, ``timestep`` = sigma; SD: the input scaled by 1 / sqrt(sigma^2 + 1),
+the timestep of the sigma), from the same noise (``comfy.sample.prepare_noise``), and decodes
+with the fixture's codec.
 
 Runs inside the host venv with the ComfyUI folder importable (as ``photo_fixtures``).
 """
@@ -84,6 +88,32 @@ def converted(model_sd: dict, hidden: int, mlp_hidden: int) -> dict:
     return out
 
 
+def sd_unet(fixture: pf.Fixture, dtype: torch.dtype = torch.float32):
+    """The SD fixture's trained weights in diffusers' UNet2DConditionModel (eval)."""
+    from diffusers import UNet2DConditionModel
+    from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
+
+    config = fixture.spec.unet_config
+    widths = tuple(config["model_channels"] * m for m in config["channel_mult"])
+    attends = [depth > 0 for depth in config["transformer_depth"][::config["num_res_blocks"][0]]]
+    diffusers_config = dict(
+        sample_size=config["image_size"], in_channels=config["in_channels"], out_channels=config["out_channels"],
+        layers_per_block=config["num_res_blocks"][0], block_out_channels=widths,
+        down_block_types=tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attends),
+        up_block_types=tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attends)),
+        cross_attention_dim=config["context_dim"], attention_head_dim=config["num_heads"])  # diffusers: the heads
+    source = {f"model.diffusion_model.{k}": v.float()
+              for k, v in fixture.patcher.model.diffusion_model.state_dict().items()}
+    model = UNet2DConditionModel(**diffusers_config)
+    model.load_state_dict(convert_ldm_unet_checkpoint(source, diffusers_config), strict=True)
+    return model.to(dtype).eval()
+
+
+def diffusers_model(fixture: pf.Fixture, dtype: torch.dtype = torch.float32):
+    """The fixture's weights in the diffusers model of its family."""
+    return flux_transformer(fixture, dtype) if fixture.spec.name == "flux" else sd_unet(fixture, dtype)
+
+
 def flux_transformer(fixture: pf.Fixture, dtype: torch.dtype = torch.float32):
     """The fixture's trained weights in diffusers' FluxTransformer2DModel (eval, no grad needed)."""
     from diffusers import FluxTransformer2DModel
@@ -144,18 +174,36 @@ def schedule(fixture: pf.Fixture, steps: int, denoise: float = 1.0) -> list[floa
     return sigmas[-(steps + 1):].tolist()
 
 
+def denoised(model, fixture: pf.Fixture, x: torch.Tensor, sigma: float, caption: str) -> torch.Tensor:
+    """The denoised prediction ComfyUI's sampler takes a step with: Flux's velocity turned into it
+    (x - sigma * v, CFG 1); SD's noise prediction of cond and uncond in one batch, combined by
+    the fixture's CFG, turned into it (x - sigma * eps)."""
+    if fixture.spec.name == "flux":
+        return x - sigma * velocity(model, fixture, x, sigma, caption)
+    model_sampling = fixture.patcher.get_model_object("model_sampling")
+    with torch.no_grad():
+        text = torch.cat([fixture.text([caption]), fixture.text([pf.EMPTY])]).float()
+        sigmas = torch.full((2,), float(sigma))
+        given = model_sampling.calculate_input(sigmas, torch.cat([x, x]))
+        eps = model(given, model_sampling.timestep(sigmas).float(), encoder_hidden_states=text).sample
+    cond, uncond = eps.chunk(2)
+    return x - sigma * (uncond + (cond - uncond) * pf.CFG[fixture.spec.name])
+
+
 def sample(model, fixture: pf.Fixture, caption: str, seed: int, steps: int, image: torch.Tensor | None = None,
            denoise: float = 1.0, px: int | None = None) -> torch.Tensor:
-    """One image as ``photo_fixtures.sample`` makes it through ComfyUI (euler, simple, CFG 1), the
-    model calls made by diffusers' transformer ``model`` (patched or not)."""
+    """One image as ``photo_fixtures.sample`` makes it through ComfyUI (euler, simple, the
+    fixture's CFG), the model calls made by the diffusers model ``model`` (patched or not)."""
     import comfy.sample
 
     latent = pf.start_latent(fixture, image, px)
     noise = comfy.sample.prepare_noise(latent, seed)
+    model_sampling = fixture.patcher.get_model_object("model_sampling")
     latent_format = fixture.patcher.model.latent_format
     clean = latent_format.process_in(latent) if image is not None else torch.zeros_like(latent)
     sigmas = schedule(fixture, steps, denoise)
-    x = noise * sigmas[0] + clean * (1.0 - sigmas[0])
+    full = sigmas[0] >= float(model_sampling.sigma_max) - 1e-5  # KSampler's max_denoise
+    x = model_sampling.noise_scaling(torch.tensor(sigmas[0]), noise, clean, full)
     for sigma, following in zip(sigmas[:-1], sigmas[1:]):
-        x = x + (following - sigma) * velocity(model, fixture, x, sigma, caption)
+        x = x + (following - sigma) * (x - denoised(model, fixture, x, sigma, caption)) / sigma
     return fixture.vae.decode(latent_format.process_out(x))

@@ -1,8 +1,8 @@
-"""The trained Flux photo fixture through the diffusers adapter (issue #51: a trained model through
-diffusers is reduced within the quality budget or left alone with the report saying why), its
-weights in diffusers' FluxTransformer2DModel (``devtools/diffusers_fixture.py``). No timings: on
-the CPU auto decides ToDo's nearest and ToMe by the budget alone (the window is timed, and its
-decision either way must be said)."""
+"""The trained photo fixtures through the diffusers adapter (issue #51: a trained model through
+diffusers is reduced within the quality budget or left alone with the report saying why), their
+weights in diffusers' FluxTransformer2DModel and UNet2DConditionModel (``devtools/diffusers_fixture.py``).
+No timings: on the CPU auto decides ToDo's nearest and ToMe by the budget alone (the window is
+timed, and its decision either way must be said)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,15 @@ def flux(comfy):
 
     fixture = photo_fixtures.load("flux")
     return fixture, diffusers_fixture.flux_transformer(fixture)
+
+
+@pytest.fixture(scope="module")
+def sd15(comfy):
+    import diffusers_fixture
+    import photo_fixtures
+
+    fixture = photo_fixtures.load("sd15")
+    return fixture, diffusers_fixture.sd_unet(fixture)
 
 
 @pytest.fixture()
@@ -80,3 +89,34 @@ def test_the_budget_on_the_trained_fixture_leaves_alone_and_says_why(flux, own_s
         assert torch.equal(image, unpatched)  # every kind of block over the budget: the unpatched image
     with apply_patch(model, method, max_change=0.0, reduce_when="always"):
         assert not torch.equal(diffusers_fixture.sample(model, fixture, "a rocket", 1, 2), unpatched)
+
+
+def test_the_diffusers_unet_gives_comfyuis_images(sd15):
+    """The SD fixture's UNet through diffusers' converter: ComfyUI's images (CFG 2, cond and uncond
+    in one batch), text and image to image."""
+    import diffusers_fixture
+    import photo_fixtures
+
+    fixture, model = sd15
+    image = diffusers_fixture.sample(model, fixture, "a cat", 0, 2)
+    torch.testing.assert_close(image, photo_fixtures.sample(fixture, fixture.patcher, "a cat", 0, 2), rtol=0, atol=1e-5)
+    photo = photo_fixtures.held_out_images(256)[:1]
+    image = diffusers_fixture.sample(model, fixture, "a cat", 0, 2, image=photo, denoise=0.5)
+    torch.testing.assert_close(image, photo_fixtures.sample(fixture, fixture.patcher, "a cat", 0, 2, image=photo,
+                                                            denoise=0.5), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["ToDo", "ToMe"])
+def test_the_budget_reduces_the_flat_trained_unet(sd15, own_store, method):
+    """The SD fixture's attention is flat: at the defaults both methods are within 5 % and reduce
+    (the image moves, nothing left alone is reported), as in the ComfyUI node."""
+    import diffusers_fixture
+    from tokenreduce.diffusers import apply_patch
+
+    fixture, model = sd15
+    unpatched = diffusers_fixture.sample(model, fixture, "a rocket", 1, 2)
+    with apply_patch(model, method) as patch:
+        image = diffusers_fixture.sample(model, fixture, "a rocket", 1, 2)
+        lines = patch.report_lines()
+    assert not torch.equal(image, unpatched)
+    assert not any("left alone" in line for line in lines), lines
