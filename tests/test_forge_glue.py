@@ -242,6 +242,15 @@ def test_forge_glue_computes_what_the_comfyui_node_computes(comfy, models, famil
     assert not torch.equal(expected, sample(comfy, models[family], family, steps=2))
 
 
+def test_correct_from_whole_on_a_unet_is_said_to_do_nothing(comfy, models):
+    """The API's dict form takes correct_from_whole; on Forge's UNets it does nothing (it corrects
+    whole-block merging on DiTs), said in the pass's warnings, never silently."""
+    _, run = forge_patched(models["SD15"], "SD15",
+                           ToMe={"share_plans": True, "plan_every": 2, "correct_from_whole": True})
+    (method,) = run.methods
+    assert any("correct_from_whole does nothing on SD15" in w for w in method.run.warnings), method.run.warnings
+
+
 def test_both_methods_stack_in_one_pass_and_report_their_tokens(comfy, models):
     unet, run = forge_patched(models["SD15"], "SD15", size=(33, 47), ToDo={}, ToMe={"mode": MODE_QUERIES})
     out = sample(comfy, unet, "SD15", size=(33, 47), steps=2)

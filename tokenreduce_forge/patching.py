@@ -29,7 +29,8 @@ from tokenreduce.describe import header, todo_info, tome_info
 from tokenreduce.fingerprint import fingerprint
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels, copied_containers
-from tokenreduce.methods import MODE_FULL, MODE_PROPORTIONAL, todo_level_factors, todo_select, tome_select
+from tokenreduce.methods import (MODE_FULL, MODE_PROPORTIONAL, todo_level_factors, todo_select, tome_dit_only,
+                                 tome_select)
 from tokenreduce.pays import Decisions, auto_rule
 from tokenreduce.peak_window import WINDOW
 from tokenreduce.preflight import todo_factors, tome_strides
@@ -365,7 +366,8 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
                         f"'{MODE_FULL}' here.")
             check = tome_strides(who, target.levels, settings.stride_x, settings.stride_y)
             patch = ToMePatch(settings, target, context_key, who, unet_levels, rule)
-            warnings = []
+            # correct_from_whole (the API's dict form) corrects whole-block merging on DiTs: said to do nothing
+            warnings = [f"{who}: {warning}" for warning in tome_dit_only(settings, family)]
         try:
             warnings = warnings + check(latent_shape)  # before any step: refused, or what it misses
         except ValueError as refused:
