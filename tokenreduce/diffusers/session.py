@@ -135,14 +135,15 @@ class Session:
         self.context["timestep"] = t
         return self.context
 
-    def plan_key(self, context: dict, *shapes) -> tuple[tuple, int]:
+    def plan_key(self, context: dict, x: torch.Tensor, text) -> tuple[tuple, int]:
         """Plan reuse across steps (ToMe's ``plan_every``): which calls of the run may share a plan,
         and this call's step. diffusers says no cond/uncond rows (ComfyUI's ``cond_or_uncond``):
         a pipeline that calls its model for cond and uncond apart (Wan's) calls them in the same
         order every step, so the key holds the call's place among its step's calls, beside the
-        shapes ``shapes`` of its inputs (the batch included). The step is the scheduler's
-        ``step_index`` under a pipeline (no device read), else the run's count of distinct
-        timesteps (one read a call). Asked once per model call (kept in ``context``)."""
+        device and shape of its latent or tokens ``x`` (the batch included) and of its ``text``
+        (None where it has none). The step is the scheduler's ``step_index`` under a pipeline (no
+        device read), else the run's count of distinct timesteps (one read a call). Asked once per
+        model call (kept in ``context``)."""
         found = context.get("plan key")
         if found is None:
             scheduler = self.scheduler()
@@ -153,6 +154,7 @@ class Session:
                 step = self.run.step(context["timestep"])
             place = self._slot[1] + 1 if self._slot[0] == step else 0
             self._slot = (step, place)
+            shapes = (x.device, tuple(x.shape), tuple(text.shape) if torch.is_tensor(text) else ())
             found = context["plan key"] = (("diffusers", place, *shapes), step)
         return found
 

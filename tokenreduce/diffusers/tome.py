@@ -71,9 +71,7 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         every, shared = getattr(self.settings, "plan_every", 1), {}
         if every <= 1:
             return shared
-        sample, text = unet_sample(arguments), arguments("encoder_hidden_states")
-        key, step = self.session.plan_key(context, sample.device, tuple(sample.shape),
-                                          tuple(text.shape) if torch.is_tensor(text) else ())
+        key, step = self.session.plan_key(context, unet_sample(arguments), arguments("encoder_hidden_states"))
         kept = self.session.run.kept_plans(key, step, every)
         if kept is not None:
             return dict(kept)

@@ -219,24 +219,16 @@ class DiffusersToMeDiT(CallPatch):
         # this call's plans: an earlier step's (with the differences correct_from_whole kept with
         # them), or none yet (its first merged block plans, and with share_plans keeps it here)
         plans = dict(kept) if reused is not None else {} if self.settings.share_plans else None
-        if reused is None and self.every > 1:
-            self.session.run.keep_plans(*self._plan_key(context, arguments), plans)  # for the next every - 1 steps
+        if reused is None and self.every > 1:  # kept for the next every - 1 steps
+            self.session.run.keep_plans(*self.session.plan_key(context, x, arguments("encoder_hidden_states")), plans)
         self.current = _Current(layout, tiles, r, plans, reused is None)
-
-    def _plan_key(self, context: dict, arguments) -> tuple[tuple, int]:
-        """plan_every: which calls share a plan (``Session.plan_key``: the call's place in its
-        step, its image and text tokens' shapes) and this call's step."""
-        text = arguments("encoder_hidden_states")
-        x = arguments("hidden_states")
-        text_shape = tuple(text.shape) if torch.is_tensor(text) else ()
-        return self.session.plan_key(context, x.device, tuple(x.shape), text_shape)
 
     def _earlier_plans(self, context: dict, arguments, layout) -> dict | None:
         """plan_every: the plans an earlier step's call like this one made (fewer than plan_every
         steps before) for this grid, or None: this call plans (the ComfyUI node's rule)."""
         if self.every <= 1:
             return None
-        key, step = self._plan_key(context, arguments)
+        key, step = self.session.plan_key(context, arguments("hidden_states"), arguments("encoder_hidden_states"))
         plans = self.session.run.kept_plans(key, step, self.every)
         plan = plans.get(SHARED_PLAN) if plans is not None else None
         return plans if plan is not None and plan.tiles.grid == layout.grid else None
