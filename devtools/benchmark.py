@@ -6,6 +6,7 @@
     python3 devtools/benchmark.py --gpu-table OUT        # the GPU table of the issues, row by row, in 8 minutes
     python3 devtools/benchmark.py --gpu-table-video OUT  # its video preset: Wan 2.1 14B 720p, LTX-2, one step each
     python3 devtools/benchmark.py --gpu-table-tome OUT   # its ToMe preset (#38): ToMe vs ToDo at ~1 MP, Pareto fronts
+    python3 devtools/benchmark.py --gpu-table-peaks OUT  # its peaks preset (#50): the window vs nearest, ToMe's new settings
     python3 devtools/benchmark.py --quality OUT          # trained photo fixtures: LPIPS, SSIM, PSNR per setting
     python3 devtools/benchmark.py --unit-blocks OUT      # the budget's candidate units per Flux fixture block
         [--fixtures sd15 flux] [--seeds 16] [--long-seeds N] [--steps 20 4] [--modes t2i i2i] [--candidates]
@@ -105,7 +106,8 @@ def main() -> int:
         from bench import diffusers_fixture_table
         return diffusers_fixture_table.main(sys.argv[1:], pinned and pinned.comfyui)
     if "--window-speed" in sys.argv[1:]:  # ToDo's window against nearest, one attention call (bench/window_speed.py)
-        host.run_inside_host(__file__)
+        if "cuda" not in sys.argv[1:]:  # a lent GPU has no pinned host: its own Python and torch (host-free)
+            host.run_inside_host(__file__)
         from bench import window_speed
         return window_speed.main(sys.argv[1:])
     if "--peakedness" in sys.argv[1:]:  # attention peakedness per layer of the photo fixtures (bench/peakedness.py)
@@ -113,7 +115,7 @@ def main() -> int:
         from bench import peakedness
         return peakedness.main(sys.argv[1:], pinned.comfyui)
     pinned = None
-    if {"--gpu-table", "--gpu-table-video", "--gpu-table-tome"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
+    if {"--gpu-table", "--gpu-table-video", "--gpu-table-tome", "--gpu-table-peaks"} & set(sys.argv[1:]) and os.environ.get("TOKENREDUCE_COMFYUI") and "--comfyui" not in sys.argv[1:]:
         sys.argv[1:1] = ["--comfyui", os.environ["TOKENREDUCE_COMFYUI"]]  # a lent GPU: its tree, this Python
     if not any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:]):
         # Into the pinned host before parsing: the tiny DiT fixtures (--families) import torch.

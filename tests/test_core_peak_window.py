@@ -258,3 +258,38 @@ def test_a_backend_that_softmaxes_keys_in_chunks_gets_no_nan():
     out = window_call(q, k, v, HEADS, 2, plan, chunked, 4, heads_out=True)
     assert torch.isfinite(out).all()
     assert (out - windowed(q, k, v, plan, 4)).abs().max() < 1e-5
+
+
+def test_the_cuda_kernels_contract_gives_what_the_softmax_by_hand_gives(monkeypatch):
+    """On CUDA the grid's queries run through aten's memory-efficient kernel (``_with_lse``): a
+    stand-in with that kernel's contract (the mask's rows at a stride of a multiple of 16, the
+    log-sum-exp padded to a multiple of 32 queries, garbage past them) gives, merged, the
+    attention of the softmax by hand; the mask is aligned without changing its values."""
+    from tokenreduce import peak_window
+
+    strides = []
+
+    def efficient(q, k, v, bias, compute_log_sumexp):
+        assert compute_log_sumexp
+        logits = q.float() @ k.float().transpose(-1, -2) * q.shape[-1] ** -0.5
+        if bias is not None:
+            strides.append(bias.stride(-2))
+            assert bias.stride(-2) % 16 == 0
+            assert bias.shape == (*q.shape[:3], k.shape[2])  # "attn_bias: wrong shape" otherwise
+            logits = logits + bias.float()
+        lse = logits.logsumexp(-1)
+        padded = torch.full((*lse.shape[:-1], -(-lse.shape[-1] // 32) * 32), 1e4)  # past the queries: garbage
+        padded[..., :lse.shape[-1]] = lse
+        return (logits.softmax(-1) @ v.float()).to(q.dtype), padded, None, None
+
+    plan = plan_of((2, 12, 10), before=5, after=2, tile=(1, 4, 4), halo=(1, 2, 2))
+    generator = torch.Generator().manual_seed(11)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    monkeypatch.setattr(peak_window, "_fused", lambda q: None)
+    by_hand = window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True)
+    monkeypatch.setattr(peak_window, "_fused", lambda q: peak_window._with_lse(efficient))
+    kernel = window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True)
+    assert strides  # the far field went through the kernel with its bias
+    assert (kernel - by_hand).abs().max() < 1e-5
+    monkeypatch.undo()
+    assert peak_window._fused(torch.empty(0, device="meta")) is None  # another device: by hand

@@ -23,10 +23,12 @@ bias differs from tile to tile: the log counts, a per-query mask); each tile's w
 gathered once and attended by its own queries (the tiles in the batch; every tile has the same
 number of queries and keys: tiles and windows are clamped inside the grid, so a last tile may
 overlap its neighbour, its overlapping queries computed twice and read once). The two parts are
-one softmax per query: on the CPU two calls of torch's fused attention kernel merged by their
-log-sum-exps (``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``, a private op: the
-only one that returns them), elsewhere the same softmax by hand in float32 (logits of a chunk of
-tiles, two products per part). Either way the grid's queries bypass the host's attention backend
+one softmax per query: two calls of torch's fused attention kernel merged by their log-sum-exps
+(private ops, the only ones that return them: on the CPU
+``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``, on CUDA the memory-efficient
+kernel, ``_scaled_dot_product_efficient_attention``, which takes the far field's bias as its
+mask), elsewhere the same softmax by hand in float32 (logits of a chunk of tiles, two products
+per part; on a GPU 25-120x slower than nearest's attention call, an H200). Either way the grid's queries bypass the host's attention backend
 (ComfyUI's sub-quadratic attention or SDPA); chunks of whole tiles of at most ``LOGITS`` logits
 keep the memory bounded (no [N, N] tensor). The queries around the grid (text) go to the host's
 backend, with the far field's log counts as its additive ``mask``. No ragged shapes, no host
@@ -35,7 +37,9 @@ syncs, a fixed split into chunks: reruns are bit for bit. Index tensors are buil
 
 Cost, measured on one CPU thread (a shared machine; ``docs/dit-and-video.md``): about 1.5x plain
 nearest ToDo's time on a 64x64 grid (3 heads x 64 or 8 x 128), about 4x on the 32x32 fixture
-(its calls are small); GPU speed is not measured.
+(its calls are small). On an H200 (bf16, Flux.1's 24 heads x 128 at 1 MP) a call takes 2.5 ms
+against nearest's 0.25 (26.9 ms by hand), and whole runs with it are 0.43-0.78x of unpatched:
+the gathers, the mask and the float32 merge want a block-sparse kernel of their own.
 """
 
 from __future__ import annotations
@@ -55,6 +59,9 @@ VIDEO_TILE = 8  # the smallest tile side on video (see ``window_plan``)
 # The grid's queries run in chunks of whole tiles of at most this many logits (all heads and
 # batch rows together): float32, so 16 MiB of logits at a time, whatever the grid.
 LOGITS = 2 ** 22
+# On CUDA the fused kernel keeps its logits on chip; what a chunk holds is its mask (each tile's bias
+# per query, in q's dtype): at most this many elements, 64 MiB in bf16 (Flux.1 at 1 MP: one chunk).
+MASK = 2 ** 25
 # The bias of a key a query must not see: finite, not -inf, since backends that softmax keys in
 # chunks (ComfyUI's sub-quadratic attention, its CPU default) take a chunk's max, and a chunk of
 # -inf alone gives NaN; e^-10000 is 0 in every dtype, and fp16 holds it.
@@ -303,9 +310,12 @@ def _grid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared_k:
     tile_q = _take(q, plan.queries + plan.start)  # [B, H, T*Qt, D], tile by tile
     shared_kt = shared_k.transpose(2, 3).contiguous()  # small; the product reads it faster so
     keys = shared_k.shape[2]
-    chunk = max(1, LOGITS // (b * heads * per_tile * (keys + kw)))  # tiles per chunk
-    out = torch.empty_like(tile_q)
     fused = _fused(q)
+    if fused is not None and q.device.type != "cpu":  # CUDA's kernel holds no logits: the mask bounds memory
+        chunk = max(1, MASK // (b * per_tile * keys))
+    else:
+        chunk = max(1, LOGITS // (b * heads * per_tile * (keys + kw)))  # tiles per chunk
+    out = torch.empty_like(tile_q)
     for first in range(0, tiles, chunk):
         count = min(chunk, tiles - first)
         rows = slice(first * per_tile, (first + count) * per_tile)
@@ -332,11 +342,37 @@ def _grid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared_k:
 
 
 def _fused(q: torch.Tensor):
-    """torch's fused CPU attention kernel that also returns each query's log-sum-exp (a private
-    aten op: ``None`` where this torch lacks it, or off the CPU)."""
-    if q.device.type != "cpu":
-        return None
-    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    """torch's fused attention kernel of q's device that also returns each query's log-sum-exp,
+    ``fused(q, k, v, attn_mask=None) -> (out, lse, ...)``: on the CPU its flash kernel, on CUDA
+    its memory-efficient kernel (the one that takes an additive mask). Both are private aten ops:
+    ``None`` where this torch lacks them, or on another device (the softmax by hand)."""
+    if q.device.type == "cpu":
+        return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if q.device.type == "cuda":
+        op = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
+        return None if op is None else _with_lse(op)
+    return None
+
+
+MASK_ALIGN = 16  # CUDA's memory-efficient kernel reads the mask's rows at a stride of a multiple of 16
+
+
+def _with_lse(op: Callable) -> Callable:
+    """``op`` (aten's ``_scaled_dot_product_efficient_attention``: a mask of every dimension's size,
+    its log-sum-exp padded to a multiple of 32 queries) as ``fused``: the mask copied into rows of
+    an aligned stride and expanded, the log-sum-exp cut to the queries."""
+
+    def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None):
+        if attn_mask is not None and attn_mask.shape[-1] % MASK_ALIGN:
+            keys = attn_mask.shape[-1]
+            aligned = attn_mask.new_zeros(*attn_mask.shape[:-1], -(-keys // MASK_ALIGN) * MASK_ALIGN)
+            attn_mask = aligned[..., :keys].copy_(attn_mask)
+        if attn_mask is not None:  # the kernel takes a mask of every dimension's size (a view: no copy)
+            attn_mask = attn_mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        out, lse = op(q, k, v, attn_mask, True)[:2]
+        return out, lse[..., :q.shape[2]]
+
+    return fused
 
 
 def _merged(fused, q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor, window_k: torch.Tensor,

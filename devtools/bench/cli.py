@@ -125,7 +125,7 @@ def main(args) -> int:
     from . import environment, plots, report
     from .run import run
 
-    presets = (args.gpu_table, args.gpu_table_video, args.gpu_table_tome)
+    presets = (args.gpu_table, args.gpu_table_video, args.gpu_table_tome, args.gpu_table_peaks)
     if any(out is not None for out in presets):
         args.out = next(out for out in presets if out is not None)
         return gpu_table.main(args)

@@ -21,7 +21,8 @@ from . import REPO
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))  # last: ComfyUI's own top-level ``nodes`` module must win over ours
 
-from tokenreduce.methods import MATCH_TILE, MODE_PROPORTIONAL, MODE_QUERIES, TODO, TOME, todo_level_factors  # noqa: E402
+from tokenreduce.methods import (MATCH_TILE, MODE_PROPORTIONAL, MODE_QUERIES, REDUCE_ALWAYS, TODO, TOME,  # noqa: E402
+                                 todo_level_factors)
 
 TOME_NODE, TODO_NODE, BUILTIN_NODE = "tome", "todo", "builtin"
 # ComfyUI's TomePatchModel declares one input besides the model (tests check this against its schema).
@@ -144,6 +145,7 @@ def builtin(**changes) -> Node:
 
 
 QUERIES = {"mode": MODE_QUERIES}
+ALWAYS = {"reduce_when": REDUCE_ALWAYS}  # no auto rule: the setting runs on every call
 
 CONFIGS: tuple[Config, ...] = (
     Config("unpatched", "unpatched"),
@@ -189,6 +191,17 @@ CONFIGS: tuple[Config, ...] = (
     Config("ToMe 0.5 shared plans every 4", "tome-shared", (tome(ratio=0.5, share_plans=True, plan_every=4),)),
     Config("ToMe 0.5 tile shared plans every 4", "tome-shared",
            (tome(ratio=0.5, matching=MATCH_TILE, share_plans=True, plan_every=4),)),
+    # Issue #50 (the --gpu-table-peaks preset): the new settings beside the old at the same token
+    # count, each run (reduce_when always), so the speed is the setting's and not auto's decision.
+    Config("ToDo 2 always", "todo", (todo(factor=2.0, **ALWAYS),)),
+    Config("ToDo 2 window always", "todo-window", (todo(factor=2.0, method="window", **ALWAYS),)),
+    Config("ToMe 0.5 always", "tome", (tome(ratio=0.5, **ALWAYS),)),
+    Config("ToMe 0.5 proportional always", "tome", (tome(ratio=0.5, mode=MODE_PROPORTIONAL, **ALWAYS),)),
+    Config("ToMe 0.5 min_similarity 0.01 always", "tome", (tome(ratio=0.5, min_similarity=0.01, **ALWAYS),)),
+    Config("ToMe 0.5 shared plans every 2 always", "tome-shared",
+           (tome(ratio=0.5, share_plans=True, plan_every=2, **ALWAYS),)),
+    Config("ToMe 0.5 shared plans every 2 corrected always", "tome-corrected",
+           (tome(ratio=0.5, share_plans=True, plan_every=2, correct_from_whole=True, **ALWAYS),)),
 )
 BY_NAME: dict[str, Config] = {config.name: config for config in CONFIGS}
 UNPATCHED = BY_NAME["unpatched"]

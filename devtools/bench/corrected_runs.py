@@ -27,10 +27,9 @@ import statistics
 import time
 from pathlib import Path
 
-from .configs import Config, tome
+from .configs import ALWAYS, Config, tome
 from .timing import measure, use_clock
 
-ALWAYS = {"reduce_when": "always"}
 CONFIGS = (
     Config("unpatched", "unpatched"),
     Config("ToMe 0.5 plans every 5", "tome", (tome(share_plans=True, plan_every=5, **ALWAYS),)),

@@ -38,6 +38,13 @@ matching, the MLP and cross-attention, and deeper levels):
 
     python3 devtools/benchmark.py --gpu-table-tome OUT --comfyui /path/to/ComfyUI [--plan]
 
+The peaks preset (issue #50) is a fourth: each of that issue's settings beside the old one at the
+same token count, all ``reduce_when always`` (ToDo's window against nearest at 1 MP and 2 MP, on
+Wan 2.1 and the UNets; ToMe's proportional attention, ``min_similarity`` and ``correct_from_whole``
+beside plain ToMe); on CUDA every line also has the allocator's peak over the variant's first run:
+
+    python3 devtools/benchmark.py --gpu-table-peaks OUT --comfyui /path/to/ComfyUI [--plan]
+
 Every line of every preset says whether its variant is on the row's Pareto front (speed-up against
 relative error, unpatched counted at 1x and 0; ``tome_dit_table._pareto``) or which variants are
 both faster and closer, and, where the row has ToDo factor 3, the variant's error as a multiple of
@@ -64,7 +71,7 @@ STEPS = 4  # euler, simple schedule, as gpu-h200.md
 TINY_STEPS = 2  # --tiny: a check of the table on a CPU in seconds, not a timing
 MIN_START = 5.0  # seconds: a row is not started with less left before the deadline
 DEFAULT_DEADLINE = 480.0  # 8 minutes: leaves the device machine's start and a rerun inside its 15
-TABLE, VIDEO, TOME_PRESET = "table", "video", "tome"  # the presets: --gpu-table, --gpu-table-video, --gpu-table-tome
+TABLE, VIDEO, TOME_PRESET, PEAKS = "table", "video", "tome", "peaks"  # --gpu-table, -video, -tome, -peaks
 
 
 class OverBudget(Exception):
@@ -177,6 +184,8 @@ TOME_TODO = "ToMe 0.5 + ToDo 2"  # both at their defaults, ToMe first
 UNET_TOME = ("ToMe 0.5 tile", "ToMe 0.5 tile + MLP + cross", "ToMe 0.5 to downsample 4")
 # A plan reused across steps (plan_every 4 with share_plans): Flux.1 and SDXL at 1024 px
 TOME_REUSE, UNET_TOME_REUSE = "ToMe 0.5 shared plans every 4", "ToMe 0.5 tile shared plans every 4"
+# Issue #50: both nodes at their defaults and ToDo's window, run on every call (no auto rule)
+TODO_ALWAYS, WINDOW_ALWAYS, TOME_ALWAYS = "ToDo 2 always", "ToDo 2 window always", "ToMe 0.5 always"
 ROWS: tuple[RowSpec, ...] = (
     RowSpec("wan21-81f", "wan21", "832x480", (TODO, "ToDo 3", "ToDo 2 + time 2"), frames=81, h200_seconds=4.44,
             speedups=(1.74, 2.03, 1.99), budget=75),
@@ -232,6 +241,27 @@ ROWS: tuple[RowSpec, ...] = (
     RowSpec("sd15-1024-tome", "sd15", "1024", (TODO, "ToDo 3", TOME) + UNET_TOME, preset=TOME_PRESET,
             h200_seconds=0.143, speedups=(1.0, 1.05, 1.0, 1.1, 1.2, 1.0), budget=40, timed=15.0, max_rounds=40,
             note="issue #38: ToMe >= 1.2x at 1024 px, on the Pareto front at no more error than ToDo 3"),
+    # The peaks preset (--gpu-table-peaks, issue #50): each new setting beside the old one at the same
+    # token count, all reduce_when always (the speed of the setting, not of auto's decision): ToDo's
+    # window against nearest at 1 MP and 2 MP (Flux.1, Wan 2.1, the UNets), ToMe's proportional
+    # attention, min_similarity's device read, correct_from_whole's whole runs against the same plans.
+    RowSpec("flux-1024-peaks", "flux_dev", "1024", (TODO_ALWAYS, WINDOW_ALWAYS, TOME_ALWAYS, "ToMe 0.5 shared plans every 2 always",
+                                                   "ToMe 0.5 shared plans every 2 corrected always",
+                                                   "ToMe 0.5 min_similarity 0.01 always"),
+            preset=PEAKS, h200_seconds=0.64, speedups=(1.1, 1.0, 1.2, 1.3, 1.0, 1.2), budget=70, timed=15.0,
+            note="issue #50: the window within 10 % of nearest's speed-up; ToMe's new settings beside plain ToMe"),
+    RowSpec("flux-2048-peaks", "flux_dev", "2048", (TODO_ALWAYS, WINDOW_ALWAYS), preset=PEAKS, h200_seconds=3.24,
+            speedups=(1.38, 1.2), budget=50, timed=10.0,
+            note="issue #50: the window within 10 % of nearest's speed-up at 2 MP"),
+    RowSpec("wan21-81f-peaks", "wan21", "832x480", (TODO_ALWAYS, WINDOW_ALWAYS), frames=81, preset=PEAKS,
+            h200_seconds=4.44, speedups=(1.74, 1.5), budget=70, timed=0.0, min_rounds=3,
+            note="issue #50: the window (in time too) within 10 % of nearest's speed-up"),
+    RowSpec("sdxl-1024-peaks", "sdxl", "1024", (TODO_ALWAYS, WINDOW_ALWAYS, TOME_ALWAYS, "ToMe 0.5 proportional always"),
+            preset=PEAKS, h200_seconds=0.232, speedups=(1.0, 0.9, 1.0, 1.0), budget=40, timed=10.0, max_rounds=40,
+            note="issue #50: the window beside nearest; proportional attention beside plain ToMe"),
+    RowSpec("sd15-2048-peaks", "sd15", "2048", (TODO_ALWAYS, WINDOW_ALWAYS), preset=PEAKS, h200_seconds=1.22,
+            speedups=(1.9, 1.6), budget=40, timed=8.0,
+            note="issue #50: the window within 10 % of nearest's speed-up on a UNet at 4 MP"),
 )
 BY_KEY = {row.key: row for row in ROWS}
 
@@ -517,6 +547,7 @@ class RowRun:
             else:
                 self.models[name] = patched
         self.first: dict[str, float] = {}
+        self.peak_gib: dict[str, float] = {}  # CUDA: the allocator's peak over each variant's first run
         self.in_first, self.running = None, None  # the variant whose first run is under way, since when
         self.times: dict[str, list] = {name: [] for name in self.models}
         self.outs: dict[str, object] = {}
@@ -555,9 +586,17 @@ class RowRun:
     def measure(self) -> None:
         """First runs, then alternating rounds; fills first, times and outs as it goes (an
         interrupted row keeps what it had)."""
+        import torch
+
+        cuda = torch.cuda.is_available() and not self.args.tiny
         for name in self.models:
             self.in_first = name
+            if cuda:  # the first run's peak: the weights and what the variant keeps (correct_from_whole's outputs)
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             self.first[name] = self._one(name)
+            if cuda:
+                self.peak_gib[name] = torch.cuda.max_memory_allocated() / 2 ** 30
         self.in_first = None
         names = list(self.models)
         started, row = time.perf_counter(), self.row
@@ -629,7 +668,8 @@ class RowRun:
                           build_seconds=self.build_seconds if not records else None,
                           first_seconds=self.first.get(name), reference_first_seconds=self.first.get(versus),
                           status=status, note=row.note, rounds=min(len(times), len(base_times)) or None,
-                          steps=self.steps)
+                          steps=self.steps, peak_gib=self.peak_gib.get(name),
+                          reference_peak_gib=self.peak_gib.get(versus))
             if name == self.in_first:  # cut in its first run (compiling, say): it took at least this long
                 record["first_seconds_at_least"] = time.perf_counter() - self.running
             if times and base_times:
@@ -754,6 +794,8 @@ def preset_rows(args) -> list[RowSpec]:
 def preset_of(args) -> str:
     if getattr(args, "gpu_table_video", None) is not None:
         return VIDEO
+    if getattr(args, "gpu_table_peaks", None) is not None:
+        return PEAKS
     return TOME_PRESET if getattr(args, "gpu_table_tome", None) is not None else TABLE
 
 
@@ -856,6 +898,10 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu-table-tome", dest="gpu_table_tome", type=Path, metavar="OUT",
                    help="the ToMe preset of the GPU table (issue #38: ToMe through whole blocks against ToDo at about "
                         "one megapixel: Flux.1, SDXL, Qwen-Image, Wan 2.1 1.3B, SD1.5), its own run under --deadline")
+    p.add_argument("--gpu-table-peaks", dest="gpu_table_peaks", type=Path, metavar="OUT",
+                   help="the peaks preset of the GPU table (issue #50: ToDo's window against nearest at 1 and 2 MP, "
+                        "ToMe's proportional attention, min_similarity and correct_from_whole beside plain ToMe), "
+                        "its own run under --deadline")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE,
                    help=f"with --gpu-table: seconds for the whole run (default {DEFAULT_DEADLINE:.0f})")
     p.add_argument("--rows", nargs="+", choices=list(BY_KEY), help="with --gpu-table: only these rows, in this order")
