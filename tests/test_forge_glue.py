@@ -135,6 +135,21 @@ def test_the_api_dict_form():
     assert "share_plans is off" in S.job_from_args([{"ToMe": {"plan_every": 3}}], hires_runs=False).problem
 
 
+def test_the_infotext_records_the_dict_forms_inputs_set_away_from_their_defaults():
+    """The inputs only the API's dict form takes (no control) are in the image's infotext where they
+    differ from their defaults, so the image says how it was made; at their defaults they are not
+    written (an image made from the WebUI's controls reads as before). Pasting leaves them alone."""
+    job = S.job_from_args([{"ToMe": {"share_plans": True, "plan_every": 3, "min_similarity": 0.2},
+                            "ToDo": {"max_change": 0.1}}], hires_runs=False)
+    text = job.infotext(False)
+    assert text["TokenReduce ToMe plan_every"] == 3 and text["TokenReduce ToMe min_similarity"] == 0.2
+    assert text["TokenReduce ToDo max_change"] == 0.1
+    assert "TokenReduce ToMe correct_from_whole" not in text and "TokenReduce ToDo measure_change" not in text
+    plain = S.job_from_args([{"ToMe": True, "ToDo": True}], hires_runs=False).infotext(False)
+    assert not any(key.split()[-1] in S.DICT_ONLY for key in plain)
+    assert not any(arg.spec is not None and arg.spec.name in S.DICT_ONLY for arg in S.ARGS)  # nothing to paste into
+
+
 def test_xyz_axes_turn_their_method_on_and_factor_1_is_the_cell_without_todo():
     job = S.job_from_args([False], hires_runs=True, overrides={("ToMe", "ratio"): 0.25})
     assert list(job.stage(S.FIRST)) == ["ToMe"] and job.stage(S.FIRST)["ToMe"].ratio == 0.25

@@ -195,7 +195,8 @@ class Job:
         return self.passes.get(stage, {})
 
     def infotext(self, hires_runs: bool) -> dict:
-        """The infotext entries that record these settings (pasting them restores the controls)."""
+        """The infotext entries that record these settings (pasting them restores the controls; the
+        dict-only inputs set away from their defaults are recorded too, with no control to restore)."""
         if not self.enabled or self.problem is not None:
             return {}
         out = {}
@@ -206,6 +207,12 @@ class Job:
             for method, settings in self.stage(stage).items():
                 for spec in webui_inputs(METHODS[method]):
                     out[f"{PREFIX} {input_arg(stage, method, spec.name)}"] = getattr(settings, spec.name)
+                # the API's dict-only inputs where set away from their defaults: recorded, so the
+                # image says how it was made (no control to paste them back into: they stay as set)
+                for spec in settable_inputs(METHODS[method]):
+                    value = getattr(settings, spec.name)
+                    if spec.name in DICT_ONLY and value != spec.default:
+                        out[f"{PREFIX} {input_arg(stage, method, spec.name)}"] = value
         if self.notes:
             out[NOTE_KEY] = " | ".join(self.notes)
         return out
