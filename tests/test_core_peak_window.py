@@ -293,3 +293,6 @@ def test_the_cuda_kernels_contract_gives_what_the_softmax_by_hand_gives(monkeypa
     assert (kernel - by_hand).abs().max() < 1e-5
     monkeypatch.undo()
     assert peak_window._fused(torch.empty(0, device="meta")) is None  # another device: by hand
+    # widths the kernel does not align go by hand (float32: no compute capability asked)
+    assert peak_window._efficient_kernel_takes(torch.empty(1, 1, 1, 16))
+    assert not peak_window._efficient_kernel_takes(torch.empty(1, 1, 1, 12))

@@ -348,10 +348,17 @@ def _fused(q: torch.Tensor):
     ``None`` where this torch lacks them, or on another device (the softmax by hand)."""
     if q.device.type == "cpu":
         return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if q.device.type == "cuda":
+    if q.device.type == "cuda" and _efficient_kernel_takes(q):
         op = getattr(torch.ops.aten, "_scaled_dot_product_efficient_attention", None)
         return None if op is None else _with_lse(op)
     return None
+
+
+def _efficient_kernel_takes(q: torch.Tensor) -> bool:
+    """Whether CUDA's memory-efficient kernel runs these queries: a head width of a multiple of 8
+    (its alignment), and bfloat16 only from compute capability 8 (Ampere) on. Elsewhere the softmax
+    by hand, which runs anything."""
+    return q.shape[-1] % 8 == 0 and (q.dtype != torch.bfloat16 or torch.cuda.get_device_capability(q.device)[0] >= 8)
 
 
 MASK_ALIGN = 16  # CUDA's memory-efficient kernel reads the mask's rows at a stride of a multiple of 16
