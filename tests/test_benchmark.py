@@ -478,6 +478,33 @@ def test_the_gpu_table_plan_fits_the_deadline():
     assert any(row.hypertile for row in measured)
 
 
+def test_the_gpu_table_peaks_preset_pairs_each_new_setting_with_the_old_and_fits_its_deadline(tmp_path):
+    """--gpu-table-peaks (issue #50): every row sets a new setting beside the old one at the same
+    token count, all run on every call (reduce_when always: the setting's speed, not auto's); the
+    window beside nearest at 1 and 2 MP, on Wan and the UNets; expected to fit its deadline."""
+    from types import SimpleNamespace
+
+    import bench.gpu_table as table
+    from bench.configs import BY_NAME
+
+    rows = table.preset_rows(SimpleNamespace(rows=None, gpu_table_video=None, gpu_table_tome=None,
+                                             gpu_table_peaks=tmp_path))
+    assert rows and all(row.preset == table.PEAKS and not row.pending for row in rows)
+    for row in rows:
+        assert set(row.configs) <= set(BY_NAME) and len(row.speedups) == len(row.configs)
+        for name in row.configs:
+            assert all(node.settings["reduce_when"] == "always" for node in BY_NAME[name].nodes)
+        assert ("ToDo 2 window always" in row.configs) == ("ToDo 2 always" in row.configs)  # the pair
+    assert {row.size for row in rows if "ToDo 2 window always" in row.configs} >= {"1024", "2048", "832x480"}
+    corrected = BY_NAME["ToMe 0.5 shared plans every 2 corrected always"].nodes[0].settings
+    plain = BY_NAME["ToMe 0.5 shared plans every 2 always"].nodes[0].settings
+    assert corrected["correct_from_whole"] and not plain["correct_from_whole"]
+    assert {k: v for k, v in corrected.items() if k != "correct_from_whole"} == \
+        {k: v for k, v in plain.items() if k != "correct_from_whole"}  # the same plans
+    builds = len({row.model for row in rows})
+    assert sum(table.expected_seconds(row) for row in rows) < table.DEFAULT_DEADLINE - builds * 30 - 60
+
+
 def test_the_gpu_table_tome_preset_plan_and_a_tiny_row(tmp_path):
     """--gpu-table-tome (issue #38): its rows, the most important first (Flux.1 1024, SDXL 1024,
     Qwen-Image 1328, Wan 2.1 81 frames, SD1.5 1024), each variant a configuration of configs.BY_NAME,
