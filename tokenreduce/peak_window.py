@@ -28,8 +28,8 @@ one softmax per query: two calls of torch's fused attention kernel merged by the
 ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu``, on CUDA the memory-efficient
 kernel, ``_scaled_dot_product_efficient_attention``, which takes the far field's bias as its
 mask), elsewhere the same softmax by hand in float32 (logits of a chunk of tiles, two products
-per part; on a GPU 25-120x slower than nearest's attention call, an H200). Either way the grid's queries bypass the host's attention backend
-(ComfyUI's sub-quadratic attention or SDPA); chunks of whole tiles of at most ``LOGITS`` logits
+per part; on an H200 27-117x nearest's attention call). Either way the grid's queries bypass the
+host's attention backend (ComfyUI's sub-quadratic attention or SDPA); chunks of whole tiles of at most ``LOGITS`` logits
 keep the memory bounded (no [N, N] tensor). The queries around the grid (text) go to the host's
 backend, with the far field's log counts as its additive ``mask``. No ragged shapes, no host
 syncs, a fixed split into chunks: reruns are bit for bit. Index tensors are built once per layout
