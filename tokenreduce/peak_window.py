@@ -29,8 +29,9 @@ one softmax per query: two calls of torch's fused attention kernel merged by the
 kernel, ``_scaled_dot_product_efficient_attention``, which takes the far field's bias as its
 mask), elsewhere the same softmax by hand in float32 (logits of a chunk of tiles, two products
 per part; on an H200 27-117x nearest's attention call). Either way the grid's queries bypass the
-host's attention backend (ComfyUI's sub-quadratic attention or SDPA); chunks of whole tiles of at most ``LOGITS`` logits
-keep the memory bounded (no [N, N] tensor). The queries around the grid (text) go to the host's
+host's attention backend (ComfyUI's sub-quadratic attention or SDPA); chunks of whole tiles of at
+most ``LOGITS`` logits (CUDA: of a mask of at most ``MASK`` elements) keep the memory bounded (no
+[N, N] tensor). The queries around the grid (text) go to the host's
 backend, with the far field's log counts as its additive ``mask``. No ragged shapes, no host
 syncs, a fixed split into chunks: reruns are bit for bit. Index tensors are built once per layout
 (``window_plan``) and cached by the caller.
