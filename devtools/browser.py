@@ -405,22 +405,27 @@ class Frontend:
         save_user_setting(self.url, LOCALE_SETTING, lang)
         self.open()
 
-    def add_node(self, node_type: str, pos=(200, 200)) -> int:
+    def add_node(self, node_type: str, pos=(200, 200), attempts: int = 3) -> int:
         """A new node on an empty graph at zoom 1 (the canvas's origin at the window's corner),
-        drawn once; returns its id."""
-        self.page.keyboard.press("Escape")  # a dialog the frontend opened on load
-        node_id = self.evaluate("""([type, pos]) => {
-            app.graph.clear();
-            const node = LiteGraph.createNode(type);
-            node.pos = pos;
-            app.graph.add(node);
-            app.canvas.ds.scale = 1;
-            app.canvas.ds.offset = [0, 0];
-            app.canvas.setDirty(true, true);
-            return node.id;
-        }""", [node_type, list(pos)])
-        self.page.wait_for_timeout(500)  # drawn: widgets know where they are
-        return node_id
+        drawn once; returns its id. Added again where it is gone once drawn: on a busy machine a
+        newer frontend (1.58.1, 2026-11-29) can finish loading its startup workflow after the page
+        is ready, over the graph the node was added to."""
+        for _ in range(attempts):
+            self.page.keyboard.press("Escape")  # a dialog the frontend opened on load
+            node_id = self.evaluate("""([type, pos]) => {
+                app.graph.clear();
+                const node = LiteGraph.createNode(type);
+                node.pos = pos;
+                app.graph.add(node);
+                app.canvas.ds.scale = 1;
+                app.canvas.ds.offset = [0, 0];
+                app.canvas.setDirty(true, true);
+                return node.id;
+            }""", [node_type, list(pos)])
+            self.page.wait_for_timeout(500)  # drawn: widgets know where they are
+            if self.evaluate("(id) => app.graph.getNodeById(id) != null", node_id):
+                return node_id
+        raise AssertionError(f"{node_type}: added {attempts} times, each time the frontend replaced the graph")
 
     def hover_widget(self, node_id: int, name: str, timeout_ms: int = 10_000) -> str:
         """Rest the mouse on a widget of a node (classic canvas) and return the tooltip the

@@ -50,7 +50,8 @@ def test_the_api_dict_form_turns_it_on_and_the_infotext_says_it(comfy, models):
     text = p.extra_generation_params["TokenReduce ToDo prediction change"]
     assert text.endswith(" % at step 1") and float(text.split()[0]) > 0
     assert "prediction change" in p.extra_generation_params["TokenReduce ToDo report"]
-    assert "TokenReduce ToDo measure_change" not in p.extra_generation_params  # not a control: not recorded
+    # no control, but set away from its default: recorded, so the image says how it was made
+    assert p.extra_generation_params["TokenReduce ToDo measure_change"] is True
 
 
 def test_forge_readout_reruns_with_the_users_control_residuals(comfy, models):
