@@ -60,10 +60,14 @@ def test_tile_side_keeps_the_window_a_small_share():
 
 def _local(grid, steepness):
     """q, k whose logits are -steepness * squared grid distance: attention on the query's nearest
-    tokens, and below e^-18 outside its window (3 or more tokens away in space, 2 in time)."""
+    tokens, and below e^-18 outside its window (3 or more tokens away in space, 2 in time). The
+    coordinates are centred: each logit is a difference of terms of size |c|^2, and uncentred ones
+    (logits of size ~1000, far beyond a model's) round to 1e-4 in float32, differently in any two
+    kernels; the fused path takes a cell's share away from the kernel's sum with its own product."""
     t, h, w = grid
     c = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing="ij"), -1)
     c = c.reshape(-1, 3).float()
+    c = c - c.mean(0)
     square = (c * c).sum(1, keepdim=True)
     ones = torch.ones_like(square)
     k = torch.cat([c, square, ones, torch.zeros(len(c), D - 5)], 1)
@@ -296,3 +300,51 @@ def test_the_cuda_kernels_contract_gives_what_the_softmax_by_hand_gives(monkeypa
     # widths the kernel does not align go by hand (float32: no compute capability asked)
     assert peak_window._efficient_kernel_takes(torch.empty(1, 1, 1, 16))
     assert not peak_window._efficient_kernel_takes(torch.empty(1, 1, 1, 12))
+
+
+@pytest.mark.parametrize("grid, factors, tile, halo", [
+    ((1, 11, 9), (1, 3, 3), (1, 4, 4), (0, 2, 2)),  # cells of 9, 6, 4 tokens; windows half over cells
+    ((3, 10, 10), (1, 2, 2), (2, 4, 4), (1, 2, 2)),  # video: windows in time, a last tile overlapping
+    ((1, 12, 12), (1, 2, 2), (1, 4, 4), (0, 2, 2)),  # one cell size: the flash split on CUDA
+])
+def test_the_shared_call_corrected_per_tile_gives_the_softmax_by_hand(monkeypatch, grid, factors, tile, halo):
+    """The fused path attends every shared key once, each cell with its whole count, then per tile
+    adds its window and takes away what its window holds (cells partly or wholly inside, heavy keys
+    inside it, a heavy key's token out of its cell): the attention of the softmax by hand, within
+    float32's rounding, also with heavy keys sitting inside windows (keys made heavy on purpose)."""
+    from tokenreduce import peak_window
+
+    plan = plan_of(grid, factors, before=3, after=2, tile=tile, halo=halo)
+    generator = torch.Generator().manual_seed(13)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    k[:, :, plan.start + torch.tensor([0, 5, plan.tokens // 2, plan.tokens - 1])] *= 4  # heavy, some off the stride
+    fused = window_call(q, k, v, HEADS, 2, plan, sdpa, 6, heads_out=True)
+    monkeypatch.setattr(peak_window, "_fused", lambda q: None)
+    by_hand = window_call(q, k, v, HEADS, 2, plan, sdpa, 6, heads_out=True)
+    assert (fused - by_hand).abs().max() < 1e-5
+    assert plan.uniform == (0.0 if factors[1] == 3 else 4.0)
+
+
+def test_the_maskless_split_gives_the_masked_call(monkeypatch):
+    """Where every cell has one size, CUDA runs the shared keys through the flash kernel, which
+    takes no mask: the cells in one call with their log count on its log-sum-exp, the text and
+    heavy keys in another (the windows in a third). A stand-in with that contract (no mask, a
+    padded log-sum-exp) gives the one masked call's attention."""
+    from tokenreduce import peak_window
+
+    def flash(q, k, v):
+        logits = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        lse = logits.logsumexp(-1)
+        padded = torch.full((*lse.shape[:-1], lse.shape[-1] + 5), 1e4)
+        padded[..., :lse.shape[-1]] = lse
+        return logits.softmax(-1) @ v, padded[..., :q.shape[2]]
+
+    plan = plan_of((1, 12, 12), before=4, after=1)
+    generator = torch.Generator().manual_seed(17)
+    q, k, v = (rand(generator, plan.length) for _ in range(3))
+    masked = window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True)
+    calls = []
+    monkeypatch.setattr(peak_window, "_flash", lambda q: lambda *x: calls.append(1) or flash(*x))
+    split = window_call(q, k, v, HEADS, 2, plan, sdpa, 4, heads_out=True)
+    assert len(calls) == 3  # the cells, the text and heavy keys, the windows (one chunk)
+    assert (split - masked).abs().max() < 1e-5

@@ -3,10 +3,11 @@
     python3 devtools/bench/window_check.py      # on a lent GPU, from the repository root
 
 Per dtype (float32, bfloat16) and grid (Flux.1 1024 px and 2 MP at 24 heads x 128 with 512 text
-tokens, the Flux fixture's 32x32, SD1.5's 64x64 level at 8 x 40): the largest difference between
-``window_call`` through the device's fused kernel (``peak_window._fused``) and the same call with
-the softmax by hand, and whether a rerun is bit for bit. Host-free: torch and the core only.
-Output of 2026-11-29 (an H200): ``docs/results/gpu-h200-2026-11-29/window-check.txt``.
+tokens, the Flux fixture's 32x32, SD1.5's 64x64 level at 8 x 40, a 33x33 grid of unequal cells):
+the largest difference between ``window_call`` through the device's fused kernels and the same
+call with the softmax by hand, and whether a rerun is bit for bit. Host-free: torch and the core only.
+Output of 2026-11-29 (an H200): ``docs/results/gpu-h200-2026-11-29/window-check.txt`` (the per-tile
+mask), ``docs/results/gpu-h200-2026-11-29-corrected/window-check.txt`` (the shared call corrected per tile).
 """
 
 import sys
@@ -17,7 +18,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tokenreduce import peak_window as pw  # noqa: E402
 
-GRIDS = ((64, 24, 128, 512), (32, 3, 64, 64), (64, 8, 40, 0), (90, 24, 128, 512))  # side, heads, dim, text
+# side, heads, dim, text; 33: cells of unequal size (the kernel with a mask row, not the flash split)
+GRIDS = ((64, 24, 128, 512), (32, 3, 64, 64), (64, 8, 40, 0), (90, 24, 128, 512), (33, 3, 64, 64))
 
 
 def by_hand(call):
