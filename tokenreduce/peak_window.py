@@ -429,15 +429,15 @@ def _by_hand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared_k: torch.
     logits each (a fixed split: the same every call). Returns [B, H, N, D] in raster order."""
     b, heads, _, dim = q.shape
     tiles = plan.tiles
-    per_tile = plan.queries.shape[0] // tiles
-    windows = (plan.windows + plan.start).view(tiles, -1)
+    per_tile = plan.rows.shape[0] // tiles
+    windows = plan.window_rows
     kw = windows.shape[1]
     dtype = q.dtype
     # Logits in base 2: exp2 is as exact and, in torch's CPU kernels, several times faster than exp
     # (which also slows tenfold on logits far below the peak, the masked ones). The scale goes on
     # the logits, as torch's SDPA puts it (on q it rounds differently).
     scale = dim ** -0.5 * LOG2E
-    tile_q = _take(q, plan.queries + plan.start)  # [B, H, T*Qt, D], tile by tile
+    tile_q = _take(q, plan.rows)  # [B, H, T*Qt, D], tile by tile
     shared_kt = shared_k.transpose(2, 3).contiguous()  # small; the product reads it faster so
     keys = shared_k.shape[2]
     chunk = max(1, LOGITS // (b * heads * per_tile * (keys + kw)))  # tiles per chunk
