@@ -21,7 +21,7 @@ from comfy.patcher_extension import WrappersMP
 from ..tokenreduce.change import measure_change
 from ..tokenreduce.measure import copied_containers
 from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
-from ..tokenreduce.window import SigmaWindow, schedule_reach
+from ..tokenreduce.window import SigmaWindow, late_level, schedule_reach
 from .host import attention_entry, compiled, compute_dtype, uncompiled, weights_fingerprint
 
 LOG = logging.getLogger("tokenreduce")
@@ -52,15 +52,21 @@ def _rehearsal(base_model, args: tuple, kwargs: dict):
     of their lists and dicts (``copied_containers``): the UNet pops its control residuals
     (ControlNet, T2I-Adapter) from the lists it is handed, so a rehearsal on the live ones would
     take residuals from the user's call (the auto rule rehearses before it), and one after it
-    (measure_change's rerun) would run without the ControlNet."""
+    (measure_change's rerun) would run without the ControlNet. ``x`` and ``t``, where given,
+    replace the latent and the noise level (the quality budget's late input: ``late_blocks.py``)."""
     if len(args) > 5:
         args = (*args[:5], None, *args[6:])  # the options: given per rehearsal
     kwargs = {k: v for k, v in kwargs.items() if k != "transformer_options"}
     args, kwargs = copied_containers(args), copied_containers(kwargs)
 
-    def rehearse(options: dict):
+    def rehearse(options: dict, x=None, t=None):
         options = {k: v for k, v in options.items() if k not in HOST_HOOKS}
         given, named = copied_containers(args), copied_containers(kwargs)
+        for index, name, value in ((0, "x", x), (1, "t", t)):  # another input (the budget's late one)
+            if value is not None and len(given) > index:
+                given = (*given[:index], value, *given[index + 1:])
+            elif value is not None:
+                named[name] = value
         with uncompiled(base_model):
             if len(given) > 5:
                 return base_model._apply_model(*given[:5], options, *given[6:], **named)
@@ -125,7 +131,8 @@ class PatchSession:
         always = self.start_percent <= 0.0 and self.end_percent >= 1.0
         previous, self.run = self.run, RunState(window, always_active=always, profile=self.profile,
                                                 warnings=list(warnings), measure_change=self.measure_change,
-                                                reach=run_reach(model_sampling, schedule))
+                                                reach=run_reach(model_sampling, schedule),
+                                                late_sigma=late_level(schedule))
         start = time.perf_counter()
         completed = False
         try:

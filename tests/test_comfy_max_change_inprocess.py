@@ -23,6 +23,7 @@ from test_comfy_tome_dit_inprocess import dits, tome  # noqa: F401 - dits is a f
 
 PACK = "tokenreduce_pack"
 TINY, HUGE = 1e-6, 2.0
+EVERY_BLOCK = {"skip_first_blocks": 0, "skip_last_blocks": 0}
 VARIANT = "flux_dev"
 
 
@@ -33,6 +34,12 @@ def cpu_store(comfy, monkeypatch, tmp_path):
     store = pays.Decisions(tmp_path / "auto_decisions.json")
     monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: store)
     return store
+
+
+def per_block(model):
+    """The per-block decision of a ToDo node on a DiT (issue #51): the one site that ends so."""
+    (decision,) = [d for site, d in session_of(model).last_report.decisions if site.endswith("per block")]
+    return decision
 
 
 def lines_of(model) -> list[str]:
@@ -118,8 +125,8 @@ def test_dit_todo_over_the_budget_leaves_the_image_unreduced(comfy, dits, cpu_st
     model = dits(VARIANT)
     tight = todo(comfy, model, max_change=TINY).result[0]
     image = run(comfy, tight, VARIANT)
-    assert all(d.over_budget for _, d in session_of(tight).last_report.decisions)
-    assert any("left alone: changes its output" in line for line in lines_of(tight))
+    assert per_block(tight).over_budget and not per_block(tight).reduce
+    assert any("per block · left alone: changes its output" in line for line in lines_of(tight))
     assert torch.equal(image, run(comfy, model, VARIANT))  # as unpatched
 
 
@@ -269,8 +276,8 @@ def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_res
         tight = todo(comfy, model, max_change=TINY).result[0]
         for _ in range(2):  # the first run tries, the second is told what the first found
             run(comfy, tight, VARIANT)
-            decisions = [d for _, d in session_of(tight).last_report.decisions]
-            assert decisions and all(d.source == "failed" and "OutOfMemoryError" in d.error for d in decisions)
+            failed = per_block(tight)
+            assert failed.source == "failed" and "OutOfMemoryError" in failed.error
             assert any("could not measure" in w for w in session_of(tight).last_report.warnings)
     finally:
         hook.remove()
@@ -280,15 +287,17 @@ def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_res
     monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: restarted)
     again = todo(comfy, model, max_change=TINY).result[0]
     image = run(comfy, again, VARIANT)
-    decisions = [d for _, d in session_of(again).last_report.decisions]
-    assert decisions and all(d.source == "measured" and d.over_budget for d in decisions)
+    assert per_block(again).source == "measured" and per_block(again).over_budget
     assert torch.equal(image, unpatched)
 
 
-def test_dit_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, dits, monkeypatch, tmp_path):
-    """The budget's milder step (issues #50, #51): where ToDo's nearest changes the block more than
-    max_change, the window (each query's neighbourhood exact) is measured in its place and runs
-    where it is within the budget; the report names both decisions; the image is the window's."""
+def test_dit_todo_decides_per_block_stepping_down_to_the_window(comfy, dits, monkeypatch, tmp_path):
+    """The budget decides per block (issue #51): each reduced block's change is read alone, on a
+    late input (the model's prediction noised again to 3/4 of the schedule), for nearest and for
+    its milder step, the window; the blocks' changes add up under the budget, as many blocks as
+    fit run the window first, then the ones whose step up adds least run nearest. The report names
+    what ran where; the run that measured gives the image later runs give, and later runs (a
+    restart too) measure nothing."""
     pays = sys.modules[f"{PACK}.tokenreduce.pays"]
 
     def store(name: str):
@@ -299,34 +308,44 @@ def test_dit_todo_over_the_budget_runs_the_window_where_it_is_within_it(comfy, d
         return decisions
 
     model = dits(VARIANT)
-    changes = {}
-    for method in ("nearest", "window"):  # each measured alone, within a budget nothing exceeds
-        store(method)
-        node = todo(comfy, model, max_change=HUGE, method=method).result[0]
-        images = {method: run(comfy, node, VARIANT)}
-        (_, decision), = session_of(node).last_report.decisions
-        assert decision.reduce and decision.source == "measured"
-        changes[method] = decision.change
-        if method == "window":
-            window_image = images[method]
-    assert changes["window"] < changes["nearest"]
-    budget = (changes["window"] + changes["nearest"]) / 2
-    store("ladder")
-    node = todo(comfy, model, max_change=budget).result[0]
+    unpatched = run(comfy, model, VARIANT)
+    measuring = store("ladder")
+    tight = todo(comfy, model, **EVERY_BLOCK, max_change=TINY).result[0]  # nothing fits: both steps measured, all left alone
+    assert torch.equal(run(comfy, tight, VARIANT), unpatched)
+    changes = {tuple(site.rsplit(", ", 2)[1:]): d.change for site, d in measuring.log if ", block " in site}
+    blocks = sorted({block for block, _ in changes})
+    assert len(blocks) > 2 and all(changes[b, "window"] < changes[b, "nearest"] for b in blocks)
+    windows = sum(changes[b, "window"] for b in blocks)
+    steps = sorted((changes[b, "nearest"] - changes[b, "window"], b) for b in blocks)
+    assert steps[0][0] < steps[1][0]
+    budget = windows + (steps[0][0] + steps[1][0]) / 2  # every block's window, and one step up: the smallest
+    node = todo(comfy, model, **EVERY_BLOCK, max_change=budget).result[0]
     image = run(comfy, node, VARIANT)
-    (_, nearest), (site, window) = session_of(node).last_report.decisions
-    assert nearest.over_budget and not nearest.reduce
-    assert window.reduce and site.endswith("method window instead")
-    lines = lines_of(node)
-    assert any("left alone: changes its output" in line for line in lines)
-    assert any("method window instead" in line and line.endswith("· reduced") for line in lines)
-    assert torch.equal(image, window_image)
-    assert not torch.equal(image, run(comfy, model, VARIANT))
-    # where the window is over the budget too, the kind is left alone: the unpatched image
-    store("both over")
-    tight = todo(comfy, model, max_change=TINY).result[0]
-    assert torch.equal(run(comfy, tight, VARIANT), run(comfy, model, VARIANT))
-    assert all(not d.reduce for _, d in session_of(tight).last_report.decisions)
+    decision = per_block(node)
+    assert decision.reduce and decision.source == "kept" and decision.change <= budget
+    (line,) = [line for line in lines_of(node) if "per block, read at 75 % of sampling" in line]
+    nearest, window = line.split(" · ")[2:4]  # 'nearest double 1', 'window double 0, single 0-1'
+    assert nearest.startswith("nearest ") and "," not in nearest and "-" not in nearest
+    assert window.startswith("window ") and "left alone" not in line
+    measured = measuring.measurements
+    assert torch.equal(run(comfy, node, VARIANT), image) and measuring.measurements == measured  # kept
+    restarted = pays.Decisions(measuring.path, stopwatch=ScriptedClock((2.0, 1.0)))  # a new process
+    monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: restarted)
+    assert torch.equal(run(comfy, todo(comfy, model, **EVERY_BLOCK, max_change=budget).result[0], VARIANT), image)
+    assert restarted.measurements == 0
+    # the mixed image is neither every block windowed nor every block nearest, nor unpatched
+    store("window")
+    window_image = run(comfy, todo(comfy, model, **EVERY_BLOCK, max_change=HUGE, method="window").result[0], VARIANT)
+    store("nearest")
+    nearest_image = run(comfy, todo(comfy, model, **EVERY_BLOCK, max_change=HUGE).result[0], VARIANT)
+    assert not any(torch.equal(image, other) for other in (window_image, nearest_image, unpatched))
+    # a budget between the windows' sum and their sum without the largest: that block is left alone
+    largest = max(blocks, key=lambda b: changes[b, "window"])
+    store("one left")
+    node = todo(comfy, model, **EVERY_BLOCK, max_change=windows - changes[largest, "window"] / 2).result[0]
+    run(comfy, node, VARIANT)
+    (line,) = [line for line in lines_of(node) if "per block, read at 75 % of sampling" in line]
+    assert "left alone" in line and "nearest" not in line
 
 
 def test_dit_todo_window_is_timed_on_the_cpu_and_left_alone_where_it_is_slower(comfy, dits, monkeypatch, tmp_path):

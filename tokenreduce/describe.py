@@ -219,6 +219,45 @@ def decision_lines(report, timing: bool = True) -> list[str]:
     return lines
 
 
+def block_names(keys: list) -> str:
+    """Block-replace keys as a report names them, consecutive ones as ranges:
+    [("double_block", 0), ("double_block", 1), ("single_block", 3)] -> 'double 0-1, single 3'."""
+    groups = {}
+    for key in keys:
+        name = key[0].removesuffix("_block").replace("_", " ") if isinstance(key, tuple) else "block"
+        groups.setdefault(name, []).append(key[-1] if isinstance(key, tuple) else key)
+    parts = []
+    for name, indices in groups.items():
+        spans = _ranges(tuple(sorted(indices)))
+        parts.append(f"{name} {spans}")
+    return ", ".join(parts)
+
+
+def graded_text(graded: dict, units: list, options: dict, keys: dict, total: float | None, budget: float) -> str:
+    """What a per-block decision ran (``pays.grade_blocks``): 'window double 1, single 0-3 · left
+    alone double 0 · 3.9 % of the 5 % budget' (units: (kind, block); ``keys``: block -> its
+    block-replace key; the kind is named where a model call has several)."""
+    several = len({kind for kind, _ in units}) > 1
+
+    def names(chosen):
+        kinds = sorted({kind for kind, _ in chosen})
+        return "; ".join((f"{kind} " if several else "") + block_names([keys[b] for k, b in chosen if k == kind])
+                         for kind in kinds)
+    methods = []
+    for unit in units:
+        for method in options[unit]:
+            if method not in methods:
+                methods.append(method)
+    parts = [f"{method} {names([u for u in units if graded.get(u) == method])}"
+             for method in methods if any(graded.get(u) == method for u in units)]
+    left = [unit for unit in units if unit not in graded]
+    if left:
+        parts.append(f"left alone {names(left)}")
+    if total is not None:
+        parts.append(f"{percent_text(total)} of the {percent_text(budget)} budget")
+    return " · ".join(parts)
+
+
 REACH_SAID = 0.995  # a run covering less of sampling than this has its weighed change said
 
 

@@ -131,6 +131,9 @@ class Work(NamedTuple):
     reduced_ms: Callable[[dict], float]
     outputs: tuple[str, str] = ("full", "reduced")
     compare: Callable[[], tuple[Callable, Callable]] | None = None
+    # the change itself, where the unit's two sides run elsewhere (a DiT block's change read in a
+    # rehearsal that measures every block at once: ``late_blocks.py``); None: not knowable
+    change: Callable[[], float | None] | None = None
 
 
 def pair(full: Callable, reduced: Callable) -> Work:
@@ -257,6 +260,42 @@ def within_budget(decision: Decision, budget: float, reach: float = 1.0) -> Deci
     if decision.change is None:  # not known (a failed measurement; a host that cannot rehearse a call)
         return decision
     return decision._replace(reduce=decision.reduce and not decision.over_budget)
+
+
+def grade_blocks(options: dict, changes: dict, budget: float, reach: float = 1.0) -> tuple[dict, float]:
+    """Per-block decisions under one quality budget (issue #51): ``options`` ({unit: the methods
+    that pay for it on this device, the most reducing first, e.g. ``("nearest", "window")``}; the
+    units are the blocks a model call would reduce, any sortable keys), ``changes[(unit, method)]``
+    (the unit's measured change with that block alone reduced so). Returns ({unit: method} for the
+    units that reduce, their summed change weighed by the run's ``reach``).
+
+    The blocks' changes are taken to add up: on the Flux fixture the six blocks' LPIPS one at a
+    time sum to 0.036 with the window where all six windowed read 0.024-0.040, and to 0.77 with
+    nearest where all six read 0.32 (docs/quality.md), so the sum errs on the side of the picture.
+    Graded: first as many blocks as fit with their mildest option, the smallest changes first;
+    then blocks step up to the stronger options where the added change still fits, the smallest
+    added change first. Ties go to the earlier unit, so the same changes give the same choice."""
+    weight = weighed_change(1.0, reach)
+    total, chosen = 0.0, {}
+    mildest = {unit: methods[-1] for unit, methods in options.items() if methods}
+    for unit in sorted(mildest, key=lambda u: (changes[(u, mildest[u])], u)):
+        change = changes[(unit, mildest[unit])] * weight
+        if total + change <= budget:
+            chosen[unit] = mildest[unit]
+            total += change
+    for _ in range(1, max((len(m) for m in options.values()), default=0)):  # one step stronger a round
+        def stronger(unit):
+            methods = options[unit]
+            place = methods.index(chosen[unit])
+            return methods[place - 1] if place > 0 else None
+
+        def added(unit):
+            return (changes[(unit, stronger(unit))] - changes[(unit, chosen[unit])]) * weight
+        for unit in sorted((u for u in chosen if stronger(u) is not None), key=lambda u: (added(u), u)):
+            if total + added(unit) <= budget:
+                total += added(unit)
+                chosen[unit] = stronger(unit)
+    return chosen, total
 
 
 def device_name(device: torch.device) -> str:
@@ -436,7 +475,7 @@ class Decisions:
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str = "",
                fresh: bool = False, change: bool = False, model: str | Callable[[], str] | None = None,
-               time_cpu: bool = False) -> Decision:
+               time_cpu: bool = False, untimed: bool = False) -> Decision:
         """Whether to reduce calls of ``kind`` on ``device``: kept, or measured now with the work
         ``work()`` builds (only built when measuring). ``fresh``: measure even if kept. ``change``:
         the decision must hold the change reducing makes (a quality budget applies): an entry kept
@@ -449,8 +488,9 @@ class Decisions:
         model call): its FAILED decision, reducing as set, is handed out again with its reason for
         each run to say; ``fresh`` or removing the file tries anew. ``time_cpu``: time this kind on
         a CPU too, for a reduction that can cost more than it saves there (ToDo's window on a small
-        grid: more work than full attention)."""
-        timed = self.measures(device) or time_cpu
+        grid: more work than full attention). ``untimed``: the change alone, on any device (one
+        block's change where its kind's speed is decided apart: ``grade_blocks``)."""
+        timed = not untimed and (self.measures(device) or time_cpu)
         if not timed and not change:
             return Decision(True, None, None, CPU)
         key = self.key(device, kind)
@@ -515,6 +555,8 @@ class Decisions:
     def _change(work: Work) -> tuple[float | None, tuple]:
         """The change reducing makes, from one run of each side (the timed runs' first warm-up
         where they are the ones compared: those names are returned, their warm-up is done)."""
+        if work.change is not None:
+            return work.change(), ()
         if work.compare is not None:
             sides = work.compare()
             if sides is None:  # the host cannot give the unit's own inputs: not known, kept so
@@ -683,14 +725,18 @@ class AutoRule:
         return self
 
     def decide(self, device: torch.device, kind: tuple, work: Callable[[], Work], site: str,
-               model: str | Callable[[], str] | None = None, time_cpu: bool = False, reach: float = 1.0) -> Decision:
-        """``model``, ``time_cpu``: see ``Decisions.decide``; ``reach``: the share of sampling the
-        run covers, which weighs the change against the budget (``within_budget``)."""
+               model: str | Callable[[], str] | None = None, time_cpu: bool = False, reach: float = 1.0,
+               budgeted: bool = True, untimed: bool = False) -> Decision:
+        """``model``, ``time_cpu``, ``untimed``: see ``Decisions.decide``; ``reach``: the share of
+        sampling the run covers, which weighs the change against the budget (``within_budget``).
+        ``budgeted`` False: speed alone, or with ``untimed`` the change alone, unweighed (the
+        budget is applied by the caller: ``grade_blocks``)."""
         fresh = False
         if self.remeasure:
             with self._lock:
                 fresh = (device, kind) not in self._remeasured
                 self._remeasured.add((device, kind))
-        decision = self.decisions.decide(device, kind, work, site, fresh=fresh, change=self.max_change > 0,
-                                         model=model, time_cpu=time_cpu)
-        return within_budget(decision, self.max_change, reach)
+        change = self.max_change > 0 and (budgeted or untimed)
+        decision = self.decisions.decide(device, kind, work, site, fresh=fresh, change=change,
+                                         model=model, time_cpu=time_cpu, untimed=untimed)
+        return within_budget(decision, self.max_change, reach) if budgeted else decision

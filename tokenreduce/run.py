@@ -73,8 +73,10 @@ class ModelCall(NamedTuple):
     attention: Callable | None = None  # the host's attention entry (the auto rule times DiT calls through it)
     model: torch.nn.Module | None = None  # the diffusion model this call runs (another device's copy under multi-GPU)
     compiled: bool = False  # the host runs the model compiled (torch.compile): its own kinds of call
-    # options -> runs this model call once more, uncompiled and outside the host's wrappers, with the
-    # options given (the auto rule captures a DiT block's inputs there to time it); None: the host has none
+    # (options, x=None, t=None) -> runs this model call once more, uncompiled and outside the host's
+    # wrappers, with the options given (the auto rule captures a DiT block's inputs there to time it) and,
+    # where given, another latent and noise level (the budget's late input; a host that cannot takes
+    # neither); returns the model's prediction of the clean latent. None: the host has none
     rehearse: Callable | None = None
     # (path, module) -> the fingerprint of the weights ``module`` (at ``path`` under the diffusion
     # model) computes with, as the host applies them (LoRA and other weight patches included; see
@@ -171,6 +173,9 @@ class RunState:
     # The share of sampling the run covers (window.schedule_reach: about denoise), where the host can
     # tell; the quality budget weighs a measured change by it (pays.weighed_change). 1: from pure noise.
     reach: float = 1.0
+    # The noise level at window.LATE of the run's schedule, where the budget reads DiT blocks'
+    # changes (late_blocks.py); None: the host cannot tell, or the run has too few steps.
+    late_sigma: float | None = None
     # (relative change, the call's sigmas) as tensors, read when the report is made; None: not yet
     _change: tuple | None = None
     _change_claimed: bool = False  # a call took the readout (once per run, whichever thread)
@@ -422,22 +427,23 @@ class CallPatch:
 
     def decision(self, run: RunState, device: torch.device, kind: tuple,
                  describe: Callable[[], tuple[str, Callable[[], Work]]], model: Callable[[], str] | None = None,
-                 time_cpu: bool = False) -> Decision | None:
+                 time_cpu: bool = False, budgeted: bool = True) -> Decision | None:
         """The auto rule's decision for this kind of call in this run (None: no rule, reduce), the
         same for the whole run and said in its report. ``describe()`` gives the site's name and the
         builder of the work that times it; asked only the first time the run meets the kind (the
         rest of the run's calls pay a lookup). ``model()``: the fingerprint of the weights the
         measured unit runs with (``weights_of``), under which the quality budget's change is kept;
         read then too, and only where a budget applies. ``time_cpu``: timed on a CPU too (a
-        reduction that can be slower than none there; see ``pays.Decisions.decide``)."""
+        reduction that can be slower than none there; see ``pays.Decisions.decide``). ``budgeted``
+        False: speed alone (the budget decides per block: ``pays.grade_blocks``)."""
         if self.rule is None:
             return None
-        key = ("auto", device, kind)
+        key = ("auto", device, kind, budgeted)
         decision = run.cache.get(key)
         if decision is None:
             site, work = describe()
             decision = run.cache[key] = self.rule.decide(device, kind, work, site, model=model, time_cpu=time_cpu,
-                                                         reach=run.reach)
+                                                         reach=run.reach, budgeted=budgeted)
             if decision.source != CPU:
                 run.decided(site, device, decision, self.rule.decisions.where)
         return decision

@@ -34,6 +34,7 @@ from .override_front import InFront, hand_on
 from .pays import CPU, AutoRule, Decision
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .todo_dit_blocks import BlockBudget, model_block
 from .tome_dit import NotReached, captured_blocks, take
 
 
@@ -119,11 +120,7 @@ def merged_keep_index(keep: KeepPlan, merged, length: int) -> torch.Tensor:
                       torch.arange(start + m, length, device=device).expand(b, length - start - m)], 1)
 
 
-def _model_block(args: dict, extra: dict):
-    return extra["original_block"](args)
-
-
-class ToDoDiTPatch(InFront, CallPatch):
+class ToDoDiTPatch(BlockBudget, InFront, CallPatch):
     """The attention override of one ToDo node output on a DiT."""
 
     heavy_keys = HEAVY_KEYS  # method window: the sink keys each query also sees exactly (peak_window.py)
@@ -162,8 +159,13 @@ class ToDoDiTPatch(InFront, CallPatch):
             return
         plans = self._keep_plans(run, tokens, call.x.device)
         left, windowed = set(), set()
+        graded = self._graded(run, call, tokens, plans, installed, after, (plan, first_slot))
         for kind, length in plans:
-            method = self._method(run, call, tokens, kind, length, plans, installed, after, (plan, first_slot))
+            if graded is not None:  # the budget decided per block: a kind runs where a block of it reduces
+                methods = {method for (k, _), method in graded.items() if k == kind}
+                method = (WINDOW if WINDOW in methods else self.method) if methods else None
+            else:
+                method = self._method(run, call, tokens, kind, length, plans, installed, after, (plan, first_slot))
             if method is None:
                 left.add(kind)
             elif method == WINDOW:
@@ -182,6 +184,7 @@ class ToDoDiTPatch(InFront, CallPatch):
                 windows = run.cache[key]
             context["windows"] = windows
         context["left"] = frozenset(left)
+        context["graded"] = graded  # {(kind, block): method} of the blocks that reduce; None: per kind
         context["calls"] = 0
 
     def _call_plan(self, run: RunState, call: ModelCall) -> tuple[tuple | str, dict]:
@@ -220,11 +223,12 @@ class ToDoDiTPatch(InFront, CallPatch):
         return WINDOW if milder.reduce else None
 
     def _decision(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, length: int, plans: dict,
-                  installed: Callable, after: Callable | None, planned: tuple, method: str):
+                  installed: Callable, after: Callable | None, planned: tuple, method: str, budgeted: bool = True):
         """reduce_when auto's decision (None: no rule) for one kind of grid call of this layout
         reduced by ``method``, timed through ``installed`` (our override, as this call runs it),
         which calls ``after``. The window is timed on a CPU too: on a small grid it is more work
-        than full attention (the Flux fixture's 32x32: docs/benchmarks.md)."""
+        than full attention (the Flux fixture's 32x32: docs/benchmarks.md). ``budgeted`` False:
+        its speed alone (the budget decides per block: ``_graded``)."""
         if self.rule is None:
             return None
         plan, first_slot = planned
@@ -234,8 +238,7 @@ class ToDoDiTPatch(InFront, CallPatch):
         geometry = self._geometry.get(kind)
         if geometry is None:
             geometry = self._geometry[kind] = geometry_of(self.family, self.model, kind)
-        signature = ("dit", self.family.name, kind, length, plans[(kind, length)].kept, *geometry,
-                     str(compute_dtype(call)), backend_of(call, after), method)
+        signature = self._signature(call, kind, length, plans, after, method)
         instead = "" if method == self.method else f", method {method} instead"
 
         def describe():
@@ -248,7 +251,15 @@ class ToDoDiTPatch(InFront, CallPatch):
 
         return self.decision(run, call.x.device, signature, describe,
                              lambda: dit_block_fingerprint(call, self.model, self.family.blocks, plan[slot].block),
-                             time_cpu=method == WINDOW)
+                             time_cpu=method == WINDOW, budgeted=budgeted)
+
+    def _signature(self, call: ModelCall, kind: str, length: int, plans: dict, after: Callable | None,
+                   method: str) -> tuple:
+        geometry = self._geometry.get(kind)
+        if geometry is None:
+            geometry = self._geometry[kind] = geometry_of(self.family, self.model, kind)
+        return ("dit", self.family.name, kind, length, plans[(kind, length)].kept, *geometry,
+                str(compute_dtype(call)), backend_of(call, after), method)
 
     def _own_block(self, call: ModelCall, plan: tuple, slot: int, reducing: dict,
                    installed: Callable) -> tuple[Callable, Callable] | None:
@@ -272,7 +283,7 @@ class ToDoDiTPatch(InFront, CallPatch):
         options = {**args["transformer_options"], OVERRIDE: installed}
 
         def side(context: dict) -> Callable:
-            run = on_copies(_model_block, {**args, "transformer_options": {**options, self.context_key: context}}, extra)
+            run = on_copies(model_block, {**args, "transformer_options": {**options, self.context_key: context}}, extra)
 
             def counted():
                 context["calls"] = first  # the block's attention calls are counted from its first
@@ -325,6 +336,10 @@ class ToDoDiTPatch(InFront, CallPatch):
         slot = plan[index] if index < len(plan) else None
         if slot is None or slot.kind == OTHER or slot.block not in self.blocks or slot.kind in call["left"]:
             return args, kwargs
+        graded = call.get("graded")
+        method = graded.get((slot.kind, slot.block)) if graded is not None else self.method
+        if method is None:  # a block the budget left alone
+            return args, kwargs
         dim = 2 if kwargs.get("skip_reshape") else 1  # [B, H, N, D], else [B, N, H*D] (SD3's v: [B, N, H, D])
         q, k, v = args[:3]
         length = k.shape[dim]
@@ -338,7 +353,7 @@ class ToDoDiTPatch(InFront, CallPatch):
         if mask is not None and mask.shape[-1] not in (1, length):
             note_skipped(call)
             return args, kwargs
-        window = call.get("windows", {}).get((slot.kind, length))
+        window = call.get("windows", {}).get((slot.kind, length)) if graded is None or method == WINDOW else None
         if window is not None and window_runs(mask, q.shape[dim], length):
             call["window"] = (window, dim)  # run by _run_before: the whole call, not only its keys
             note_reduced(call, keep.grid if keep.grid[0] > 1 else keep.grid[1:], 1, lambda: reduced_tokens(keep, window))

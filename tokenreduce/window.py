@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
 
 @dataclass(frozen=True)
 class SigmaWindow:
@@ -71,3 +73,29 @@ def schedule_reach(percent_to_sigma: Callable[[float], float], first_sigma: floa
         else:
             high = middle
     return min(1.0, max(0.0, 1.0 - (low + high) / 2))
+
+
+LATE = 0.75  # where in a run's schedule the quality budget reads a DiT block's change (docs/auto-rule.md)
+
+
+def late_level(schedule, at: float = LATE) -> float | None:
+    """The noise level of the step at ``at`` of a run's schedule (sigmas, highest first, ending
+    with the last): step 3 of 4 at 0.75, KSampler Advanced's start step. None where the schedule
+    has fewer than two steps or ends there (nothing later to read). One read per run, before any
+    step (the schedule lives on the CPU)."""
+    if schedule is None or getattr(schedule, "numel", lambda: len(schedule))() < 3:
+        return None
+    steps = len(schedule) - 1
+    level = float(schedule[min(steps - 1, max(1, round(at * steps)))])
+    return level if level > 0.0 else None
+
+
+def late_latent(x, sigma, denoised, late: float):
+    """``x`` at noise level ``sigma`` (per row) moved to ``late`` by one Euler step along the
+    model's prediction ``denoised``: in ComfyUI's sampling space this is the prediction noised
+    again with the run's own noise (``x0 + late * n`` for eps models, ``(1 - late) * x0 + late *
+    n`` for flow models: both follow from ``x`` and ``x0``), so no parametrization needs naming."""
+    shape = (-1,) + (1,) * (x.ndim - 1)
+    sigma = sigma.reshape(shape).to(torch.float32)
+    step = (late - sigma) / sigma
+    return (x.float() + step * (x.float() - denoised.float())).to(x.dtype)
