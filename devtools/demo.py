@@ -16,9 +16,10 @@ speed-up and LPIPS written under it) as PNG, and the figures as ``results.json``
     python3 devtools/demo.py                                  # both fixtures, native size, 8 steps
     python3 devtools/demo.py --fixture sd15 --steps 20 --seed 3 --caption "a cat"
 
-At their defaults the nodes' quality budget (``max_change`` 0.05, docs/quality.md) leaves the Flux
-fixture's blocks alone (reducing them changes them by 6-16 %): its patched images are the unpatched
-one and the reports say why; ``--max-change 0`` shows what the reduction does there.
+At their defaults the nodes' quality budget (``max_change`` 0.05, docs/quality.md) leaves ToMe
+alone on the Flux fixture (merging changes its blocks by 6-10 %) and decides ToDo there block by
+block (mostly method window; the report's ``per block`` line says which): ``--max-change 0``
+shows what the nodes' own settings do there.
 
 The fixtures are tiny (3-5 M parameters, nine photographs): their speed-ups on a CPU are not GPU
 figures (docs/benchmarks.md has those), and on a CPU ``reduce_when auto`` reduces without timing.
@@ -214,8 +215,8 @@ def fixtures_main(args, comfyui: Path) -> int:
     budget = "the nodes' default" if args.max_change is None else f"{args.max_change:g}"
     print(f"Quality budget max_change {budget}: auto leaves a kind of call alone where reducing it changes its "
           f"block's output by more (on every device; the reports say which and by how much). On the Flux fixture "
-          f"the default leaves ToMe's blocks alone and steps ToDo down to method window; --max-change 0 shows "
-          f"what the nodes' own settings do there.")
+          f"the default leaves ToMe's blocks alone and decides ToDo per block (mostly method window); "
+          f"--max-change 0 shows what the nodes' own settings do there.")
     _say_each_warning_once()
     names = FIXTURES if args.fixture == "both" else (args.fixture,)
     started = time.perf_counter()

@@ -576,6 +576,31 @@ def test_the_window_adds_no_graph_break_under_torch_compile(comfy, dits, sdpa_at
         assert rel_error(compiled_out, run(comfy, model, variant, **settings)) < 1e-4
 
 
+def test_blocks_decided_per_block_add_no_graph_break_under_torch_compile(comfy, dits, sdpa_attention, monkeypatch,
+                                                                         tmp_path):
+    """The quality budget's per-block decisions (issue #51: nearest on one block, the window on the
+    others) under ComfyUI's compile wrapper: decided before the compiled model runs, one dict per
+    run in the call's context, no graph break, no graph of its own, the eager output."""
+    from comfy_helpers import ScriptedClock
+    from test_comfy_max_change_inprocess import EVERY_BLOCK, lines_of, mixed_budget
+
+    pays = sys.modules["tokenreduce_pack.tokenreduce.pays"]
+    store = pays.Decisions(tmp_path / "auto.json", stopwatch=ScriptedClock((2.0, 1.0)))  # reducing pays
+    monkeypatch.setattr(sys.modules["tokenreduce_pack.nodes.common"], "decisions", lambda: store)
+    from test_comfy_tome_dit_inprocess import VARIANTS as DEEPER  # four blocks: a mix needs three
+
+    base = dits("flux_dev", **DEEPER["flux_dev"][0])
+    _, budget = mixed_budget(comfy, base, store)
+    unpatched = compiled_runs(comfy, base, "flux_dev")
+    model = todo(comfy, base, **EVERY_BLOCK, max_change=budget).result[0]
+    ours = compiled_runs(comfy, model, "flux_dev")
+    assert ours["breaks"] == 0 and ours["graphs"] <= unpatched["graphs"]
+    (line,) = [line for line in lines_of(model) if ", per block, " in line]
+    assert "nearest " in line and "window " in line
+    for compiled_out, settings in zip(ours["outputs"], COMPILE_RUNS):
+        assert rel_error(compiled_out, run(comfy, model, "flux_dev", **settings)) < 1e-4
+
+
 def test_inductor_compiles_todo_on_wan(comfy, dits, sdpa_attention):
     """The backend ComfyUI's TorchCompileModel uses: generated kernels, no graph break, and the
     eager result (the other DiT compile tests use dynamo's eager backend, which checks graphs only)."""

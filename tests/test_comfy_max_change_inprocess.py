@@ -291,6 +291,22 @@ def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_res
     assert torch.equal(image, unpatched)
 
 
+def mixed_budget(comfy, model, store) -> tuple[dict, float]:
+    """Each block's changes ({(block, method): change}, read from ``store``'s log after a run at a
+    budget nothing fits: the unpatched image, both steps measured) and a budget under which every
+    block runs the window and the one whose step up adds least runs nearest."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+    tight = todo(comfy, model, **EVERY_BLOCK, max_change=TINY).result[0]
+    assert torch.equal(run(comfy, tight, VARIANT), run(comfy, model, VARIANT))
+    changes = {tuple(site.rsplit(", ", 2)[1:]): d.change for site, d in store.log if ", block " in site}
+    blocks = sorted({block for block, _ in changes})
+    assert len(blocks) > 2 and all(changes[b, "window"] < changes[b, "nearest"] for b in blocks), [s for s, _ in store.log]
+    steps = sorted(changes[b, "nearest"] - changes[b, "window"] for b in blocks)
+    assert steps[0] < steps[1]
+    windows = sum(changes[b, "window"] for b in blocks)
+    return changes, pays.LATE_SCALE * (windows + (steps[0] + steps[1]) / 2)
+
+
 def test_dit_todo_decides_per_block_stepping_down_to_the_window(comfy, dits, monkeypatch, tmp_path):
     """The budget decides per block (issue #51): each reduced block's change is read alone, on a
     late input (the model's prediction noised again to 3/4 of the schedule), for nearest and for
@@ -310,20 +326,15 @@ def test_dit_todo_decides_per_block_stepping_down_to_the_window(comfy, dits, mon
     model = dits(VARIANT)
     unpatched = run(comfy, model, VARIANT)
     measuring = store("ladder")
-    tight = todo(comfy, model, **EVERY_BLOCK, max_change=TINY).result[0]  # nothing fits: both steps measured, all left alone
-    assert torch.equal(run(comfy, tight, VARIANT), unpatched)
-    changes = {tuple(site.rsplit(", ", 2)[1:]): d.change for site, d in measuring.log if ", block " in site}
+    changes, budget = mixed_budget(comfy, model, measuring)
     blocks = sorted({block for block, _ in changes})
-    assert len(blocks) > 2 and all(changes[b, "window"] < changes[b, "nearest"] for b in blocks)
     windows = sum(changes[b, "window"] for b in blocks)
-    steps = sorted((changes[b, "nearest"] - changes[b, "window"], b) for b in blocks)
-    assert steps[0][0] < steps[1][0]
-    budget = windows + (steps[0][0] + steps[1][0]) / 2  # every block's window, and one step up: the smallest
+    scale = pays.LATE_SCALE  # a change read late counts this much against the budget
     node = todo(comfy, model, **EVERY_BLOCK, max_change=budget).result[0]
     image = run(comfy, node, VARIANT)
     decision = per_block(node)
     assert decision.reduce and decision.source == "kept" and decision.change <= budget
-    (line,) = [line for line in lines_of(node) if "per block, read at 75 % of sampling" in line]
+    (line,) = [line for line in lines_of(node) if "per block, read at 75 % of sampling, counted 2x" in line]
     nearest, window = line.split(" · ")[2:4]  # 'nearest double 1', 'window double 0, single 0-1'
     assert nearest.startswith("nearest ") and "," not in nearest and "-" not in nearest
     assert window.startswith("window ") and "left alone" not in line
@@ -342,9 +353,9 @@ def test_dit_todo_decides_per_block_stepping_down_to_the_window(comfy, dits, mon
     # a budget between the windows' sum and their sum without the largest: that block is left alone
     largest = max(blocks, key=lambda b: changes[b, "window"])
     store("one left")
-    node = todo(comfy, model, **EVERY_BLOCK, max_change=windows - changes[largest, "window"] / 2).result[0]
+    node = todo(comfy, model, **EVERY_BLOCK, max_change=scale * (windows - changes[largest, "window"] / 2)).result[0]
     run(comfy, node, VARIANT)
-    (line,) = [line for line in lines_of(node) if "per block, read at 75 % of sampling" in line]
+    (line,) = [line for line in lines_of(node) if "per block, read at 75 % of sampling, counted 2x" in line]
     assert "left alone" in line and "nearest" not in line
 
 

@@ -52,6 +52,13 @@ def test_the_runs_reach_weighs_every_blocks_change():
     assert half == same and len(half) > len(full) and total <= 0.05
 
 
+def test_a_change_read_late_counts_twice_against_the_budget():
+    changes = changes_of(FLUX)
+    doubled, total = pays.grade_blocks({u: LADDER for u in FLUX}, changes, 0.05, scale=pays.LATE_SCALE)
+    assert doubled == pays.grade_blocks({u: LADDER for u in FLUX}, changes, 0.025)[0]
+    assert doubled == {u: "window" for u in ("single 0", "single 1", "double 1")} and total == pytest.approx(0.032)
+
+
 def test_ties_go_to_the_earlier_block_so_the_same_changes_give_the_same_choice():
     equal = {(unit, "window"): 0.01 for unit in "abcd"}
     chosen, _ = pays.grade_blocks({unit: ("window",) for unit in "dcba"}, equal, 0.025)

@@ -62,9 +62,11 @@ def max_change_input() -> Input:
                          "once with the speed decision and kept with it (the block on the model call's own inputs), "
                          "and the report says so. A run covering part of sampling (image to image, a hires pass: "
                          "denoise below 1) weighs the change by the cube root of that share, so denoise 0.125 "
-                         "halves it. Applies on a CPU too (each side run once, untimed). On DiTs "
-                         "and UNets ToDo's nearest first steps down to method window, which runs where it "
-                         "is within the budget. 0 = no budget: speed alone decides. reduce_when always ignores it.")
+                         "halves it. Applies on a CPU too (each side run once, untimed). On UNets "
+                         "ToDo's nearest first steps down to method window, which runs where it is within the "
+                         "budget; on DiTs ToDo decides each block on its own (its change read at 3/4 of "
+                         "sampling, counted twice, the blocks' changes summed within the budget): nearest, the "
+                         "window or left alone. 0 = no budget: speed alone decides. reduce_when always ignores it.")
 
 
 def window_inputs(what: str) -> tuple[Input, Input]:

@@ -262,12 +262,22 @@ def within_budget(decision: Decision, budget: float, reach: float = 1.0) -> Deci
     return decision._replace(reduce=decision.reduce and not decision.over_budget)
 
 
-def grade_blocks(options: dict, changes: dict, budget: float, reach: float = 1.0) -> tuple[dict, float]:
+# A DiT block's change read late (``late_blocks.py``) against the budget: doubled. Read at 3/4 of
+# sampling a block's output changes about half as much as at the first call for the same picture:
+# on the Flux fixture 0.025 sorts all twelve rows of single blocks (nearest and window) as LPIPS
+# 0.05 does (docs/quality.md, "Per block"); summed at 1x, 0.05 let two nearest blocks through
+# (LPIPS 0.07-0.20, ``benchmark.py --budgets``).
+LATE_SCALE = 2.0
+
+
+def grade_blocks(options: dict, changes: dict, budget: float, reach: float = 1.0,
+                 scale: float = 1.0) -> tuple[dict, float]:
     """Per-block decisions under one quality budget (issue #51): ``options`` ({unit: the methods
     that pay for it on this device, the most reducing first, e.g. ``("nearest", "window")``}; the
     units are the blocks a model call would reduce, any sortable keys), ``changes[(unit, method)]``
     (the unit's measured change with that block alone reduced so). Returns ({unit: method} for the
-    units that reduce, their summed change weighed by the run's ``reach``).
+    units that reduce, their summed change weighed by the run's ``reach`` and by ``scale``: what is
+    held against the budget, ``LATE_SCALE`` for a change read late).
 
     The blocks' changes are taken to add up: on the Flux fixture the six blocks' LPIPS one at a
     time sum to 0.036 with the window where all six windowed read 0.024-0.040, and to 0.77 with
@@ -275,7 +285,7 @@ def grade_blocks(options: dict, changes: dict, budget: float, reach: float = 1.0
     Graded: first as many blocks as fit with their mildest option, the smallest changes first;
     then blocks step up to the stronger options where the added change still fits, the smallest
     added change first. Ties go to the earlier unit, so the same changes give the same choice."""
-    weight = weighed_change(1.0, reach)
+    weight = weighed_change(1.0, reach) * scale
     total, chosen = 0.0, {}
     mildest = {unit: methods[-1] for unit, methods in options.items() if methods}
     for unit in sorted(mildest, key=lambda u: (changes[(u, mildest[u])], u)):

@@ -17,7 +17,7 @@ from .describe import graded_text, grid_text, percent_text
 from .dit import TokenLayout
 from .late_blocks import NotRehearsed, late_block_changes
 from .measure import dit_block_fingerprint, on_copies
-from .pays import FAILED, KEPT, MEASURED, Decision, Work, grade_blocks, relative_change
+from .pays import FAILED, KEPT, LATE_SCALE, MEASURED, Decision, Work, grade_blocks, relative_change
 from .peak_window import WINDOW
 from .run import OVERRIDE, ModelCall, RunState, call_context
 from .window import LATE
@@ -81,7 +81,7 @@ class BlockBudget:
                 return None
             if failed is None:
                 graded, total = grade_blocks(options, {k: d.change for k, d in measured.items()},
-                                             self.rule.max_change, run.reach)
+                                             self.rule.max_change, run.reach, LATE_SCALE)
         if failed is not None:  # reduced as set where it pays; said every run (``decided``)
             graded, total = {unit: methods[0] for unit, methods in options.items() if methods}, None
         if measured:  # else nothing pays: the speed decisions say so
@@ -181,9 +181,10 @@ class BlockBudget:
         else:
             smallest = min((d.change for (unit, method), d in measured.items() if method == options[unit][-1]),
                            default=None)  # every block's mildest step alone is over the budget
-            decision = Decision(False, None, None, source, seconds, change=smallest,
+            decision = Decision(False, None, None, source, seconds,
+                                change=smallest * LATE_SCALE if smallest is not None else None,
                                 budget=self.rule.max_change, reach=run.reach)
         run.decided(site, call.x.device, decision, self.rule.decisions.where)
         if failed is None:
-            run.note_once(f"auto · {site}, read at {percent_text(LATE)} of sampling · "
+            run.note_once(f"auto · {site}, read at {percent_text(LATE)} of sampling, counted {LATE_SCALE:g}x · "
                           + graded_text(graded, units, options, keys, total, self.rule.max_change))

@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fixtures", nargs="+", default=["sd15", "flux"])
     p.add_argument("--values", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.3, 0.5],
                    help="the budgets (max_change) to compare; 0 (no budget) always comes first")
+    p.add_argument("--reductions", nargs="+", default=list(REDUCTIONS), choices=list(REDUCTIONS))
     p.add_argument("--seeds", type=int, default=2, help="images per caption (one batch)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--comfyui", type=Path)
@@ -48,6 +49,12 @@ def _decisions(host, model) -> list:
     return [(site, d) for site, d in session.last_report.decisions]
 
 
+def _graded_notes(host, model) -> list[str]:
+    """What the budget ran per block (ToDo on DiTs: the report's per-block line, from 'per block')."""
+    (session,) = host.sessions_of(model)
+    return [note.split(" · ", 2)[-1] for note in session.last_report.notes if ", per block, " in note]
+
+
 def _changes(pf, host, fx, make, steps: int, seeds: int) -> dict:
     """{site: [change per caption]}: the auto rule's measurement with a budget nothing meets."""
     out = {}
@@ -55,7 +62,8 @@ def _changes(pf, host, fx, make, steps: int, seeds: int) -> dict:
         model = Config("m", "m", (make(max_change=TINY),)).apply(fx.patcher, host.appliers)
         _images(pf, fx, model, caption, steps, "t2i", seeds)
         for site, decision in _decisions(host, model):
-            out.setdefault(site, []).append(decision.change)
+            if decision.change is not None:  # a speed decision (ToDo on DiTs: the budget decides per block)
+                out.setdefault(site, []).append(decision.change)
     return out
 
 
@@ -70,20 +78,21 @@ def run_fixture(host, name: str, args, log=print) -> dict:
     rand = pf.Fixture(fx.spec, _random_fixture(pf, fx), fx.vae, fx.text, fx.codec)
     result = {"fixture": name, "px": fx.spec.native_px, "seeds": args.seeds, "steps": args.steps,
               "captions": list(pf.EVAL_CAPTIONS), "reductions": {}}
-    for label, make in REDUCTIONS.items():
+    for label, make in ((label, REDUCTIONS[label]) for label in args.reductions):
         changes = _changes(pf, host, fx, make, args.steps, args.seeds)
         random_changes = _changes(pf, host, rand, make, 4, 1)
         rows = []
         for budget in [0.0, *args.values]:
-            lp, left = [], {}
+            lp, left, graded = [], {}, []
             for caption in pf.EVAL_CAPTIONS:
                 model = Config("m", "m", (make(max_change=budget),)).apply(fx.patcher, host.appliers)
                 images, _ = _images(pf, fx, model, caption, args.steps, "t2i", args.seeds)
                 lp += metrics.lpips(images, refs[caption]).tolist()
                 for site, decision in _decisions(host, model):
                     left.setdefault(site, []).append(not decision.reduce)
+                graded += _graded_notes(host, model)
             rows.append({"budget": budget, "lpips": statistics.fmean(lp), "lpips_max": max(lp),
-                         "left_alone": {site: sum(v) / len(v) for site, v in left.items()}})
+                         "left_alone": {site: sum(v) / len(v) for site, v in left.items()}, "per_block": graded})
             log(f"{name} {label} budget {budget:g}: LPIPS {rows[-1]['lpips']:.4f}, left alone "
                 f"{rows[-1]['left_alone']} ({time.monotonic() - started:.0f} s)")
         result["reductions"][label] = {
@@ -106,8 +115,9 @@ def markdown(result: dict) -> str:
         lines += ["", "| max_change | LPIPS (max) | left alone (share of captions per kind) |", "|---|---|---|"]
         for row in r["budgets"]:
             left = ", ".join(f"{site}: {share:.2g}" for site, share in row["left_alone"].items() if share) or "none"
+            graded = "; ".join(sorted(set(row.get("per_block", ()))))
             lines.append(f"| {row['budget']:g}{' (no budget)' if not row['budget'] else ''} | {row['lpips']:.4f} "
-                         f"({row['lpips_max']:.4f}) | {left} |")
+                         f"({row['lpips_max']:.4f}) | {left}{' · per block: ' + graded if graded else ''} |")
     return "\n".join(lines)
 
 
