@@ -30,6 +30,7 @@ from .budget_table import TINY, _decisions, each_fixture
 from .configs import Config, todo, tome
 from .quality_table import UNPATCHED, parsed_with_host
 from .quality_table import _images as quality_images
+from .unit_blocks import per_kind_unit
 
 VISIBLE = 0.05  # LPIPS above this is a change one sees side by side (the line)
 DEFAULT_BUDGET = 0.05  # max_change's default
@@ -114,4 +115,5 @@ def markdown(result: dict) -> str:
 
 def main(argv: list[str], comfyui: Path | None) -> int:
     args, host = parsed_with_host(__doc__, add_arguments, argv, comfyui)
-    return each_fixture(host, args, args.budget_reach / "reach.json", run_fixture, markdown)
+    with per_kind_unit():  # the unit this table weighed: ToDo on DiTs per kind, at the run's first call
+        return each_fixture(host, args, args.budget_reach / "reach.json", run_fixture, markdown)

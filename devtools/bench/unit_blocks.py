@@ -72,6 +72,20 @@ def update_unit():
         todo_dit.on_copies = original
 
 
+@contextlib.contextmanager
+def per_kind_unit():
+    """ToDo on DiTs reads its budget's unit per kind, at the call (the first reduced block on its
+    own input), as before per-block decisions (issue #51; still their fallback): the unit this
+    study compares with the others, whose own late per-block reading came out of it."""
+    todo_dit_blocks = importlib.import_module(f"{PACK}.tokenreduce.todo_dit_blocks")
+    original = todo_dit_blocks.BlockBudget._graded
+    todo_dit_blocks.BlockBudget._graded = lambda *_args, **_kwargs: None
+    try:
+        yield
+    finally:
+        todo_dit_blocks.BlockBudget._graded = original
+
+
 def own_change(host, model) -> float:
     """The change of the method's own decision in the model's last run (not the window measured in
     nearest's place)."""
@@ -232,7 +246,8 @@ def main(argv: list[str], comfyui: Path | None) -> int:
     args, host = parsed_with_host(__doc__, add_arguments, argv, comfyui)
     out = args.unit_blocks
     out.mkdir(parents=True, exist_ok=True)
-    result = run_fixture(host, args)
+    with per_kind_unit():
+        result = run_fixture(host, args)
     print(f"\nflux fixture (text to image, {args.steps} steps, {len(result['captions'])} captions x {args.seeds} "
           f"seeds, each block alone; {result['seconds']} s):\n")
     print(markdown(result), flush=True)
