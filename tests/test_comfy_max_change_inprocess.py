@@ -344,6 +344,9 @@ def test_dit_todo_decides_per_block_stepping_down_to_the_window(comfy, dits, mon
     monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: restarted)
     assert torch.equal(run(comfy, todo(comfy, model, **EVERY_BLOCK, max_change=budget).result[0], VARIANT), image)
     assert restarted.measurements == 0
+    fresh = store("fresh")  # a run that measures under this budget gives the same image
+    assert torch.equal(run(comfy, todo(comfy, model, **EVERY_BLOCK, max_change=budget).result[0], VARIANT), image)
+    assert fresh.measurements
     # the mixed image is neither every block windowed nor every block nearest, nor unpatched
     store("window")
     window_image = run(comfy, todo(comfy, model, **EVERY_BLOCK, max_change=HUGE, method="window").result[0], VARIANT)
