@@ -52,21 +52,25 @@ def _rehearsal(base_model, args: tuple, kwargs: dict):
     of their lists and dicts (``copied_containers``): the UNet pops its control residuals
     (ControlNet, T2I-Adapter) from the lists it is handed, so a rehearsal on the live ones would
     take residuals from the user's call (the auto rule rehearses before it), and one after it
-    (measure_change's rerun) would run without the ControlNet. ``x`` and ``t``, where given,
-    replace the latent and the noise level (the quality budget's late input: ``late_blocks.py``)."""
+    (measure_change's rerun) would run without the ControlNet. ``x`` and ``level``, where given,
+    replace the latent and the noise level of every row (the quality budget's late input:
+    ``late_blocks.py``)."""
     if len(args) > 5:
         args = (*args[:5], None, *args[6:])  # the options: given per rehearsal
     kwargs = {k: v for k, v in kwargs.items() if k != "transformer_options"}
     args, kwargs = copied_containers(args), copied_containers(kwargs)
 
-    def rehearse(options: dict, x=None, t=None):
+    def rehearse(options: dict, x=None, level: float | None = None):
         options = {k: v for k, v in options.items() if k not in HOST_HOOKS}
         given, named = copied_containers(args), copied_containers(kwargs)
-        for index, name, value in ((0, "x", x), (1, "t", t)):  # another input (the budget's late one)
-            if value is not None and len(given) > index:
-                given = (*given[:index], value, *given[index + 1:])
-            elif value is not None:
-                named[name] = value
+        if level is not None:  # the noise level as the call's own t has it: one per batch row
+            t = given[1] if len(given) > 1 else named["t"]
+            new = {0: x, 1: t.new_full(t.shape, level)}
+            for index, name in ((0, "x"), (1, "t")):  # another input (the budget's late one)
+                if len(given) > index:
+                    given = (*given[:index], new[index], *given[index + 1:])
+                else:
+                    named[name] = new[index]
         with uncompiled(base_model):
             if len(given) > 5:
                 return base_model._apply_model(*given[:5], options, *given[6:], **named)

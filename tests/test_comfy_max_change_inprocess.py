@@ -15,6 +15,7 @@ import json
 import sys
 
 import pytest
+import random_dits
 import torch
 
 from comfy_helpers import ScriptedClock, patched, reduced, sample, session_of, spy_attn1
@@ -360,6 +361,38 @@ def test_dit_todo_decides_per_block_stepping_down_to_the_window(comfy, dits, mon
     run(comfy, node, VARIANT)
     (line,) = [line for line in lines_of(node) if "per block, read at 75 % of sampling, counted 2x" in line]
     assert "left alone" in line and "nearest" not in line
+
+
+@pytest.mark.parametrize("variant", ["wan21_t2v", "wan22_ti2v_5b", "qwen_image_edit", "sd3", "hunyuan_video",
+                                     "ltxv", "flux_kontext", "lumina2", "auraflow", "hunyuan_image21", "wan21_vace",
+                                     "wan21_scail", "mage_flow", "lens", "joyimage", "minimax_h3"])
+def test_dit_todo_per_block_across_families_leaves_no_trace(comfy, cpu_store, variant):
+    """The late rehearsal across families (video, a clean first frame with per-frame timesteps,
+    reference latents, MMDiT, LTX's frame timesteps, VACE; Lumina's NextDiT and MiniMax-H3, whose
+    blocks have no block-replace key: decided per kind instead): within a budget nothing exceeds every block runs
+    nearest, so the run that measures gives the image of a run with the decisions kept and of
+    reduce_when always, bit for bit, and nothing fails."""
+    from test_comfy_tome_dit_inprocess import VARIANTS as DEEPER
+
+    if not random_dits.available(variant):
+        pytest.skip(f"this ComfyUI has no {variant} model")
+    model = random_dits.make_dit(variant, **(DEEPER[variant][0] if variant in DEEPER else {}))
+    budgeted = todo(comfy, model, **EVERY_BLOCK, max_change=HUGE).result[0]
+    first = run(comfy, budgeted, variant, steps=3)
+    report = session_of(budgeted).last_report
+    decisions = dict(report.decisions)
+    assert not report.warnings and all(d.source != "failed" for d in decisions.values())
+    per_block = [d for site, d in decisions.items() if site.endswith("per block")]
+    if variant in ("lumina2", "minimax_h3"):  # no block-replace key to catch a block's input at
+        assert not per_block and all(d.change is None or d.reduce for d in decisions.values())
+    else:
+        assert len(per_block) == 1 and per_block[0].reduce and per_block[0].source == "measured"
+        (line,) = [line for line in report.notes if ", per block, " in line]
+        assert "nearest " in line and "left alone" not in line and "window" not in line
+    measured = cpu_store.measurements
+    assert torch.equal(run(comfy, budgeted, variant, steps=3), first) and cpu_store.measurements == measured
+    always = todo(comfy, model, **EVERY_BLOCK, reduce_when="always").result[0]
+    assert torch.equal(run(comfy, always, variant, steps=3), first)
 
 
 def test_dit_todo_window_is_timed_on_the_cpu_and_left_alone_where_it_is_slower(comfy, dits, monkeypatch, tmp_path):

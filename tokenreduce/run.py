@@ -73,10 +73,10 @@ class ModelCall(NamedTuple):
     attention: Callable | None = None  # the host's attention entry (the auto rule times DiT calls through it)
     model: torch.nn.Module | None = None  # the diffusion model this call runs (another device's copy under multi-GPU)
     compiled: bool = False  # the host runs the model compiled (torch.compile): its own kinds of call
-    # (options, x=None, t=None) -> runs this model call once more, uncompiled and outside the host's
+    # (options, x=None, level=None) -> runs this model call once more, uncompiled and outside the host's
     # wrappers, with the options given (the auto rule captures a DiT block's inputs there to time it) and,
-    # where given, another latent and noise level (the budget's late input; a host that cannot takes
-    # neither); returns the model's prediction of the clean latent. None: the host has none
+    # where a level is given, on the latent x at that noise level in every row (the budget's late input);
+    # returns the model's prediction of the clean latent. None: the host has none
     rehearse: Callable | None = None
     # (path, module) -> the fingerprint of the weights ``module`` (at ``path`` under the diffusion
     # model) computes with, as the host applies them (LoRA and other weight patches included; see

@@ -207,8 +207,9 @@ def _rehearsal(apply_model, args: dict):
     take them from the user's call, and measure_change's rerun after it would run without them."""
     conditioning = copied_containers({k: v for k, v in args["c"].items() if k != "transformer_options"})
 
-    def rehearse(options: dict, x=None, t=None):
-        return apply_model(args["input"] if x is None else x, args["timestep"] if t is None else t,
+    def rehearse(options: dict, x=None, level: float | None = None):
+        t = args["timestep"]
+        return apply_model(args["input"] if level is None else x, t if level is None else t.new_full(t.shape, level),
                            **{**copied_containers(conditioning), "transformer_options": options})
     return rehearse
 
