@@ -30,7 +30,9 @@ def model_block(args: dict, extra: dict):
 
 
 class BlockBudget:
-    # --- the quality budget, per block (issue #51) -------------------------------------------
+    """The per-block budget of ``todo_dit.ToDoDiTPatch`` (its ``_graded`` decides; the patch's
+    override reads the result from the call's context, ``graded``)."""
+
     def _ladder(self) -> tuple[str, ...]:
         """The methods a block may run, the most reducing first: nearest steps down to the window."""
         return (self.method, WINDOW) if self.method == "nearest" else (self.method,)
@@ -134,8 +136,9 @@ class BlockBudget:
         first = {}
         for index, slot in enumerate(plan):
             first.setdefault(slot.block, index)
-        kinds = {}
-        for kind, block in {(slot.kind, slot.block) for slot in plan if slot.kind in lengths and slot.block in self.blocks}:
+        kinds = {}  # block -> the kinds of grid call it makes
+        for kind, block in {(slot.kind, slot.block) for slot in plan
+                            if slot.kind in lengths and slot.block in self.blocks}:
             kinds.setdefault(block, []).append(kind)
         ladder = self._ladder()
         windows = self._window_plans(run, tokens, plans, call.x.device) if WINDOW in ladder else {}
