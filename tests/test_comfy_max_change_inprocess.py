@@ -224,36 +224,68 @@ def test_the_rehearsal_leaves_the_users_control_residuals_alone(comfy, models, c
     assert torch.equal(sample(comfy, always, steps=1, positive=positive, negative=negative), first)
 
 
-def test_dit_tome_measures_the_merge_it_runs_with_a_clean_first_frame(comfy, dits, cpu_store):
+def test_dit_tome_measures_the_merge_it_runs_with_a_clean_first_frame(comfy, dits, cpu_store, monkeypatch):
     """Wan 2.2 TI2V image to video (a noise mask: the first latent frame clean, kept out of every
     tile): the auto rule measures the merge the run makes, that frame kept whole too, and a call
     without the mask (the same shapes, its first frame merged) is another kind, measured apart."""
     import random_dits
-    from test_tome_dit_frames_inprocess import KEY, _first_frame_mask, _sample
+    from test_tome_dit_frames_inprocess import _first_frame_mask, _sample
 
     variant = "wan22_ti2v_5b"
     seen = []
-    clone = dits(variant).clone()
+    tome_dit = sys.modules[f"{PACK}.tokenreduce.tome_dit"]
+    merge = tome_dit.run_merged_block
 
-    def spy(args, extra):  # ours calls it as the merged block: what it merged with, measuring or not
-        options = args["transformer_options"]
-        seen.append((bool(options.get("tokenreduce:measuring")), options.get("tokenreduce:merged grid")))
-        return extra["original_block"](args)
+    def spy(spec, layout, plan, args, *rest, **named):  # every merged block run: measuring or not, its plan
+        seen.append((bool(args["transformer_options"].get("tokenreduce:measuring")), plan))
+        return merge(spec, layout, plan, args, *rest, **named)
 
-    clone.set_model_patch_replace(spy, "dit", *KEY)
-    budgeted = tome(comfy, clone, ratio=0.5, max_change=HUGE).result[0]
+    monkeypatch.setattr(tome_dit, "run_merged_block", spy)
+    budgeted = tome(comfy, dits(variant), ratio=0.5, max_change=HUGE).result[0]
     size = random_dits.tested_size(variant)
     latent = torch.randn(random_dits.latent_shape(variant, **size), generator=torch.Generator().manual_seed(2))
     _sample(comfy, budgeted, variant, latent=latent, noise_mask=_first_frame_mask(latent))
     measured = [plan for measuring, plan in seen if measuring and plan is not None]
     ran = [plan for measuring, plan in seen if not measuring and plan is not None]
     assert measured and ran and all(d.source == "measured" for _, d in session_of(budgeted).last_report.decisions)
-    for plan in measured:
-        assert torch.equal(plan.tiles.extra_index, ran[0].tiles.extra_index) and plan.r == ran[0].r
+    assert {plan.r for plan in ran} == {ran[0].r} and ran[0].r in {plan.r for plan in measured}  # and the milder
+    for plan in measured:  # the ratio's merge and its milder step's (fewer merged), on the run's tiles
+        assert torch.equal(plan.tiles.extra_index, ran[0].tiles.extra_index) and plan.r <= ran[0].r
         assert torch.equal(plan.tiles.tile_index, ran[0].tiles.tile_index)
     measurements = cpu_store.measurements
     _sample(comfy, budgeted, variant, latent=latent)  # no mask: the first frame merges
     assert cpu_store.measurements > measurements
+
+
+def test_dit_tome_decides_per_block_stepping_down_to_half_the_ratio(comfy, dits, cpu_store):
+    """ToMe on DiTs under the budget, per block (issue #51): each merged block's change read alone
+    on the late input at the node's ratio and at half of it (its milder step); under a budget that
+    holds both blocks' milder merges and one step up, one block merges at the ratio and the other
+    at half of it: said, an image of its own, the same from the kept decisions."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+    model = dits(VARIANT)
+    unpatched = run(comfy, model, VARIANT)
+    tight = tome(comfy, model, ratio=0.5, max_change=TINY).result[0]  # nothing fits: both steps measured
+    assert torch.equal(run(comfy, tight, VARIANT), unpatched)
+    assert session_of(tight).last_report.warnings  # every kind left alone: said
+    changes = {}
+    for site, decision in cpu_store.log:
+        if site.endswith(" merged"):
+            block, merged = site.rsplit(", ", 1)
+            changes.setdefault(block, {})[int(merged.split()[0])] = decision.change
+    assert len(changes) == 2 and all(len(c) == 2 for c in changes.values())
+    full, half = sorted(next(iter(changes.values())), reverse=True)
+    steps = sorted((c[full] - c[half], block) for block, c in changes.items())
+    assert steps[0][0] < steps[1][0]
+    budget = pays.LATE_SCALE * (sum(c[half] for c in changes.values()) + (steps[0][0] + steps[1][0]) / 2)
+    node = tome(comfy, model, ratio=0.5, max_change=budget).result[0]
+    image = run(comfy, node, VARIANT)
+    (line,) = [line for line in lines_of(node) if ", per block, read at 75 % of sampling" in line]
+    assert "ratio 0.5 " in line and "ratio 0.25 " in line and "left alone" not in line, line
+    measured = cpu_store.measurements
+    assert torch.equal(run(comfy, node, VARIANT), image) and cpu_store.measurements == measured
+    always = run(comfy, tome(comfy, model, ratio=0.5, reduce_when="always").result[0], VARIANT)
+    assert not any(torch.equal(image, other) for other in (unpatched, always))
 
 
 def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_restart(comfy, dits, cpu_store,

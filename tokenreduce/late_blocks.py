@@ -23,11 +23,13 @@ rehearsal runs on copies of the call's containers).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
+from .describe import graded_text, percent_text
 from .measure import measuring_options
-from .run import ModelCall
-from .window import late_latent
+from .pays import FAILED, KEPT, LATE_SCALE, MEASURED, Decision, grade_blocks
+from .run import ModelCall, RunState
+from .window import LATE, late_latent
 
 
 class NotRehearsed(RuntimeError):
@@ -67,3 +69,73 @@ def late_block_changes(call: ModelCall, late: float | None, wanted: dict,
         raise NotRehearsed(f"the model call, run again to measure its blocks, never reached block "
                            f"{', '.join(map(str, missing))}")
     return found
+
+
+class Graded(NamedTuple):
+    """A per-block decision (``grade``)."""
+
+    choice: dict  # unit -> the method it runs (the units left alone absent)
+    total: float | None  # their summed change as held against the budget (None: a failed measurement)
+    options: dict  # unit -> the methods that pay for it, the most reducing first
+    measured: dict  # (unit, method) -> the auto rule's Decision holding that block's change
+    failed: Decision | None  # the failed measurement (reduced as set), or None
+
+
+def grade(units: list, ladder: tuple, pays: Callable[[object, object], bool],
+          change: Callable[[object, object], Decision], budget: float, reach: float) -> Graded | None:
+    """Per-block decisions of ``units`` under ``budget``: the first method of ``ladder`` (the
+    node's) where it pays (``pays(unit, method)``), each block's change (``change(unit, method)``:
+    the auto rule's decision, kept or measured) summed and counted ``LATE_SCALE`` times
+    (``pays.grade_blocks``); the milder methods of the ladder are timed and measured only where a
+    block was left out. None: a change not knowable here (the caller decides per kind)."""
+    options = {unit: (ladder[0],) if pays(unit, ladder[0]) else () for unit in units}
+    measured, choice, total, failed = {}, {}, 0.0, None
+    for milder in (None, *ladder[1:]):
+        if milder is not None:
+            if len(choice) == len(units) or failed is not None:
+                break
+            options = {unit: (*methods, milder) if pays(unit, milder) else methods
+                       for unit, methods in options.items()}
+        for unit, methods in options.items():
+            for method in methods:
+                if (unit, method) not in measured and failed is None:  # one failure is said, not one a block
+                    measured[(unit, method)] = decision = change(unit, method)
+                    failed = decision if decision.source == FAILED else None
+        if failed is None and any(d.change is None for d in measured.values()):
+            return None
+        if failed is None:
+            choice, total = grade_blocks(options, {k: d.change for k, d in measured.items()}, budget, reach,
+                                         LATE_SCALE)
+    if failed is not None:  # reduced as set where it pays; said every run
+        choice, total = {unit: methods[0] for unit, methods in options.items() if methods}, None
+    return Graded(choice, total, options, measured, failed)
+
+
+def say_graded(run: RunState, device, site: str, graded: Graded, units: list, keys: dict, budget: float,
+               where: str, label: Callable[[object], str] = str) -> None:
+    """The report's line of a per-block decision (nothing where nothing paid: the speed decisions
+    say so), and a decision under ``site`` for the run's warnings and websocket message: reduced
+    where any block reduces; else left alone with the smallest change a block would make, counted
+    as the budget counts it (every block alone was over the budget); a failure, said every run."""
+    if not graded.measured:
+        return
+    measured = graded.measured.values()
+    source = FAILED if graded.failed is not None else (
+        MEASURED if any(d.source == MEASURED for d in measured) else KEPT)
+    seconds = sum(d.seconds for d in measured)
+    if graded.failed is not None:
+        decision = graded.failed._replace(seconds=seconds)
+    elif graded.choice:
+        decision = Decision(True, None, None, source, seconds, change=graded.total, budget=budget, reach=run.reach)
+    else:
+        smallest = min((d.change for (unit, method), d in graded.measured.items()
+                        if method == graded.options[unit][-1]), default=None)
+        decision = Decision(False, None, None, source, seconds,
+                            change=smallest * LATE_SCALE if smallest is not None else None,
+                            budget=budget, reach=run.reach)
+    run.decided(site, device, decision, where)
+    if graded.failed is None:
+        choice = {unit: label(method) for unit, method in graded.choice.items()}
+        options = {unit: tuple(label(m) for m in methods) for unit, methods in graded.options.items()}
+        run.note_once(f"auto · {site}, read at {percent_text(LATE)} of sampling, counted {LATE_SCALE:g}x · "
+                      + graded_text(choice, units, options, keys, graded.total, budget))

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .describe import graded_text, grid_text, percent_text
+from .describe import grid_text
 from .dit import TokenLayout
-from .late_blocks import NotRehearsed, late_block_changes
+from .late_blocks import NotRehearsed, grade, late_block_changes, say_graded
 from .measure import dit_block_fingerprint, on_copies
-from .pays import FAILED, KEPT, LATE_SCALE, MEASURED, Decision, Work, grade_blocks, relative_change
+from .pays import Work, relative_change
 from .peak_window import WINDOW
 from .run import OVERRIDE, ModelCall, RunState, call_context
 from .window import LATE
@@ -59,37 +59,20 @@ class BlockBudget:
             run.cache[cache_key] = None
             return None
 
-        def pays(kind: str, method: str) -> bool:
-            return self._decision(run, call, tokens, kind, lengths[kind], plans, installed, after, planned, method,
-                                  budgeted=False).reduce
+        def pays(unit: tuple, method: str) -> bool:
+            return self._decision(run, call, tokens, unit[0], lengths[unit[0]], plans, installed, after, planned,
+                                  method, budgeted=False).reduce
 
-        # the node's method first; the milder steps (timed, measured) only where a block is left out
-        options = {unit: (self.method,) if pays(unit[0], self.method) else () for unit in units}
-        measured, graded, total, failed = {}, {}, 0.0, None
-        for milder in (None, *self._ladder()[1:]):
-            if milder is not None:
-                if len(graded) == len(units) or failed is not None:
-                    break
-                options = {unit: (*methods, milder) if pays(unit[0], milder) else methods
-                           for unit, methods in options.items()}
-            for unit, methods in options.items():
-                for method in methods:
-                    if (unit, method) not in measured and failed is None:  # one failure is said, not one a block
-                        measured[(unit, method)] = decision = self._block_change(
-                            run, call, tokens, plans, installed, after, planned, unit, method)
-                        failed = decision if decision.source == FAILED else None
-            if failed is None and any(d.change is None for d in measured.values()):  # not knowable: per kind
-                run.cache[cache_key] = None
-                return None
-            if failed is None:
-                graded, total = grade_blocks(options, {k: d.change for k, d in measured.items()},
-                                             self.rule.max_change, run.reach, LATE_SCALE)
-        if failed is not None:  # reduced as set where it pays; said every run (``decided``)
-            graded, total = {unit: methods[0] for unit, methods in options.items() if methods}, None
-        if measured:  # else nothing pays: the speed decisions say so
-            self._say_graded(run, call, tokens, keys, units, options, measured, graded, total, failed)
-        run.cache[cache_key] = graded
-        return graded
+        graded = grade(units, self._ladder(), pays, lambda unit, method: self._block_change(
+            run, call, tokens, plans, installed, after, planned, unit, method), self.rule.max_change, run.reach)
+        if graded is None:  # a change not knowable here: per kind
+            run.cache[cache_key] = None
+            return None
+        grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
+        say_graded(run, call.x.device, f"{grid_text(grid)} grid, per block", graded, units, keys,
+                   self.rule.max_change, self.rule.decisions.where)
+        run.cache[cache_key] = graded.choice
+        return graded.choice
 
     def _block_change(self, run: RunState, call: ModelCall, tokens: TokenLayout, plans: dict, installed: Callable,
                       after: Callable | None, planned: tuple, unit: tuple, method: str):
@@ -165,29 +148,3 @@ class BlockBudget:
         found = late_block_changes(call, run.late_sigma, {block: keys[block] for block in sorted(kinds)}, measure)
         return {(kind, block): {method: change for (k, method), change in changes.items() if k == kind}
                 for block, changes in found.items() for kind in kinds[block]}
-
-    def _say_graded(self, run: RunState, call: ModelCall, tokens: TokenLayout, keys: dict, units: list,
-                    options: dict, measured: dict, graded: dict, total: float | None, failed) -> None:
-        """The report's line of a per-block decision, and a decision for the run's warnings and
-        websocket message: reduced where any block reduces; else left alone with the smallest
-        change a block would make (every block alone was over the budget)."""
-        grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
-        site = f"{grid_text(grid)} grid, per block"
-        source = FAILED if failed is not None else (
-            MEASURED if any(d.source == MEASURED for d in measured.values()) else KEPT)
-        seconds = sum(d.seconds for d in measured.values())
-        if failed is not None:
-            decision = failed._replace(seconds=seconds)
-        elif graded:
-            decision = Decision(True, None, None, source, seconds, change=total, budget=self.rule.max_change,
-                                reach=run.reach)
-        else:
-            smallest = min((d.change for (unit, method), d in measured.items() if method == options[unit][-1]),
-                           default=None)  # every block's mildest step alone is over the budget
-            decision = Decision(False, None, None, source, seconds,
-                                change=smallest * LATE_SCALE if smallest is not None else None,
-                                budget=self.rule.max_change, reach=run.reach)
-        run.decided(site, call.x.device, decision, self.rule.decisions.where)
-        if failed is None:
-            run.note_once(f"auto · {site}, read at {percent_text(LATE)} of sampling, counted {LATE_SCALE:g}x · "
-                          + graded_text(graded, units, options, keys, total, self.rule.max_change))

@@ -54,6 +54,7 @@ from .pays import AutoRule, Work
 from .run import (MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped,
                   plan_key)
 from .seeding import derive_seed
+from .tome_dit_blocks import ToMeBlockBudget
 from .whole_difference import corrected_block
 
 
@@ -535,18 +536,20 @@ SHARED_PLAN = "tome dit plan"  # the key of the plan all merged blocks of a mode
 
 
 def block_plan(plans: dict | None, x: torch.Tensor, where: tuple[int, int], layout: TokenLayout, tiles: Tiles,
-               r: int, frames: int = 1, timer=None, bound: float | None = None) -> BlockPlan:
+               r: int, frames: int = 1, timer=None, bound: float | None = None, key=SHARED_PLAN) -> BlockPlan:
     """The plan a merged block merges the sequence ``x`` (its grid at ``where``) with: the one kept
     in ``plans`` (share_plans: made by the model call's first merged block, or an earlier step's
     with plan_every) where it is for this batch, else made now and kept there (None: every block
-    makes its own). ``timer``: the run that profiles planning (``RunState.timed``), or None."""
-    plan = plans.get(SHARED_PLAN) if plans is not None else None
+    makes its own). ``timer``: the run that profiles planning (``RunState.timed``), or None.
+    ``key``: where in ``plans`` (the blocks the budget merges at a milder ratio share a plan of
+    their own)."""
+    plan = plans.get(key) if plans is not None else None
     if plan is None or plan.restore_map.shape[0] != x.shape[0]:
         grid = x.narrow(1, where[1], math.prod(layout.grid))
         plan = plan_block(grid, tiles, r, frames, bound) if timer is None else \
             timer.timed(x.device, lambda: plan_block(grid, tiles, r, frames, bound))
         if plans is not None:
-            plans[SHARED_PLAN] = plan
+            plans[key] = plan
     return plan
 
 
@@ -742,7 +745,7 @@ def _original_block(args: dict, extra: dict) -> dict:
     return extra["original_block"](args)
 
 
-class ToMeDiTPatch(CallPatch):
+class ToMeDiTPatch(ToMeBlockBudget, CallPatch):
     """The block replacements of one ToMe node output on a DiT: per selected block, merge the
     grid, run the block (or the replacement that was there before ours), restore."""
 
@@ -797,7 +800,13 @@ class ToMeDiTPatch(CallPatch):
             context["active"] = False  # nothing merges at this size: the blocks run as they are
             return
         kinds = dict.fromkeys(kind for kind, _ in self.replace_keys().values())
-        left = self.left_alone(context, run, call, kinds, lambda kind: self._pays(run, call, tokens, kind, r, tiles))
+        ladder = tuple((ratio, merged_count(tiles, ratio, self._frames(tokens.grid))) for ratio in self._ratios())
+        graded = self._graded(run, call, tokens, tiles, ladder)  # the budget, per block (None: per kind)
+        if graded is None:
+            left = self.left_alone(context, run, call, kinds,
+                                   lambda kind: self._pays(run, call, tokens, kind, r, tiles))
+        else:
+            left = self.graded_left(context, run, call, kinds, graded)
         if not context["active"]:  # reduce_when auto left every kind of block alone
             return
         shortfall = frame_shortfall(self.family.name, tokens.grid, self.strides, self.settings.ratio, r,
@@ -808,7 +817,8 @@ class ToMeDiTPatch(CallPatch):
         # them), or none yet (its first merged block plans, and with share_plans keeps its plan here
         # for the others: ``block_plan``)
         plans = dict(kept) if reused is not None else {}
-        context.update(layout=tokens, tiles=tiles, r=r, left=left, plans=plans, planning=reused is None)
+        context.update(layout=tokens, tiles=tiles, r=r, left=left, plans=plans, planning=reused is None,
+                       graded=graded)
         if reused is None and getattr(self.settings, "plan_every", 1) > 1:
             run.keep_plans(plan_key(call), run.step(call.sigmas), plans)  # they serve the next every - 1 steps
 
@@ -842,13 +852,23 @@ class ToMeDiTPatch(CallPatch):
         as the model runs it unmerged, and planned, merged, run and restored with this call's
         ``tiles`` (the frames kept whole among what decides the kind: a clean first frame merges
         nothing, and changes what merges)."""
-        if self.rule is None:
-            return True
+        decision = self._decision(run, call, tokens, kind, r, tiles)
+        return decision is None or decision.reduce
+
+    def _signature(self, call: ModelCall, tokens: TokenLayout, kind: str, r: int) -> tuple:
         s = self.settings
         length = self.merge.args[kind].in_tokens(tokens)
-        signature = ("tome dit", self.family.name, kind, self._width(kind), length[0] if length else 0, *tokens.grid,
-                     r, s.ratio, *self.strides, tokens.whole_frames, s.share_plans, str(compute_dtype(call)),
-                     backend_of(call, call.options.get(OVERRIDE)), *later_inputs_signature(s))
+        return ("tome dit", self.family.name, kind, self._width(kind), length[0] if length else 0, *tokens.grid,
+                r, s.ratio, *self.strides, tokens.whole_frames, s.share_plans, str(compute_dtype(call)),
+                backend_of(call, call.options.get(OVERRIDE)), *later_inputs_signature(s))
+
+    def _decision(self, run: RunState, call: ModelCall, tokens: TokenLayout, kind: str, r: int, tiles: Tiles,
+                  budgeted: bool = True):
+        """The auto rule's decision for the blocks of ``kind`` merging ``r`` tokens (None: no rule);
+        ``budgeted`` False: speed alone (the budget decides per block: ``tome_dit_blocks``)."""
+        if self.rule is None:
+            return None
+        signature = self._signature(call, tokens, kind, r)
 
         def describe():
             grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
@@ -857,8 +877,9 @@ class ToMeDiTPatch(CallPatch):
             return site, lambda: self._work(call, tokens, kind, r, tiles)
 
         first = min(i for i, key in self.replace_keys().items() if key[0] == kind)  # the block measured
-        return self.pays(run, call.x.device, signature, describe,
-                         lambda: dit_block_fingerprint(call, self.model, self.family.blocks, first))
+        return self.decision(run, call.x.device, signature, describe,
+                             lambda: dit_block_fingerprint(call, self.model, self.family.blocks, first),
+                             budgeted=budgeted)
 
     def _width(self, kind: str) -> int:
         """Parameters of the first merged block of ``kind`` (which model of the family, for the kind)."""
@@ -930,6 +951,10 @@ class ToMeDiTPatch(CallPatch):
             call = self.call_context(options) if isinstance(options, dict) else None
             if call is None or not call["active"] or kind in call["left"]:
                 return inner(args)
+            graded = call.get("graded")
+            r = call["r"] if graded is None else graded.get(block)  # the budget's per block (None: left alone)
+            if r is None:
+                return inner(args)
             layout, tiles = call["layout"], call["tiles"]
             where = spec.in_tokens(layout)
             x = sequence_of(spec, args.get(spec.tokens))
@@ -937,7 +962,8 @@ class ToMeDiTPatch(CallPatch):
                 note_skipped(call)  # not the predicted layout (another patch changed the tokens): left alone
                 return inner(args)
             plan = block_plan(call["plans"] if self.settings.share_plans else None, x, where, layout, tiles,
-                              call["r"], self._frames(layout.grid), call["timer"], self.bound)
+                              r, self._frames(layout.grid), call["timer"], self.bound,
+                              SHARED_PLAN if r == call["r"] else (SHARED_PLAN, r))
             if plan.r <= 0:  # min_similarity: nothing in this call's grid is alike enough to merge
                 return inner(args)
             # a block given one rotary table for the whole batch (CogVideoX's) runs once per row

@@ -1,0 +1,125 @@
+"""ToMe on DiTs under the quality budget, decided per block (issue #51), as ToDo's is
+(``todo_dit_blocks.py``): each merged block's change read alone on the late input
+(``late_blocks.py``), at the node's ratio and at half of it (the milder step, its own shared plan),
+the blocks' changes summed within ``max_change`` (``late_blocks.grade``); speed stays decided per
+kind of block and merged count. Read late, the Flux fixture's ToMe blocks rank as their pictures do
+but for one swap, where the first call's unit ranked the block that moves them least highest
+(docs/quality.md). A mixin of ``tome_dit.ToMeDiTPatch``; the block replacement reads the choice
+from the call's context (``graded``: block -> merged count)."""
+
+from __future__ import annotations
+
+from .describe import grid_text
+from .dit import TokenLayout
+from .late_blocks import NotRehearsed, grade, late_block_changes, say_graded
+from .measure import dit_block_fingerprint, on_copies
+from .pays import Work, relative_change
+from .run import LEFT_ALONE, ModelCall, RunState, call_context
+from .window import LATE
+
+
+def _model_block(args: dict, extra: dict):
+    return extra["original_block"](args)
+
+
+class ToMeBlockBudget:
+    """The per-block budget of ``tome_dit.ToMeDiTPatch``."""
+
+    def _ratios(self) -> tuple[float, ...]:
+        """The ratios a block may merge at, the most first: the node's, then half of it."""
+        return (self.settings.ratio, self.settings.ratio / 2)
+
+    def graded_left(self, context: dict, run: RunState, call: ModelCall, kinds, graded: dict) -> frozenset:
+        """The kinds of block none of which the budget merges; where that is every kind, the call's
+        context is switched off and later calls like it step aside (``CallPatch.steps_aside``)."""
+        keys = self.replace_keys()
+        left = frozenset(kind for kind in kinds if not any(keys[block][0] == kind for block in graded))
+        if len(left) == len(kinds):
+            context["active"] = False
+            run.cache[(LEFT_ALONE, self.call_key(call))] = (left, True)
+        return left
+
+    def _graded(self, run: RunState, call: ModelCall, tokens: TokenLayout, tiles, ladder: tuple) -> dict | None:
+        """{block index: merged count} of the blocks this layout's calls merge, decided per block
+        under the quality budget (``ladder``: (ratio, merged count), the node's first). None:
+        decided per kind instead (no budget; the host cannot run the call again; a model whose
+        blocks the rehearsal never reaches). Made once per layout and run."""
+        if self.rule is None or self.rule.max_change <= 0 or call.rehearse is None:
+            return None
+        cache_key = ("tome dit graded", tokens, call.x.device)
+        if cache_key in run.cache:
+            return run.cache[cache_key]
+        keys = self.replace_keys()
+        units = sorted((key[0], block) for block, key in keys.items())
+        counts = tuple(dict.fromkeys(r for _, r in ladder if r > 0))  # distinct, the most first
+        if not units or not counts:
+            run.cache[cache_key] = None
+            return None
+
+        def pays(unit: tuple, r: int) -> bool:
+            decision = self._decision(run, call, tokens, unit[0], r, tiles, budgeted=False)
+            return decision is None or decision.reduce
+
+        graded = grade(units, counts, pays, lambda unit, r: self._block_change(run, call, tokens, tiles, unit, r,
+                                                                               counts),
+                       self.rule.max_change, run.reach)
+        if graded is None:  # a change not knowable here: per kind
+            run.cache[cache_key] = None
+            return None
+        labels = {r: f"ratio {ratio:g}" for ratio, r in reversed(ladder)}
+        grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
+        say_graded(run, call.x.device, f"{self.family.name} blocks, {grid_text(grid)} grid, per block", graded,
+                   units, keys, self.rule.max_change, self.rule.decisions.where, label=labels.get)
+        choice = run.cache[cache_key] = {block: r for (_, block), r in graded.choice.items()}
+        return choice
+
+    def _block_change(self, run: RunState, call: ModelCall, tokens: TokenLayout, tiles, unit: tuple, r: int,
+                      counts: tuple):
+        """The change of ``unit`` (kind, block) alone merged by ``r``, kept per block and model."""
+        kind, block = unit
+        signature = (*self._signature(call, tokens, kind, r), "block", block, "late", LATE)
+
+        def work() -> Work:
+            return Work({}, lambda _: 0.0, lambda _: 0.0, change=lambda: self._late_changes(
+                run, call, tokens, tiles, counts).get(unit, {}).get(r))
+
+        return self.rule.decide(call.x.device, signature, work, f"{kind} {block}, {r} merged",
+                                model=lambda: dit_block_fingerprint(call, self.model, self.family.blocks, block),
+                                reach=run.reach, budgeted=False, untimed=True)
+
+    def _late_changes(self, run: RunState, call: ModelCall, tokens: TokenLayout, tiles, counts: tuple) -> dict:
+        """{(kind, block): {merged count: change}} of every merged block, from one rehearsal at the
+        late input, once per run and layout; {} where a block was never reached; a failure raised
+        for each block."""
+        cache_key = ("tome dit late", tokens, call.x.device)
+        found = run.cache.get(cache_key)
+        if found is None:
+            try:
+                found = self._rehearse_late(run, call, tokens, tiles, counts)
+            except NotRehearsed:
+                found = {}
+            except Exception as problem:  # noqa: BLE001 - kept for the run's other blocks, raised for each
+                found = problem
+            run.cache[cache_key] = found
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _rehearse_late(self, run: RunState, call: ModelCall, tokens: TokenLayout, tiles, counts: tuple) -> dict:
+        keys = self.replace_keys()
+        shared = {r: {} for r in counts}  # share_plans: each count's plan made by the first block measured
+
+        def measure(block, args, extra):
+            kind, options = keys[block][0], args["transformer_options"]
+            whole = on_copies(_model_block, args, extra)()
+            changes = {}
+            for r in counts:
+                merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(),
+                                       plans=shared[r] if self.settings.share_plans else {})
+                merged = on_copies(self.replacement(kind, block, None),
+                                   {**args, "transformer_options": {**options, self.context_key: merging}}, extra)()
+                changes[r] = relative_change(whole, merged)
+            return whole, changes
+
+        found = late_block_changes(call, run.late_sigma, dict(keys), measure)
+        return {(keys[block][0], block): changes for block, changes in found.items()}
