@@ -64,9 +64,10 @@ def max_change_input() -> Input:
                          "denoise below 1) weighs the change by the cube root of that share, so denoise 0.125 "
                          "halves it. Applies on a CPU too (each side run once, untimed). On UNets "
                          "ToDo's nearest first steps down to method window, which runs where it is within the "
-                         "budget; on DiTs ToDo decides each block on its own (its change read at 3/4 of "
-                         "sampling, counted twice, the blocks' changes summed within the budget): nearest, the "
-                         "window or left alone. 0 = no budget: speed alone decides. reduce_when always ignores it.")
+                         "budget; on DiTs each block is decided on its own (its change read at 3/4 of sampling, "
+                         "counted twice, the blocks' changes summed within the budget): ToDo's nearest, the "
+                         "window or nothing, ToMe's ratio, half of it or nothing. 0 = no budget: speed alone "
+                         "decides. reduce_when always ignores it.")
 
 
 def window_inputs(what: str) -> tuple[Input, Input]:
