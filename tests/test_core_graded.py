@@ -97,3 +97,13 @@ def test_the_late_input_is_the_prediction_noised_again_with_the_runs_own_noise(f
     x = noised(sigma.view(-1, 1, 1, 1))
     assert torch.allclose(late_latent(x, sigma, clean, late), noised(late), atol=1e-5)
     assert late_latent(x.half(), sigma, clean, late).dtype == torch.float16
+
+
+def test_tomes_kinds_of_block_are_named_by_their_keys_alone():
+    keys = {1: ("double_block", 1), 2: ("single_block", 0), 3: ("single_block", 1)}
+    units = [("double_block", 1), ("single_block", 2), ("single_block", 3)]
+    options = {u: ("ratio 0.5", "ratio 0.25") for u in units}
+    graded = {("single_block", 2): "ratio 0.5", ("double_block", 1): "ratio 0.25"}
+    text = describe.graded_text(graded, units, options, keys, 0.16, 0.2, name_kinds=False)
+    assert text == "ratio 0.5 single 0 · ratio 0.25 double 1 · left alone single 1 · 16 % of the 20 % budget"
+

@@ -233,11 +233,13 @@ def block_names(keys: list) -> str:
     return ", ".join(parts)
 
 
-def graded_text(graded: dict, units: list, options: dict, keys: dict, total: float | None, budget: float) -> str:
+def graded_text(graded: dict, units: list, options: dict, keys: dict, total: float | None, budget: float,
+                name_kinds: bool = True) -> str:
     """What a per-block decision ran (``pays.grade_blocks``): 'window double 1, single 0-3 · left
     alone double 0 · 3.9 % of the 5 % budget' (units: (kind, block); ``keys``: block -> its
-    block-replace key; the kind is named where a model call has several)."""
-    several = len({kind for kind, _ in units}) > 1
+    block-replace key; the kind is named where a model call has several and ``name_kinds``: ToDo's
+    kinds of attention call, not ToMe's kinds of block, which the keys name)."""
+    several = name_kinds and len({kind for kind, _ in units}) > 1
 
     def names(chosen):
         kinds = sorted({kind for kind, _ in chosen})

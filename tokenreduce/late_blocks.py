@@ -112,7 +112,7 @@ def grade(units: list, ladder: tuple, pays: Callable[[object, object], bool],
 
 
 def say_graded(run: RunState, device, site: str, graded: Graded, units: list, keys: dict, budget: float,
-               where: str, label: Callable[[object], str] = str) -> None:
+               where: str, label: Callable[[object], str] = str, name_kinds: bool = True) -> None:
     """The report's line of a per-block decision (nothing where nothing paid: the speed decisions
     say so), and a decision under ``site`` for the run's warnings and websocket message: reduced
     where any block reduces; else left alone with the smallest change a block would make, counted
@@ -138,4 +138,4 @@ def say_graded(run: RunState, device, site: str, graded: Graded, units: list, ke
         choice = {unit: label(method) for unit, method in graded.choice.items()}
         options = {unit: tuple(label(m) for m in methods) for unit, methods in graded.options.items()}
         run.note_once(f"auto · {site}, read at {percent_text(LATE)} of sampling, counted {LATE_SCALE:g}x · "
-                      + graded_text(choice, units, options, keys, graded.total, budget))
+                      + graded_text(choice, units, options, keys, graded.total, budget, name_kinds))

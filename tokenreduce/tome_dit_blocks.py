@@ -69,7 +69,7 @@ class ToMeBlockBudget:
         labels = {r: f"ratio {ratio:g}" for ratio, r in reversed(ladder)}
         grid = tokens.grid if tokens.grid[0] > 1 else tokens.grid[1:]
         say_graded(run, call.x.device, f"{self.family.name} blocks, {grid_text(grid)} grid, per block", graded,
-                   units, keys, self.rule.max_change, self.rule.decisions.where, label=labels.get)
+                   units, keys, self.rule.max_change, self.rule.decisions.where, label=labels.get, name_kinds=False)
         choice = run.cache[cache_key] = {block: r for (_, block), r in graded.choice.items()}
         return choice
 
