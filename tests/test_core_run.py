@@ -95,7 +95,7 @@ class PerDevice:
     def __init__(self, reduce_on: set):
         self.reduce_on = reduce_on
 
-    def decide(self, device, kind, work, site, model=None, time_cpu=False, reach=1.0):
+    def decide(self, device, kind, work, site, model=None, time_cpu=False, reach=1.0, budgeted=True, untimed=False):
         return Decision(str(device) in self.reduce_on, 10.0, 8.0, MEASURED)
 
 
