@@ -106,4 +106,6 @@ def test_tomes_kinds_of_block_are_named_by_their_keys_alone():
     graded = {("single_block", 2): "ratio 0.5", ("double_block", 1): "ratio 0.25"}
     text = describe.graded_text(graded, units, options, keys, 0.16, 0.2, name_kinds=False)
     assert text == "ratio 0.5 single 0 · ratio 0.25 double 1 · left alone single 1 · 16 % of the 20 % budget"
+    assert describe.graded_text({}, units, options, keys, 0.0, 0.05, name_kinds=False) == \
+        "left alone double 1, single 0-1"
 

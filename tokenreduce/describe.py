@@ -243,8 +243,9 @@ def graded_text(graded: dict, units: list, options: dict, keys: dict, total: flo
 
     def names(chosen):
         kinds = sorted({kind for kind, _ in chosen})
-        return "; ".join((f"{kind} " if several else "") + block_names([keys[b] for k, b in chosen if k == kind])
-                         for kind in kinds)
+        if not several:  # one list, the keys naming the blocks
+            return block_names([keys[b] for _, b in sorted(chosen, key=lambda u: (keys[u[1]], u))])
+        return "; ".join(f"{kind} " + block_names([keys[b] for k, b in chosen if k == kind]) for kind in kinds)
     methods = []
     for unit in units:
         for method in options[unit]:
@@ -255,7 +256,7 @@ def graded_text(graded: dict, units: list, options: dict, keys: dict, total: flo
     left = [unit for unit in units if unit not in graded]
     if left:
         parts.append(f"left alone {names(left)}")
-    if total is not None:
+    if total is not None and graded:
         parts.append(f"{percent_text(total)} of the {percent_text(budget)} budget")
     return " · ".join(parts)
 
