@@ -71,6 +71,30 @@ def late_block_changes(call: ModelCall, late: float | None, wanted: dict,
     return found
 
 
+def model_block(args: dict, extra: dict):
+    """The model's own block at a block-replace key (another pack's replacement there runs nowhere
+    the budget measures)."""
+    return extra["original_block"](args)
+
+
+def once_per_run(run: RunState, key, rehearse: Callable[[], dict]) -> dict:
+    """What ``rehearse()`` found ({(kind, block): {method: change}}), once per run under ``key``:
+    {} where the model never reached a block (not known); a failure (out of memory, say) kept and
+    raised again for each block that asks, so the rehearsal is tried once a run."""
+    found = run.cache.get(key)
+    if found is None:
+        try:
+            found = rehearse()
+        except NotRehearsed:
+            found = {}
+        except Exception as problem:  # noqa: BLE001 - kept for the run's other blocks, raised for each
+            found = problem
+        run.cache[key] = found
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
 class Graded(NamedTuple):
     """A per-block decision (``grade``)."""
 

@@ -29,12 +29,13 @@ import torch
 from .describe import grid_text
 from .dit import OTHER, TokenLayout, geometry_of
 from .downsample import downsampled_grid, grid_keep_index, pool_grid_tokens
+from .late_blocks import model_block
 from .measure import backend_of, compute_dtype, dit_attention_work, dit_block_fingerprint, on_copies
 from .override_front import InFront, hand_on
 from .pays import CPU, AutoRule, Decision
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import MERGED_GRID, OVERRIDE, CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
-from .todo_dit_blocks import BlockBudget, model_block
+from .todo_dit_blocks import BlockBudget
 from .tome_dit import NotReached, captured_blocks, take
 
 

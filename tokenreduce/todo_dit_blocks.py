@@ -15,18 +15,12 @@ from typing import Callable
 
 from .describe import grid_text
 from .dit import TokenLayout
-from .late_blocks import NotRehearsed, grade, late_block_changes, say_graded
+from .late_blocks import grade, late_block_changes, model_block, once_per_run, say_graded
 from .measure import dit_block_fingerprint, on_copies
 from .pays import Work, relative_change
 from .peak_window import WINDOW
 from .run import OVERRIDE, ModelCall, RunState, call_context
 from .window import LATE
-
-
-def model_block(args: dict, extra: dict):
-    """The model's own block at a block-replace key (another pack's replacement there runs nowhere
-    the budget measures)."""
-    return extra["original_block"](args)
 
 
 class BlockBudget:
@@ -97,19 +91,8 @@ class BlockBudget:
         one rehearsal at the late input (``late_blocks.late_block_changes``), once per run and
         layout; {} where the model never reached a block (not known); a failure (out of memory,
         say) raised for each block."""
-        cache_key = ("todo dit late", tokens, call.x.device)
-        found = run.cache.get(cache_key)
-        if found is None:
-            try:
-                found = self._rehearse_late(run, call, tokens, plans, installed, planned)
-            except NotRehearsed:
-                found = {}
-            except Exception as problem:  # noqa: BLE001 - kept for the run's other blocks, raised for each
-                found = problem
-            run.cache[cache_key] = found
-        if isinstance(found, Exception):
-            raise found
-        return found
+        return once_per_run(run, ("todo dit late", tokens, call.x.device),
+                            lambda: self._rehearse_late(run, call, tokens, plans, installed, planned))
 
     def _rehearse_late(self, run: RunState, call: ModelCall, tokens: TokenLayout, plans: dict, installed: Callable,
                        planned: tuple) -> dict:

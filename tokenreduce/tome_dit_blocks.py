@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from .describe import grid_text
 from .dit import TokenLayout
-from .late_blocks import NotRehearsed, grade, late_block_changes, say_graded
+from .late_blocks import grade, late_block_changes, model_block, once_per_run, say_graded
 from .measure import dit_block_fingerprint, on_copies
 from .pays import Work, relative_change
 from .run import LEFT_ALONE, ModelCall, RunState, call_context
 from .window import LATE
-
-
-def _model_block(args: dict, extra: dict):
-    return extra["original_block"](args)
 
 
 class ToMeBlockBudget:
@@ -91,19 +87,8 @@ class ToMeBlockBudget:
         """{(kind, block): {merged count: change}} of every merged block, from one rehearsal at the
         late input, once per run and layout; {} where a block was never reached; a failure raised
         for each block."""
-        cache_key = ("tome dit late", tokens, call.x.device)
-        found = run.cache.get(cache_key)
-        if found is None:
-            try:
-                found = self._rehearse_late(run, call, tokens, tiles, counts)
-            except NotRehearsed:
-                found = {}
-            except Exception as problem:  # noqa: BLE001 - kept for the run's other blocks, raised for each
-                found = problem
-            run.cache[cache_key] = found
-        if isinstance(found, Exception):
-            raise found
-        return found
+        return once_per_run(run, ("tome dit late", tokens, call.x.device),
+                            lambda: self._rehearse_late(run, call, tokens, tiles, counts))
 
     def _rehearse_late(self, run: RunState, call: ModelCall, tokens: TokenLayout, tiles, counts: tuple) -> dict:
         keys = self.replace_keys()
@@ -111,7 +96,7 @@ class ToMeBlockBudget:
 
         def measure(block, args, extra):
             kind, options = keys[block][0], args["transformer_options"]
-            whole = on_copies(_model_block, args, extra)()
+            whole = on_copies(model_block, args, extra)()
             changes = {}
             for r in counts:
                 merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(),
