@@ -172,6 +172,20 @@ def test_the_window_maps_percents_with_the_schedulers_shift_as_comfyui_does():
     assert report.steps == 5 and report.active_steps == (1, 2, 3)
 
 
+def test_lumina2s_rising_timestep_is_one_run_and_its_window_falls_as_the_noise_does():
+    """Lumina 2's pipeline passes its model 1 - sigma, rising as sampling goes. Read turned round:
+    four calls at sigmas 1, 0.75, 0.5, 0.25 (timesteps 0 to 0.75) are one run of four steps, not
+    four runs, and start_percent 0.5 makes the last two active, not the first two. Fails before:
+    each call started a run of its own."""
+    model = tiny.transformer("Lumina 2")
+    inputs = tiny.transformer_inputs("Lumina 2", model)
+    with torch.no_grad(), apply_patch(model, "ToDo", start_percent=0.5, reduce_when="always") as patch:
+        for sigma in (1.0, 0.75, 0.5, 0.25):
+            model(**{**inputs, "timestep": torch.full((1,), 1.0 - sigma)})
+        report = patch.report()
+    assert report.steps == 4 and report.active_steps == (3, 4)
+
+
 def test_a_run_over_the_whole_window_reads_no_timestep_per_call(pipe, monkeypatch):
     """No device sync per model call where every step is inside the window (nothing to decide)."""
     from tokenreduce.run import RunState

@@ -66,11 +66,15 @@ def _percent(line: str) -> float:
 
 
 @pytest.mark.parametrize("method", ["ToDo", "ToMe"])
-def test_the_budget_on_the_trained_fixture_leaves_alone_and_says_why(flux, own_store, method):
-    """At the defaults (auto, max_change 0.05) each kind the trained fixture's reduction changes by
-    more than 5 % is left alone, the report naming the change; ToDo's nearest steps down to the
-    window, whose decision (reduced, or left alone as slower here) is said too; nothing reduced
-    without a line; with the budget off the same reduction runs and moves the image."""
+def test_the_budget_on_the_trained_fixture_reduces_within_it_or_leaves_alone_and_says_why(flux, own_store, method):
+    """At the defaults (auto, max_change 0.05) the trained fixture is reduced within the budget or
+    left alone, the report saying why. ToDo decides per block on a late input (the model called
+    without its pipeline: the unshifted schedule's 3/4): the blocks that run fit the budget, the
+    line says what ran where, and a run that reduces nothing is the unpatched image with every
+    block's change over the budget said (the window is among a block's options only where it is
+    timed faster here, which a loaded CPU can make either way). ToMe (per kind through diffusers):
+    every kind of block over 5 %, left alone, each change said. With the budget off the same
+    reduction runs and moves the image."""
     import diffusers_fixture
     from tokenreduce.diffusers import apply_patch
 
@@ -79,14 +83,20 @@ def test_the_budget_on_the_trained_fixture_leaves_alone_and_says_why(flux, own_s
     with apply_patch(model, method) as patch:
         image = diffusers_fixture.sample(model, fixture, "a rocket", 1, 2)
         lines = patch.report_lines()
+        decisions = patch.report().decisions
     decided = [line for line in " | ".join(lines).split(" | ") if line.startswith("auto · ")]
     over = [line for line in decided if "left alone: changes its output" in line]
-    assert over and all(_percent(line) > 5 for line in over), lines
+    assert all(_percent(line) > 5 for line in over), lines
     if method == "ToDo":
-        (milder,) = [line for line in decided if "method window instead" in line]
-        assert "left alone" in milder or not torch.equal(image, unpatched), lines
+        (graded,) = [d for site, d in decisions if site.endswith("per block")]
+        (line,) = [line for line in decided if line.startswith("auto · 32×32 grid, per block, read at 75 % of sampling")]
+        if graded.reduce:
+            assert graded.change <= 0.05 and line.endswith("of the 5.0 % budget"), lines
+            assert not torch.equal(image, unpatched)
+        else:
+            assert graded.over_budget and over and torch.equal(image, unpatched), lines
     else:
-        assert torch.equal(image, unpatched)  # every kind of block over the budget: the unpatched image
+        assert over and torch.equal(image, unpatched)  # every kind of block over the budget: the unpatched image
     with apply_patch(model, method, max_change=0.0, reduce_when="always"):
         assert not torch.equal(diffusers_fixture.sample(model, fixture, "a rocket", 1, 2), unpatched)
 

@@ -255,15 +255,15 @@ def test_a_processor_the_window_cannot_reach_refuses_it_and_turns_only_nearests_
     assert report.decisions and all(type(p) is AttnProcessor for p in model.attn_processors.values())
 
 
-@pytest.mark.parametrize("family", ["Flux", "Wan"])
-def test_dit_todo_measures_the_first_selected_blocks_change_on_the_calls_own_input(store, family):
-    """ToDo on diffusers' DiTs (issue #51): the budget compares the first selected block's output,
-    whole and with its grid calls reduced, on the input the model hands it in this call (the call
-    run again up to it, on copies). Over the budget the model call is left alone: the unpatched
-    output, said with the change; within it, reduced; and the call that measured returns what the
-    next call, with the decision kept, returns."""
-    model = tiny.transformer(family)
-    inputs = tiny.transformer_inputs(family, model, frames=2 if family == "Wan" else 1)
+def test_dit_todo_measures_the_first_selected_blocks_change_on_the_calls_own_input(store):
+    """ToDo on diffusers' DiTs where no late input can be made (Lumina 2, whose pipeline passes
+    1 - sigma and negates the output; the other families decide per block: below): the budget
+    compares the first selected block's output, whole and with its grid calls reduced, on the input
+    the model hands it in this call (the call run again up to it, on copies). Over the budget the
+    model call is left alone: the unpatched output, said with the change; within it, reduced; and
+    the call that measured returns what the next call, with the decision kept, returns."""
+    model = tiny.transformer("Lumina 2")
+    inputs = tiny.transformer_inputs("Lumina 2", model)
     with torch.no_grad():
         unpatched = model(**inputs, return_dict=False)[0]
         with apply_patch(model, "ToDo", max_change=1e-9) as patch:
@@ -288,8 +288,8 @@ def test_dit_todo_over_the_budget_steps_down_to_the_window(monkeypatch, tmp_path
     pays): the window runs, its output, both decisions reported. 16x16: the windows do not cover it."""
     from comfy_helpers import ScriptedClock, steps_down_to_the_window
 
-    model = tiny.transformer("Flux")
-    inputs = tiny.transformer_inputs("Flux", model, h=16, w=16)
+    model = tiny.transformer("Lumina 2")  # decided per kind (no late input)
+    inputs = tiny.transformer_inputs("Lumina 2", model, h=16, w=16)
 
     def one_call(name: str, **settings):
         store = pays.Decisions(tmp_path / f"{name}.json", stopwatch=ScriptedClock((2.0, 1.0)))
@@ -298,3 +298,117 @@ def test_dit_todo_over_the_budget_steps_down_to_the_window(monkeypatch, tmp_path
             return model(**inputs, return_dict=False)[0], patch.report()
 
     steps_down_to_the_window(one_call, change=lambda decision: decision.weighed_change)
+
+
+EVERY_BLOCK = {"skip_first_blocks": 0, "skip_last_blocks": 0}
+TINY = 1e-9
+
+
+def flux_run(pipe, steps: int = 4) -> torch.Tensor:
+    """One Flux pipeline run at 256 px: a 16x16 token grid, which the window's tiles do not cover."""
+    with torch.no_grad():
+        return tiny.generate(pipe, steps=steps, size=256)
+
+
+def graded_line(lines: list[str]) -> str:
+    (line,) = [line for line in lines if "per block, read at 75 % of sampling, counted 2x" in line]
+    return line
+
+
+def test_dit_todo_decides_per_block_on_a_late_input(monkeypatch, tmp_path):
+    """The budget decides per block on diffusers' DiTs too (issue #51, as on ComfyUI's): each selected
+    block's change is read alone on a late input (the pipeline's prediction moved to 3/4 of its
+    scheduler's sigmas), for nearest and for its milder step, the window, and graded under one
+    budget (``pays.grade_blocks``; on these random weights the window is no milder, so the grades
+    are nearest or left alone): under a budget that fits some blocks, the report names what ran
+    where. The run that measured gives the latents of later runs and of a restart, which measure
+    nothing; the mixed run is neither every block reduced nor unpatched."""
+    from comfy_helpers import ScriptedClock
+
+    from tokenreduce.describe import graded_text
+
+    def store(name: str):  # a device where reducing pays: the window's speed is not what this is about
+        decisions = pays.Decisions(tmp_path / f"{name}.json", stopwatch=ScriptedClock((2.0, 1.0)))
+        monkeypatch.setattr(api, "decisions_at", lambda path: decisions)
+        return decisions
+
+    pipe = tiny.flux_pipeline()
+    unpatched = flux_run(pipe)
+    measuring = store("ladder")
+    with apply_patch(pipe, "ToDo", max_change=TINY, **EVERY_BLOCK) as patch:
+        assert torch.equal(flux_run(pipe), unpatched)  # every block over the budget: left alone
+        assert "left alone" in graded_line(patch.report_lines())
+        keys = {b: patch.patches[0].patch.block_key(b) for b in range(4)}
+    assert keys == {0: ("transformer_blocks", 0), 1: ("transformer_blocks", 1),
+                    2: ("single_transformer_blocks", 0), 3: ("single_transformer_blocks", 1)}
+    changes = {(("grid", int(site.split(", ")[1].removeprefix("block "))), site.split(", ")[2]): d.change
+               for site, d in measuring.log if ", block " in site}
+    units = sorted({unit for unit, _ in changes})
+    assert len(changes) == 8 and all(change > 0 for change in changes.values())  # 4 blocks, both methods
+    options = {unit: ("nearest", "window") for unit in units}
+
+    def expected(budget: float) -> tuple[str, dict]:
+        choice, total = pays.grade_blocks(options, changes, budget, 1.0, pays.LATE_SCALE)
+        return graded_text(choice, units, options, keys, total, budget, False), choice
+
+    top = pays.LATE_SCALE * sum(max(changes[u, "nearest"], changes[u, "window"]) for u in units)
+    budget = next(top * i / 100 for i in range(1, 100) if 1 < len(expected(top * i / 100)[1]) < len(units))
+    with apply_patch(pipe, "ToDo", max_change=budget, **EVERY_BLOCK) as patch:
+        latents = flux_run(pipe)
+        line = graded_line(patch.report_lines())
+        (decision,) = [d for site, d in patch.report().decisions if site.endswith("per block")]
+        measured = measuring.measurements
+        assert torch.equal(flux_run(pipe), latents) and measuring.measurements == measured  # kept
+    assert line.endswith(expected(budget)[0]) and "left alone " in line, line
+    assert decision.reduce and decision.change <= budget and decision.reach == 1.0  # a whole run
+    restarted = pays.Decisions(measuring.path)  # a new process: nothing measured again
+    monkeypatch.setattr(api, "decisions_at", lambda path: restarted)
+    with apply_patch(pipe, "ToDo", max_change=budget, **EVERY_BLOCK):
+        assert torch.equal(flux_run(pipe), latents) and restarted.measurements == 0
+    fresh = store("fresh")  # a run that measures under this budget gives the same latents
+    with apply_patch(pipe, "ToDo", max_change=budget, **EVERY_BLOCK):
+        assert torch.equal(flux_run(pipe), latents) and fresh.measurements
+    store("every block")
+    with apply_patch(pipe, "ToDo", max_change=2.0, **EVERY_BLOCK):
+        every = flux_run(pipe)
+    assert not torch.equal(latents, every) and not torch.equal(latents, unpatched)
+
+
+def test_the_late_input_is_one_euler_step_to_three_quarters_of_the_schedule(store, monkeypatch):
+    """What the blocks are measured on: the model call run whole for its velocity, then again at the
+    scheduler's sigma at 3/4 of its steps (step 6 of 8), its latent moved there by one Euler step
+    (``x + (late - sigma) * v``, as the pipeline's FlowMatchEuler steps) and its timestep that
+    sigma (Flux's pipeline passes the sigma itself)."""
+    pipe = tiny.flux_pipeline()
+    model = pipe.transformer
+    calls, real = [], model.forward
+
+    def forward(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append((kwargs["hidden_states"].clone(), kwargs["timestep"].clone(), out[0].clone()))
+        return out
+    monkeypatch.setattr(model, "forward", forward)
+    with apply_patch(pipe, "ToDo", max_change=0.05):
+        with torch.no_grad():
+            tiny.generate(pipe, steps=8, size=128)
+    (x, t, velocity), (x_late, t_late, _), (x_real, t_real, _) = calls[:3]
+    late = float(pipe.scheduler.sigmas[6])
+    assert torch.equal(x_real, x) and torch.equal(t_real, t) and float(t[0]) == 1.0  # the run's own first call
+    assert torch.allclose(t_late, torch.full_like(t, late))
+    torch.testing.assert_close(x_late, x + (late - t.reshape(-1, 1, 1)) * velocity, rtol=0, atol=1e-6)
+    assert len(calls) == 3 + 7  # measured once a run: the other steps' calls are the pipeline's
+
+
+def test_a_flux_pipelines_run_covers_the_whole_of_sampling(store):
+    """The run's reach from the scheduler's timesteps, in their units: Flux's pipeline hands its
+    model the sigma (timestep / 1000). Fails before: the reach read 0 and weighed every change to
+    nothing, so the budget never left a Flux pipeline's block alone."""
+    pipe = tiny.flux_pipeline()
+    with apply_patch(pipe, "ToDo", max_change=TINY) as patch:
+        latents = flux_run(pipe)
+        decisions = patch.report().decisions
+    with torch.no_grad():
+        unpatched = tiny.generate(pipe, steps=4, size=256)
+    (graded,) = [d for site, d in decisions if site.endswith("per block")]
+    assert graded.over_budget and all(d.reach == 1.0 for _, d in decisions)
+    assert torch.equal(latents, unpatched)

@@ -339,8 +339,11 @@ def run_warnings(label: str, calls: RunCalls, decided: tuple, steps: int, active
     """What a run's report warns of, beyond what its calls warned of as they ran (``calls``: what
     the run's calls met, as plain counts)."""
     warnings = []
-    all_left = bool(decided) and not any(d.decision.reduce for d in decided)
-    if all_left and any(d.decision.over_budget for d in decided):
+    # where a budget decided, its verdicts say what ran (per block: a kind's speed alone, read under
+    # no budget, says nothing of whether a block reduced)
+    verdicts = [d for d in decided if d.decision.budget > 0] or decided
+    all_left = bool(verdicts) and not any(d.decision.reduce for d in verdicts)
+    if all_left and any(d.decision.over_budget for d in verdicts):
         warnings.append(f"{label}: reduce_when auto left every grid of this run unreduced: reducing changed the "
                         f"output of some by more than max_change (the report says how much), the others were not "
                         f"at least {margin_text()} faster. Raise max_change (0: no budget) or set reduce_when to "

@@ -32,6 +32,8 @@ if str(REPO) not in sys.path:
 SETTINGS = {
     "flux": {
         "ToDo 2 (defaults: auto, max_change 0.05)": ("ToDo", {}, 4),
+        "ToDo 2, auto, max_change 0.1 (per block)": ("ToDo", {"max_change": 0.1}, 4),
+        "ToDo 2, auto, max_change 0.2 (per block)": ("ToDo", {"max_change": 0.2}, 4),
         "ToDo 2 nearest, always": ("ToDo", {"reduce_when": "always"}, 4),
         "ToDo 2 window, always": ("ToDo", {"method": "window", "reduce_when": "always"}, 4),
         "ToMe 0.5 (defaults: auto, max_change 0.05)": ("ToMe", {}, 4),

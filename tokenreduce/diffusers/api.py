@@ -178,7 +178,8 @@ def _patch_model(given: torch.nn.Module, method: str, label: str, settings, rule
     hooks = Hooks()
     dit = target.layout.kind == DIT
     family = target.layout.family
-    session = Session(label, settings, family.timestep_scale if dit else 999.0, header(method, target), scheduler)
+    session = Session(label, settings, family.timestep_scale if dit else 999.0, header(method, target), scheduler,
+                      rising_timestep=dit and family.rising_timestep)
     if method == "ToMe" and dit:
         patch = DiffusersToMeDiT(settings, family, target.sites, label, session, rule)
     elif method == "ToMe":

@@ -47,6 +47,12 @@ class DiffusersFamily(NamedTuple):
     attentions: tuple[str, ...]  # a block's attention modules over the grid
     layout: Callable  # (model, arguments, state: the patch's dict for what it keeps) -> TokenLayout | None
     timestep_scale: float  # the timestep the pipeline passes at the highest noise
+    # the timestep is the flow's noise level times timestep_scale and the output its velocity (the
+    # quality budget's late input: todo_blocks.py); not Lumina 2's (below, and it negates the output)
+    late_input: bool = True
+    # the timestep rises as sampling goes, timestep_scale minus the noise level's (Lumina 2's
+    # pipeline passes 1 - sigma): the session turns it round (session.Session)
+    rising_timestep: bool = False
 
 
 def _image_grid(hidden, patch: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -191,7 +197,7 @@ FAMILIES = (
     DiffusersFamily("Chroma", ("ChromaTransformer2DModel",), True, False,
                     ("transformer_blocks", "single_transformer_blocks"), ("attn",), _flux_layout, 1.0),
     DiffusersFamily("Lumina 2", ("Lumina2Transformer2DModel",), True, False, ("layers",), ("attn",), _lumina_layout,
-                    1.0),
+                    1.0, late_input=False, rising_timestep=True),
     DiffusersFamily("AuraFlow", ("AuraFlowTransformer2DModel",), False, False,
                     ("joint_transformer_blocks", "single_transformer_blocks"), ("attn",), _auraflow_layout, 1.0),
 )

@@ -15,7 +15,9 @@ sampling is the timesteps ``sigma(start) * scale``..``sigma(end) * scale``, wher
 what the model's timestep is at the highest noise (999 for the SD UNets' discrete schedules,
 1000 or 1 for the flow-matching transformers, as their pipelines pass it) and ``sigma(p)`` is
 ComfyUI's ``percent_to_sigma``: ``1 - p`` for discrete schedules and unshifted flows, shifted
-by the scheduler's ``shift`` (``flow_shift``) for flow schedules (``window.flow_sigma``).
+by the scheduler's ``shift`` (``flow_shift``) for flow schedules (``window.flow_sigma``). A
+model whose timestep rises as sampling goes (Lumina 2's pipeline passes ``1 - sigma``) is read
+turned round (``scale - timestep``: ``rising_timestep``).
 
 Where every step is inside the window (``start_percent`` 0, ``end_percent`` 1) a patched
 pipeline's calls read no timestep from the device: the run's timesteps are kept as tensors and
@@ -26,15 +28,24 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import torch
 
 from ..change import keep_change
 from ..describe import run_lines
 from ..run import RunReport, RunState, call_context
-from ..window import SigmaWindow, flow_sigma, schedule_reach
+from ..window import LATE, SigmaWindow, flow_sigma, late_level, schedule_reach
 
 LOG = logging.getLogger("tokenreduce")
+
+
+def _config(scheduler) -> Callable:
+    """``get(name, default)`` of a scheduler's config (a FrozenDict, or an object; none: defaults)."""
+    config = getattr(scheduler, "config", None)
+    if config is None:
+        return lambda name, default=None: default
+    return config.get if hasattr(config, "get") else lambda name, default=None: getattr(config, name, default)
 
 
 def flow_shift(scheduler) -> float | None:
@@ -45,7 +56,7 @@ def flow_shift(scheduler) -> float | None:
     config = getattr(scheduler, "config", None)
     if config is None:
         return None
-    get = config.get if hasattr(config, "get") else lambda name, default=None: getattr(config, name, default)
+    get = _config(scheduler)
     if get("use_dynamic_shifting", False):
         return None
     if get("use_flow_sigmas", False):
@@ -55,14 +66,36 @@ def flow_shift(scheduler) -> float | None:
     return None
 
 
+def is_flow(scheduler) -> bool:
+    """Whether a scheduler samples a flow (its sigmas the noise share of ``(1 - s) x0 + s n``, the
+    model's output a velocity): diffusers' FlowMatch* schedulers, and the multistep ones with
+    ``use_flow_sigmas`` or ``prediction_type`` flow_prediction."""
+    get = _config(scheduler)
+    return type(scheduler).__name__.startswith("FlowMatch") or bool(get("use_flow_sigmas", False)) or \
+        get("prediction_type", None) == "flow_prediction"
+
+
+def _scheduler_units(scheduler, timestep_scale: float) -> float:
+    """What one unit of the model's timestep is in ``scheduler``'s timesteps: a flow scheduler's
+    ``num_train_timesteps`` per ``timestep_scale`` (1000 where the pipeline passes the sigma); the
+    other schedulers hand the model their own timesteps."""
+    if not is_flow(scheduler):
+        return 1.0
+    return float(_config(scheduler)("num_train_timesteps", 1000) or 1000) / timestep_scale
+
+
 class Session:
     """One applied patch's runs: opens a call context per model call, folds it back after."""
 
-    def __init__(self, label: str, settings, timestep_scale: float, header: str, scheduler=None):
+    def __init__(self, label: str, settings, timestep_scale: float, header: str, scheduler=None,
+                 rising_timestep: bool = False):
         self.label = label
         self.settings = settings
         self.header = header
         self.timestep_scale = timestep_scale
+        # a model whose timestep rises as sampling goes (Lumina 2: 1 - sigma): read as
+        # timestep_scale minus it, so the window, the runs and the reach see a falling noise level
+        self.rising_timestep = rising_timestep
         self.scheduler = scheduler or (lambda: None)  # () -> the pipeline's scheduler now, or None (a bare model)
         start, end = settings.start_percent, settings.end_percent
         self.window = self._window(None)
@@ -102,14 +135,35 @@ class Session:
         the timestep itself (``schedule_reach``)."""
         first = float(t.max())
         if timesteps is not None and getattr(timesteps, "numel", lambda: 0)() > 1:
+            # in the scheduler's units: a flow scheduler's timesteps are its sigmas times its
+            # num_train_timesteps, where Flux's pipelines pass the model the sigma itself
+            first *= _scheduler_units(scheduler, self.timestep_scale)
             return float((timesteps.float() <= first + 1e-3).float().mean())
         return schedule_reach(self._percent_to_timestep(scheduler), first)
+
+    def late_sigma(self) -> float | None:
+        """The noise level at ``window.LATE`` of this run's schedule, where the quality budget reads a
+        DiT block's change (``todo_blocks.py``): a pipeline's flow scheduler's own sigmas from its
+        begin index (an image-to-image run's own steps); for a model called on its own the
+        unshifted flow schedule's, as its percents are mapped (``_percent_to_timestep``). None: a
+        scheduler that is not a flow schedule, or too few steps. No device read (the schedulers
+        keep their sigmas on the CPU)."""
+        scheduler = self.scheduler()
+        if scheduler is None:
+            return flow_sigma(LATE)
+        sigmas = getattr(scheduler, "sigmas", None)
+        if not is_flow(scheduler) or not torch.is_tensor(sigmas):
+            return None
+        begin = getattr(scheduler, "begin_index", None) or 0
+        return late_level(sigmas[begin:].detach().float().cpu())
 
     def open_call(self, timestep, call=None) -> dict:
         """The context of a model call at ``timestep`` (a tensor or a number) with the arguments
         ``call`` (a reader, ``hooks.argument_reader``): inactive, and no timestep read, where the
         patch steps aside from such calls (``CallPatch.steps_aside``: auto left all of them alone)."""
         t = torch.as_tensor(timestep)
+        if self.rising_timestep:
+            t = self.timestep_scale - t
         now = time.perf_counter()
         scheduler = self.scheduler()
         marker = getattr(scheduler, "timesteps", None) if scheduler is not None else None

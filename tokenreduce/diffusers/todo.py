@@ -35,6 +35,7 @@ change, so a compiled block sees the same objects every step.
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import types
 from typing import Callable
@@ -54,6 +55,7 @@ from .hooks import (Hooks, Switch, UNetCalls, attention_backend, block_input, on
                     weights_fingerprint)
 from .models import self_attention
 from .session import Session
+from .todo_blocks import DiTBlockBudget
 
 DISPATCH = "dispatch_attention_fn"
 EXTRAS = ("dropout_p", "is_causal", "scale")  # after the mask, by position or name: SDPA's and the dispatcher's order
@@ -254,8 +256,9 @@ def normed_tokens(attention: torch.nn.Module, feature_map: torch.Tensor, kwargs:
     return x
 
 
-class DiTToDo(CallPatch):
-    """ToDo on the grid attention of the selected blocks of one diffusers DiT."""
+class DiTToDo(DiTBlockBudget, CallPatch):
+    """ToDo on the grid attention of the selected blocks of one diffusers DiT (with a budget,
+    decided per block: ``todo_blocks.py``)."""
 
     def __init__(self, family, factor: float, temporal_factor: float, method: str, sites, label: str,
                  session: Session, rule=None):
@@ -280,6 +283,9 @@ class DiTToDo(CallPatch):
         self.model = None  # the transformer (set when installed): its layout is read from its config
         self.wrapped = False  # patched under a torch.compile wrapper: the blocks run compiled
         self.state: dict = {}  # what the family's layout keeps between calls (Flux: the grid of its img_ids)
+        self.graded: dict | None = None  # per block under the budget: selected block index -> method (None: per kind)
+        self.block_now: int | None = None  # the selected block running now (read where graded)
+        self._positions: dict = {}  # the model forward's argument name -> its position
 
     # --- before each model call (outside the blocks) ---------------------------------------
     def prepare(self, context: dict, arguments) -> None:
@@ -354,8 +360,13 @@ class DiTToDo(CallPatch):
         where it is within it and pays (the milder step, as in ComfyUI: ``todo_dit.py``)."""
         if self.method != WINDOW:
             self.windows = NO_WINDOWS  # nearest, unless this call's decisions step down (another run's may not)
+        self.graded = None
         if self.rule is None or self.switch.forced is not None:
             return True
+        graded = self._graded(hidden, arguments)
+        if graded is not None:  # per block: those it names reduce, each its way (_reduced)
+            self.graded = graded
+            return bool(graded)
         decision = self._decision(hidden, arguments, self.method)
         if decision is None or decision.reduce:
             return True
@@ -368,17 +379,29 @@ class DiTToDo(CallPatch):
         self.windows = NO_WINDOWS
         return False
 
-    def _decision(self, hidden: torch.Tensor, arguments, method: str):
-        """reduce_when auto, per layout, for ``method``: one grid attention call of the model's
-        width and key count timed with full and reduced keys, as the processor makes it (diffusers'
-        dispatcher with its backend, or torch's SDPA), under a kind that names that attention.
-        max_change: the change of the first selected block's output (``_unit``)."""
+    def _grid_call(self, hidden: torch.Tensor) -> tuple:
+        """(key length, its KeepPlan, the first reduced attention module, heads, head width) of the
+        grid attention calls this layout makes."""
         length, plan = max(self.plans.items())
         attention = self._swapped[0][0]
         heads = attention.heads
         dim = attention.inner_dim // heads if hasattr(attention, "inner_dim") else hidden.shape[-1] // heads
-        kind = ("diffusers ToDo DiT", self.family.name, length, plan.kept, heads, dim, str(hidden.dtype),
+        return length, plan, attention, heads, dim
+
+    def _kind(self, hidden: torch.Tensor, method: str) -> tuple:
+        """The kind of grid attention call this layout makes, reduced by ``method``."""
+        length, plan, attention, heads, dim = self._grid_call(hidden)
+        return ("diffusers ToDo DiT", self.family.name, length, plan.kept, heads, dim, str(hidden.dtype),
                 method, attention_backend(attention.processor), *(("compiled",) if self._compiled() else ()))
+
+    def _decision(self, hidden: torch.Tensor, arguments, method: str, budgeted: bool = True):
+        """reduce_when auto, per layout, for ``method``: one grid attention call of the model's
+        width and key count timed with full and reduced keys, as the processor makes it (diffusers'
+        dispatcher with its backend, or torch's SDPA), under a kind that names that attention.
+        max_change: the change of the first selected block's output (``_unit``); ``budgeted``
+        False: speed alone (the budget decides per block: ``todo_blocks.py``)."""
+        length, plan, attention, heads, dim = self._grid_call(hidden)
+        kind = self._kind(hidden, method)
         instead = "" if method == self.method else f", method {method} instead"
 
         def describe():
@@ -396,10 +419,10 @@ class DiTToDo(CallPatch):
                 call = (lambda: dispatch(q, k, v, backend=backend))
             grid = plan.grid if plan.grid[0] > 1 else plan.grid[1:]
             return f"{grid_text(grid)} grid, attention ({length} keys){instead}", lambda: self.switch.work(
-                call, unit=self._unit(arguments))
+                call, unit=self._unit(arguments) if budgeted else None)
         # The window is timed on a CPU too: on a small grid it can be more work than full attention.
         return self.decision(self.session.run, hidden.device, kind, describe, lambda: weights_fingerprint(attention),
-                             time_cpu=method == WINDOW)
+                             time_cpu=method == WINDOW, budgeted=budgeted)
 
     def _unit(self, arguments) -> Callable[[], object] | None:
         """The quality budget's unit: the first selected block on the input the model hands it in
@@ -420,7 +443,9 @@ class DiTToDo(CallPatch):
         """k, v and the mask of a grid call with the keys/values reduced, or as they came; and the
         call's WindowPlan where it runs whole as method window (then k, v and mask as they came)."""
         active = self.active if self.switch.forced is None else self.switch.forced
-        if not active:
+        graded = self.graded if self.switch.forced is None else None
+        method = graded.get(self.block_now) if graded is not None else None
+        if not active or (graded is not None and method is None):  # (graded: a block left alone)
             return k, v, mask, None
         length = k.shape[dim]
         plan = self.plans.get(length)
@@ -430,7 +455,8 @@ class DiTToDo(CallPatch):
             if eager and self.session.context is not None:
                 note_skipped(self.session.context)  # not the predicted layout: left alone
             return k, v, mask, None
-        window = self.windows.get(length)
+        window = (self._windows if method == WINDOW else NO_WINDOWS).get(length) if graded is not None else \
+            self.windows.get(length)
         # As ComfyUI's (todo_dit.py), and only where the call's heads and extras are what the window computes.
         if window is not None and not (window_runs(mask, q.shape[dim], length) and q.shape == k.shape == v.shape
                                        and not extras.get("dropout_p") and not extras.get("is_causal")):
@@ -463,9 +489,14 @@ class DiTToDo(CallPatch):
     # --- installing ---------------------------------------------------------------------------
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         self.model = model
-        for site in self.sites:
+        self._positions = {name: place for place, name in
+                           enumerate(n for n in inspect.signature(model.forward).parameters if n != "self")}
+        budget = self.rule is not None and self.rule.max_change > 0
+        for index, site in enumerate(self.sites):
             block = model.get_submodule(site.path)
             self._blocks.append(block)
+            if budget:  # per block: which block runs (todo_blocks.py)
+                hooks.pre(block, self.mark_block(index))
             for name in self.family.attentions:
                 attention = getattr(block, name, None)
                 if attention is None or not hasattr(attention, "processor"):
