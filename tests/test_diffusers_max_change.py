@@ -412,3 +412,58 @@ def test_a_flux_pipelines_run_covers_the_whole_of_sampling(store):
     (graded,) = [d for site, d in decisions if site.endswith("per block")]
     assert graded.over_budget and all(d.reach == 1.0 for _, d in decisions)
     assert torch.equal(latents, unpatched)
+
+
+def test_dit_tome_decides_per_block_at_the_ratio_or_half_of_it(monkeypatch, tmp_path):
+    """ToMe on diffusers' DiTs decides per block too (issue #51): each merged block's change read
+    alone on the late input at the node's ratio and at half of it, graded under the budget
+    (``pays.grade_blocks``): under a budget that fits one block at half the ratio, the report says
+    so, the run merges that block alone (fewer tokens), and the run that measured gives the latents
+    of later runs and of a restart."""
+    from tokenreduce.describe import graded_text
+
+    def store(name: str):
+        decisions = pays.Decisions(tmp_path / f"{name}.json")
+        monkeypatch.setattr(api, "decisions_at", lambda path: decisions)
+        return decisions
+
+    pipe = tiny.flux_pipeline()
+    unpatched = flux_run(pipe)
+    measuring = store("ladder")
+    with apply_patch(pipe, "ToMe", max_change=TINY) as patch:
+        assert torch.equal(flux_run(pipe), unpatched)
+        keys = patch.patches[0].patch.block_keys()
+    assert keys == {1: ("double_block", 1), 2: ("single_block", 0)}  # the model's blocks 1 and 2
+    changes = {((site.split(" ")[0], int(site.split(" ")[1].rstrip(","))), int(site.split(", ")[1].split(" ")[0])):
+               d.change for site, d in measuring.log if site.endswith(" merged")}
+    assert sorted({count for _, count in changes}) == [64, 128] and len(changes) == 4, changes  # 16x16: 256 tokens
+    units = sorted({unit for unit, _ in changes})
+    options = {unit: (128, 64) for unit in units}
+    labels = {128: "ratio 0.5", 64: "ratio 0.25"}
+
+    def expected(budget: float) -> tuple[str, dict]:
+        choice, total = pays.grade_blocks(options, changes, budget, 1.0, pays.LATE_SCALE)
+        said = graded_text({u: labels[c] for u, c in choice.items()}, units,
+                           {u: tuple(labels[c] for c in counts) for u, counts in options.items()}, keys, total,
+                           budget, False)
+        return said, choice
+
+    budget = pays.LATE_SCALE * min(changes.values()) * 1.001  # the mildest block alone, at half the ratio
+    said, choice = expected(budget)
+    assert list(choice.values()) == [64]
+    with apply_patch(pipe, "ToMe", max_change=budget) as patch:
+        latents = flux_run(pipe)
+        lines = patch.report_lines()
+        measured = measuring.measurements
+        assert torch.equal(flux_run(pipe), latents) and measuring.measurements == measured  # kept
+    assert graded_line(lines).endswith(said) and "ratio 0.25 " in said and "left alone " in said, lines
+    assert any("blocks 256→192" in line for line in lines), lines  # one block at half: 64 of 256 merged
+    assert not torch.equal(latents, unpatched)
+    restarted = pays.Decisions(measuring.path)
+    monkeypatch.setattr(api, "decisions_at", lambda path: restarted)
+    with apply_patch(pipe, "ToMe", max_change=budget):
+        assert torch.equal(flux_run(pipe), latents) and restarted.measurements == 0
+    store("every block")
+    with apply_patch(pipe, "ToMe", max_change=2.0) as patch:
+        assert not torch.equal(flux_run(pipe), latents)
+        assert any("blocks 256→128" in line for line in patch.report_lines())

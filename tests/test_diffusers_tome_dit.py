@@ -353,8 +353,8 @@ def _kinds(model, monkeypatch, **settings) -> list[tuple]:
     from tokenreduce.diffusers import tome_dit as diffusers_tome_dit
 
     kinds = []
-    monkeypatch.setattr(diffusers_tome_dit.DiffusersToMeDiT, "pays",
-                        lambda self, run, device, kind, describe, model=None: kinds.append(kind) or True)
+    monkeypatch.setattr(diffusers_tome_dit.DiffusersToMeDiT, "decision",
+                        lambda self, run, device, kind, describe, model=None, **how: kinds.append(kind))
     with apply_patch(model, "ToMe", ratio=0.5, reduce_when="auto", **settings):
         _call(model)
     return kinds
@@ -373,7 +373,8 @@ def test_auto_kind_names_the_attention_backend_compiled_and_share_plans(flux, mo
         patch = applied.patches[0]
         patch.patch.wrapped = True  # under a torch.compile wrapper
         seen = []
-        monkeypatch.setattr(type(patch.patch), "pays", lambda self, run, device, kind, describe, model=None: seen.append(kind) or True)
+        monkeypatch.setattr(type(patch.patch), "decision",
+                            lambda self, run, device, kind, describe, model=None, **how: seen.append(kind))
         _call(flux)
     assert all("compiled" in kind for kind in seen) and seen
 

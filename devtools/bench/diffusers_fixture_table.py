@@ -37,6 +37,7 @@ SETTINGS = {
         "ToDo 2 nearest, always": ("ToDo", {"reduce_when": "always"}, 4),
         "ToDo 2 window, always": ("ToDo", {"method": "window", "reduce_when": "always"}, 4),
         "ToMe 0.5 (defaults: auto, max_change 0.05)": ("ToMe", {}, 4),
+        "ToMe 0.5, auto, max_change 0.2 (per block)": ("ToMe", {"max_change": 0.2}, 4),
         "ToMe 0.5, always": ("ToMe", {"reduce_when": "always"}, 4),
         "ToMe 0.5, always (20 steps)": ("ToMe", {"reduce_when": "always"}, 20),
         "ToMe 0.5, plans every 5, corrected, always (20 steps)": (

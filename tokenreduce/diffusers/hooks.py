@@ -32,6 +32,7 @@ def argument_reader(forward: Callable) -> Callable[[tuple, dict], Callable[[str]
             position = names.index(name) if name in names else len(args)
             return args[position] if position < len(args) else None
         get.inputs = (args, kwargs)  # the call's own arguments (block_input runs the call again with them)
+        get.names = names  # the forward's argument names, in order (late.late_call replaces some)
         return get
     return read
 

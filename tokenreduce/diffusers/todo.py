@@ -35,7 +35,6 @@ change, so a compiled block sees the same objects every step.
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import types
 from typing import Callable
@@ -285,7 +284,6 @@ class DiTToDo(DiTBlockBudget, CallPatch):
         self.state: dict = {}  # what the family's layout keeps between calls (Flux: the grid of its img_ids)
         self.graded: dict | None = None  # per block under the budget: selected block index -> method (None: per kind)
         self.block_now: int | None = None  # the selected block running now (read where graded)
-        self._positions: dict = {}  # the model forward's argument name -> its position
 
     # --- before each model call (outside the blocks) ---------------------------------------
     def prepare(self, context: dict, arguments) -> None:
@@ -489,8 +487,6 @@ class DiTToDo(DiTBlockBudget, CallPatch):
     # --- installing ---------------------------------------------------------------------------
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         self.model = model
-        self._positions = {name: place for place, name in
-                           enumerate(n for n in inspect.signature(model.forward).parameters if n != "self")}
         budget = self.rule is not None and self.rule.max_change > 0
         for index, site in enumerate(self.sites):
             block = model.get_submodule(site.path)

@@ -2,23 +2,13 @@
 ComfyUI's DiTs (``tokenreduce/todo_dit_blocks.py``, ``late_blocks.py``).
 
 With a budget (``max_change``), which selected blocks ToDo reduces, and how, is decided block by
-block, before the run's first reduced call, on a late input:
-
-1. the model call is run again whole (the model's own forward, below its hooks, nothing reduced),
-   which gives its flow velocity ``v``; one Euler step along it moves the call's latent to the
-   noise level at ``window.LATE`` of the run's schedule (``x + (late - sigma) * v``: the
-   prediction noised again with the call's own noise, as ``window.late_latent`` computes it from
-   the prediction of the clean latent). The schedule is
-   the pipeline's flow scheduler's own sigmas (from its begin index: an image-to-image run's
-   steps); for a model called on its own, the unshifted flow schedule, as its percents are mapped
-   (``session.Session.late_sigma``);
-2. the call is run once more there, with the timestep of that level; each selected block's output
-   is handed on whole, and the block is run again on copies of its input with its grid calls
-   reduced by each method of the ladder (nearest, then the window), so every block is measured on
-   the input the unreduced model hands it, in one call;
-3. the changes are graded under one budget (``late_blocks.grade``, ``pays.grade_blocks``), kept per
-   block and model (the block's own weights' fingerprint), said in one report line. Speed stays
-   decided per kind of attention call (every block makes the same shapes).
+block, before the run's first reduced call, on a late input (``late.py``: the model call moved by
+one Euler step along its own velocity to the noise level at ``window.LATE`` of the run's schedule,
+``session.Session.late_sigma``), every selected block measured there in one rehearsal with its
+grid calls reduced by each method of the ladder (nearest, then the window); the changes graded
+under one budget (``late_blocks.grade``, ``pays.grade_blocks``), kept per block and model (the
+block's own weights' fingerprint), said in one report line. Speed stays decided per kind of
+attention call (every block makes the same shapes).
 
 Where the late input cannot be made (a scheduler that is not a flow schedule, a family whose
 timestep runs the other way: Lumina 2, an output of another shape than the latent) or the blocks
@@ -30,36 +20,16 @@ from __future__ import annotations
 import torch
 
 from ..describe import grid_text
-from ..late_blocks import NotRehearsed, grade, once_per_run, say_graded
-from ..measure import copied_containers
+from ..late_blocks import grade, once_per_run, say_graded
 from ..pays import Work, relative_change
 from ..peak_window import WINDOW
 from ..run import call_context
 from ..window import LATE
 from .hooks import on_copies, weights_fingerprint
+from .late import late_call, measure_blocks
 
 GRID = "grid"  # the one kind of unit: a block's grid attention calls (its shapes are the kind's)
 NO_GRADE = object()  # decided per kind (kept per run, so the reasons are asked once)
-
-
-def _prediction(output) -> torch.Tensor | None:
-    """The tensor a transformer's forward returns first (``return_dict`` or not)."""
-    if torch.is_tensor(output):
-        return output
-    sample = getattr(output, "sample", None)
-    if torch.is_tensor(sample):
-        return sample
-    if isinstance(output, (tuple, list)) and output and torch.is_tensor(output[0]):
-        return output[0]
-    return None
-
-
-def _snapshot(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A block's inputs as they are now: containers copied, tensors cloned (the block may change
-    them in place before the measurement reads them)."""
-    again, named = copied_containers((args, kwargs))
-    fresh = lambda value: value.clone() if torch.is_tensor(value) else value  # noqa: E731
-    return tuple(map(fresh, again)), {name: fresh(value) for name, value in named.items()}
 
 
 class DiTBlockBudget:
@@ -135,60 +105,12 @@ class DiTBlockBudget:
     def _rehearse_late(self, arguments, late: float) -> dict:
         """{block index: {method: change}} of every selected block and method of the ladder, read
         in one rerun of the model call at the late input."""
-        args, kwargs = arguments.inputs
-        x, t = arguments("hidden_states"), arguments("timestep")
-        if not torch.is_tensor(x) or t is None:
-            raise NotRehearsed("the model call has no latent and timestep to move to a later step")
-        t = torch.as_tensor(t, device=x.device)
-        sigma = t.float() / self.family.timestep_scale
-        x_late, t_late = x, t
-        if sigma.numel() not in (1, x.shape[0]):  # a timestep per token (Wan 2.2 TI2V's): no one level to move
-            raise NotRehearsed("the call's timestep is not one per sample")
-        if bool((sigma > late).all()):  # one read, while measuring; else the call is later already
-            again, named = _copies(args, kwargs)
-            velocity = _prediction(self._whole(lambda: self.model.forward(*again, **named)))
-            if velocity is None or velocity.shape != x.shape:
-                raise NotRehearsed("the model's prediction is not of its latent's shape")
-            step = (late - sigma.reshape(-1)).reshape((-1,) + (1,) * (x.ndim - 1))  # one row, or one a sample
-            x_late = (x.float() + step * velocity.float()).to(x.dtype)  # window.late_latent, for a flow velocity
-            t_late = t.new_full(t.shape, late * self.family.timestep_scale)
-        again, named = _copies(args, kwargs)
-        again, named = self._with(again, named, hidden_states=x_late, timestep=t_late)
+        call = late_call(self.model, arguments, self.family.timestep_scale, late, self._whole)
         ladder = self._ladder()
-        found, held, handles, inside = {}, {}, [], []  # inside: a reduced side runs (its hooks pass)
 
-        def keep(index):
-            def before(module, args, kwargs):
-                if not inside:
-                    held[index] = _snapshot(args, kwargs)
-            return before
-
-        def measure(index):
-            def after(module, args, kwargs, output):
-                if inside:
-                    return
-                inputs = held.pop(index)
-                inside.append(index)
-                try:
-                    found[index] = {method: relative_change(output, self._reduced_block(index, inputs, method))
-                                    for method in ladder}
-                finally:
-                    inside.clear()
-            return after
-
-        try:
-            for index, block in enumerate(self._blocks):
-                handles.append(block.register_forward_pre_hook(keep(index), with_kwargs=True))
-                handles.append(block.register_forward_hook(measure(index), with_kwargs=True))
-            self._whole(lambda: self.model.forward(*again, **named))
-        finally:
-            for handle in handles:
-                handle.remove()
-        missing = [index for index in range(len(self._blocks)) if index not in found]
-        if missing:
-            raise NotRehearsed(f"the model call, run again to measure its blocks, never reached block "
-                               f"{', '.join(map(str, missing))}")
-        return found
+        def measure(index: int, inputs: tuple, output) -> dict:
+            return {method: relative_change(output, self._reduced_block(index, inputs, method)) for method in ladder}
+        return measure_blocks(self.model, dict(enumerate(self._blocks)), call, self._whole, measure)
 
     def _whole(self, call):
         """``call()`` with every processor passing through (the measurement's unreduced side)."""
@@ -211,17 +133,6 @@ class DiTBlockBudget:
         finally:
             self.switch.forced, self.session.context, self.windows = saved
 
-    def _with(self, args: tuple, kwargs: dict, **values) -> tuple[tuple, dict]:
-        """The call's arguments with ``values`` in place of the named ones (by position or keyword)."""
-        args, kwargs = list(args), dict(kwargs)
-        for name, value in values.items():
-            position = self._positions.get(name)
-            if position is not None and position < len(args):
-                args[position] = value
-            else:
-                kwargs[name] = value
-        return tuple(args), kwargs
-
     def mark_block(self, index: int):
         """Pre-hook of selected block ``index``: the block running now, for its graded method."""
         def before(module, args, kwargs):
@@ -230,6 +141,3 @@ class DiTBlockBudget:
         return before
 
 
-def _copies(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """The call's arguments with their lists and dicts copied (what the model consumes stays)."""
-    return copied_containers((args, kwargs))

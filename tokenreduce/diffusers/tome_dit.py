@@ -48,6 +48,7 @@ from ..tome_dit import (SHARED_PLAN, Tiles, alike_bound, block_plan, corrects, g
 from ..whole_difference import corrected_block
 from .hooks import attention_backend, weights_fingerprint
 from .session import Session
+from .tome_blocks import ToMeBlockBudget
 
 PE = "tokenreduce positions"  # the key under which a block's rotary positions go through merged_args
 SCHEDULE = "tome dit schedule"  # run.cache: (the pipeline scheduler's timesteps, their values) of the run
@@ -166,6 +167,7 @@ class _Current(NamedTuple):
     plans: dict | None  # share_plans: the plan its first merged block makes for the others (with
     # plan_every an earlier step's, with the differences correct_from_whole kept); None: each block plans
     planning: bool  # it makes its plans (not reusing an earlier step's): correct_from_whole runs the blocks whole
+    key: object = SHARED_PLAN  # where in plans its shared plan is (the budget's milder count: one of its own)
 
 
 def _per_kind(value, kind: str):
@@ -178,9 +180,12 @@ def merges(family) -> bool:
     return family is not None and family.name in MERGES
 
 
-class DiffusersToMeDiT(CallPatch):
+class DiffusersToMeDiT(ToMeBlockBudget, CallPatch):
     """ToMe on the selected blocks of one diffusers DiT: the core's plan, merge, block run and
-    restore (``tome_dit.block_plan``, ``run_merged_block``), as the ComfyUI node runs them."""
+    restore (``tome_dit.block_plan``, ``run_merged_block``), as the ComfyUI node runs them (with a
+    budget, decided per block: ``tome_blocks.py``)."""
+
+    Current = _Current
 
     def __init__(self, settings, family, sites, label: str, session: Session, rule=None):
         super().__init__("tokenreduce.diffusers", label, rule)
@@ -198,10 +203,12 @@ class DiffusersToMeDiT(CallPatch):
         self.current: _Current | None = None  # the model call running now; None: blocks as they are
         self.wrapped = False  # patched under a torch.compile wrapper (apply_patch sets it): the model runs compiled
         self._wrapped: list = []  # the blocks whose forward we set
+        self._blocks_by_index: dict = {}  # block index -> (block, its forward, kind, (BlockArgs, rope, out), positional)
+        self.graded: dict | None = None  # per block under the budget: block index -> merged count (None: per kind)
 
     # --- before each model call ------------------------------------------------------------
     def prepare(self, context: dict, arguments) -> None:
-        self.current = None
+        self.current, self.graded = None, None
         if not context["active"]:
             return
         layout = self.family.layout(self.model, arguments, self.state)
@@ -222,6 +229,9 @@ class DiffusersToMeDiT(CallPatch):
         if reused is None and self.every > 1:  # kept for the next every - 1 steps
             self.session.run.keep_plans(*self.session.plan_key(context, x, arguments("encoder_hidden_states")), plans)
         self.current = _Current(layout, tiles, r, plans, reused is None)
+        self.graded = self._graded(arguments, layout, tiles, r)
+        if self.graded == {}:  # every block over the budget alone: the call as it is
+            self.current = None
 
     def _earlier_plans(self, context: dict, arguments, layout) -> dict | None:
         """plan_every: the plans an earlier step's call like this one made (fewer than plan_every
@@ -265,7 +275,7 @@ class DiffusersToMeDiT(CallPatch):
         return run.sigma(torch.as_tensor(context["timestep"]))
 
     # --- in the block ----------------------------------------------------------------------
-    def _forward(self, block, original, path: str):
+    def _forward(self, block, original, path: str, index: int):
         signature = inspect.signature(original)
         kind = self.seam.kinds[type(block).__name__]
         rope = next((name for name in self.seam.rope if name in signature.parameters), None)
@@ -276,14 +286,22 @@ class DiffusersToMeDiT(CallPatch):
         processor = next((m.processor for m in block.modules() if getattr(m, "processor", None) is not None), None)
         backend = attention_backend(processor) if processor is not None else ""
         merged = (spec, rope, tokens_out)
+        self._blocks_by_index[index] = (block, original, kind, merged, positional)
 
         def forward(*args, **kwargs):
             current, context = self.current, self.session.context
             if current is None or context is None:
                 return original(*args, **kwargs)
+            graded = self.graded
+            if graded is not None:  # the budget's count for this block (none: left alone)
+                count = graded.get(index)
+                if count is None:
+                    return original(*args, **kwargs)
+                if count != current.r:
+                    current = current._replace(r=count, key=(SHARED_PLAN, count))
             # extra positional arguments (HunyuanVideo's, which its blocks ignore) are dropped
             call = {**dict(zip(positional, args)), **kwargs}
-            if not self._pays(context, block, kind, backend, original, call, merged):
+            if not self._pays(context, block, kind, backend, original, call, merged, current, graded is None):
                 return original(*args, **kwargs)
             noted = []
 
@@ -310,13 +328,13 @@ class DiffusersToMeDiT(CallPatch):
         kind's (BlockArgs, rotary argument name or None, tokens_out); ``current``: the call's."""
         seam = self.seam
         spec, rope_name, tokens_out = block
-        layout, tiles, r, plans, _ = current
+        layout, tiles, r, plans, _, key = current
         x = call.get(spec.tokens)
         where = spec.in_tokens(layout)
         rope = call.get(rope_name) if rope_name else None
         if x is None or x.ndim != 3 or where is None or x.shape[1] != where[0] or (rope_name and rope is None):
             return None
-        plan = block_plan(plans, x, where, layout, tiles, r, timer=timer, bound=self.bound)
+        plan = block_plan(plans, x, where, layout, tiles, r, timer=timer, bound=self.bound, key=key)
         if plan.r <= 0:  # min_similarity: nothing in this call's grid is alike enough to merge
             return original(**call)
         if noted is not None:  # the plan the block merged with, for the report (min_similarity: its own count)
@@ -354,15 +372,17 @@ class DiffusersToMeDiT(CallPatch):
             getattr(self.model, "_compiled_call_impl", None) is not None or \
             getattr(block, "_compiled_call_impl", None) is not None
 
-    def _pays(self, context: dict, block, kind: str, backend: str, original, call: dict, merged: tuple) -> bool:
+    def _pays(self, context: dict, block, kind: str, backend: str, original, call: dict, merged: tuple,
+              current: _Current, budgeted: bool = True) -> bool:
         """reduce_when auto: the first block of each kind timed unmerged and merged (plan, merge,
         block, restore) as the model hands it its inputs, under a kind that names everything the
         ComfyUI node's does (the attention backend, compiled or not, share_plans); on a CPU merged,
-        untimed."""
+        untimed. ``budgeted`` False: speed alone, per kind and merged count (the budget decided per
+        block: ``tome_blocks.py``)."""
         if self.rule is None:
             return True
         s = self.settings
-        layout, r = self.current.layout, self.current.r
+        layout, r = current.layout, current.r
         x = call.get(merged[0].tokens)
         signature = ("diffusers ToMe DiT", self.family.name, kind, tuple(x.shape[1:]) if torch.is_tensor(x) else (),
                      *layout.grid, r, s.ratio, *self.strides, layout.whole_frames, s.share_plans, str(getattr(x, "dtype", "")), backend,
@@ -372,13 +392,15 @@ class DiffusersToMeDiT(CallPatch):
             n = math.prod(layout.grid)
             grid = layout.grid if layout.grid[0] > 1 else layout.grid[1:]
             site = f"{self.family.name} {kind.replace('_', ' ')}s, {grid_text(grid)} grid ({n} → {n - r} tokens)"
-            return site, lambda: self._work(original, call, merged)
-        return self.pays(self.session.run, x.device, signature, describe, lambda: weights_fingerprint(block))
+            return site, lambda: self._work(original, call, merged, current)
+        decision = self.decision(self.session.run, x.device, signature, describe, lambda: weights_fingerprint(block),
+                                 budgeted=budgeted)
+        return decision is None or decision.reduce
 
-    def _work(self, original, call: dict, merged: tuple) -> Work:
+    def _work(self, original, call: dict, merged: tuple, current: _Current) -> Work:
         """The block unmerged and merged, as the ComfyUI node times its blocks: with share_plans the
         merged block with its plan made once, and the plan's own time shared by the merged blocks."""
-        layout, tiles, r, plans, _ = self.current
+        layout, tiles, r, plans, _, _ = current
         # the call's own plans stay untouched; the budget reads the merged block uncorrected (as
         # the ComfyUI node's: the corrected planning step changes nothing, the later ones cannot be read yet)
         reduced = _Current(layout, tiles, r, {} if plans is not None else None, True)
@@ -415,12 +437,13 @@ class DiffusersToMeDiT(CallPatch):
                 raise ValueError(f"{self.label}: block {site.path} of this {self.family.name} model has its forward "
                                  f"replaced already (another patch); ToMe cannot wrap it.")
         for site, block in zip(self.sites, blocks):
-            block.forward = self._forward(block, block.forward, site.path)
+            block.forward = self._forward(block, block.forward, site.path, site.key[1])
             self._wrapped.append(block)
 
     def uninstall(self) -> None:
         for block in reversed(self._wrapped):
             block.__dict__.pop("forward", None)
         self._wrapped.clear()
+        self._blocks_by_index.clear()
         self.state.clear()
         self.current = None
