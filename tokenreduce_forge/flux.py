@@ -27,10 +27,14 @@ the original block. ``reduce_when auto`` is not timed here (the core times a DiT
 calling it through its host's block-replace seam, which Forge's Flux does not have): every
 selected block is merged, and the info text and the pass's warnings say so.
 
-The quality budget (``max_change``) is not applied on Forge's Flux either: it measures a block's
-change on the inputs the model hands it, caught at that same seam in a rehearsal of the call.
-Without the seam the rehearsal would run the whole model once more and catch nothing, so ToDo's
-auto rule runs here without a budget, and the info text says so (``BUDGET_NOT_APPLIED``).
+ToDo's quality budget (``max_change``) measures a block's change on the inputs the model hands it,
+caught where the host calls the block through its block-replace seam in a rehearsal of the call
+(per block, on a late input: ``tokenreduce/late_blocks.py``). Forge's Flux has no such seam, so
+with a budget each block ToDo reduces gets one in its object patch (``seamed``): its ``forward`` hands the
+block to a replacement the call's options name under ComfyUI's key (``patches_replace["dit"]``,
+``("double_block", i)``), with ComfyUI's arguments, and otherwise runs the block as it is. Only the
+budget's rehearsals put a replacement there (Forge's own calls never do), so a normal call runs the
+block unchanged. ToMe's auto rule stays untimed here and without a budget (``AUTO_UNTIMED``).
 
 ToMe and ToDo together (in either order of the settings: the same patches) stack as in ComfyUI:
 a block both select gets ToMe's forward around ToDo's rebuilt one, and the one diffusion-model
@@ -46,12 +50,11 @@ import functools
 import types
 from typing import NamedTuple
 
-from tokenreduce.describe import budget_text, header, tome_dit_info
+from tokenreduce.describe import header, tome_dit_info
 from tokenreduce.describe import todo_info as core_todo_info
 from tokenreduce.families import flux
 from tokenreduce.layout import DIT, Layout, dit_layout
-from tokenreduce.methods import (MAX_CHANGE_DEFAULT, REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select,
-                                 tome_unet_only)
+from tokenreduce.methods import REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select, tome_unet_only
 from tokenreduce.pays import auto_rule
 from tokenreduce.preflight import dit_factor
 from tokenreduce.rebind import rebuilt
@@ -181,6 +184,23 @@ class PassAttention:
         return forward
 
 
+def _replacement_in_options(key: tuple):
+    """The block-replace function of ``seamed``: the replacement the call's options name at ``key``
+    (the budget's rehearsal: ``late_blocks.late_block_changes``, ``measure.captured_blocks``), else
+    the block as it is."""
+    def run_block(args: dict, extra: dict):
+        replace = ((args.get("transformer_options") or {}).get("patches_replace") or {}).get("dit", {}).get(key)
+        return replace(args, extra) if replace is not None else extra["original_block"](args)
+    return run_block
+
+
+def seamed(kind: str, index: int, current, options: PassAttention):
+    """A block's ``forward`` with ComfyUI's block-replace seam: ``current`` (ToDo's rebuilt forward),
+    run by whatever the call's options replace ``(kind, index)`` with (ToDo's quality budget, in its
+    rehearsals), else as it is."""
+    return block_forward(_replacement_in_options((kind, index)), options, kind, current)
+
+
 class Chosen(NamedTuple):
     """A method this pass runs on Forge's Flux (as ``patching.MethodRun`` takes it)."""
 
@@ -195,25 +215,6 @@ class Chosen(NamedTuple):
 AUTO_UNTIMED = ("reduce_when auto is not timed for ToMe on Forge's Flux (its blocks have no block-replace seam "
                 "to time one through): every selected block is merged, as with reduce_when always, and max_change "
                 "is not applied")
-BUDGET_NOT_APPLIED = ("max_change is not applied on Forge's Flux: a block's change is measured on the inputs the "
-                      "model hands it, caught where the host calls the block through its block-replace seam, which "
-                      "Forge's Flux does not have")
-
-
-def todo_info(settings, target) -> str:
-    """The info text of ToDo on Forge's Flux: the node's, without the budget it cannot apply here."""
-    info = core_todo_info(settings, target)[0]
-    budget = budget_text(settings)
-    return info.replace(budget, f" {BUDGET_NOT_APPLIED}.") if budget else info
-
-
-def _budget_warnings(who: str, settings) -> list[str]:
-    """A max_change set away from its default does nothing here: said, as other no-op settings are."""
-    if settings.reduce_when == REDUCE_ALWAYS or settings.max_change in (0, MAX_CHANGE_DEFAULT):
-        return []
-    return [f"{who}: max_change {settings.max_change:g} does nothing: {BUDGET_NOT_APPLIED}."]
-
-
 def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, latent_shape: tuple, decisions,
            percent_to_sigma) -> tuple[str | None, list[Chosen]]:
     """The methods this pass runs on Forge's Flux (``clone``: its UnetPatcher), with the same
@@ -250,12 +251,12 @@ def choose_todo(clone, run, layout: Layout, family: str, stage: str, settings, l
     diffusion_model = clone.get_model_object("diffusion_model")
     patch = ForgeFluxToDo(layout, frozenset(site.key[1] for site in target.sites), settings.factor, 1.0,
                           settings.method, diffusion_model, f"{CONTEXT_PREFIX}forge.{stage}.ToDo", who,
-                          auto_rule(settings.reduce_when, decisions, per_process=True))  # no budget: BUDGET_NOT_APPLIED
+                          auto_rule(settings.reduce_when, decisions, per_process=True, max_change=settings.max_change))
     problem = _reach(clone, layout, target, patch)
     if problem is not None:
         return f"{who} cannot reach the attention of Forge's Flux: {problem}. Turn one of them off.", []
     try:
-        warnings = [f"{who}: {w}" for w in core_todo_info(settings, target)[1]] + _budget_warnings(who, settings)
+        warnings = [f"{who}: {w}" for w in core_todo_info(settings, target)[1]]
         warnings += dit_factor(who, PATCH, settings.factor)(latent_shape)
     except ValueError as refused:
         return str(refused), []
@@ -289,6 +290,11 @@ def _reach(clone, layout: Layout, target, patch: ForgeFluxToDo) -> str | None:
     patch.attention = attention
     patch.object_patches = {key: rebound(current, "attention", attention.for_slot(slot))
                             for (key, slot), current in found.items()}
+    if patch.rule is not None and patch.rule.max_change > 0:  # the budget's rehearsals reach the blocks here
+        keys = FAMILY.merge.keys(clone.get_model_object("diffusion_model"))  # block -> ("double_block", i)
+        blocks = {f"{site.path}.forward": site.key[1] for site in target.sites}
+        patch.object_patches = {key: seamed(*keys[blocks[key]], forward, attention)
+                                for key, forward in patch.object_patches.items()}
     patch.object_patches[FORWARD] = attention.forward(_forward_of(clone, FORWARD,
                                                                   clone.get_model_object("diffusion_model")))
     return None
@@ -340,9 +346,15 @@ def tome_info(settings, target, patch) -> str:
 
 def tome_forward(patch: ToMeDiTPatch, options: PassAttention, kind: str, index: int, current):
     """A Forge Flux block's ``forward`` (``current``: the one it had) through the core's block
-    wrapper: the arguments as the block-replace seam hands them (the call's options noted by the
-    diffusion model's patched forward), the block's own forward as the original block."""
-    run_block = patch.replacement(kind, index, None)
+    wrapper (``block_forward``)."""
+    return block_forward(patch.replacement(kind, index, None), options, kind, current)
+
+
+def block_forward(run_block, options: PassAttention, kind: str, current):
+    """A Forge Flux block's ``forward`` (``current``: the one it had) through ``run_block(args,
+    extra)``, a ComfyUI block replacement: the arguments as ComfyUI's Flux hands them (the call's
+    options noted by the diffusion model's patched forward), the block's own forward as the
+    original block (run with the options it is handed noted for this pass's attention)."""
     if kind == "double_block":
         def forward(img, txt, vec, pe, **kwargs):
             def original(a):
@@ -352,6 +364,7 @@ def tome_forward(patch: ToMeDiTPatch, options: PassAttention, kind: str, index: 
             args = {"img": img, "txt": txt, "vec": vec, "pe": pe, "transformer_options": options.options}
             out = run_block(args, {"original_block": original})
             return out["img"], out["txt"]
+        forward.__wrapped__ = current  # the forward it runs
         return forward
 
     def forward(x, vec, pe, **kwargs):  # single block: x = [text, image]
@@ -360,6 +373,7 @@ def tome_forward(patch: ToMeDiTPatch, options: PassAttention, kind: str, index: 
                 return {"img": current(a["img"], vec=a["vec"], pe=a["pe"], **kwargs)}
         args = {"img": x, "vec": vec, "pe": pe, "transformer_options": options.options}
         return run_block(args, {"original_block": original})["img"]
+    forward.__wrapped__ = current
     return forward
 
 

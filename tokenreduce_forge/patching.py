@@ -38,7 +38,7 @@ from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from tokenreduce.target import resolve_target
 from tokenreduce.todo_patch import BY_REPLACE, ToDoPatch
 from tokenreduce.tome_patch import ToMePatch
-from tokenreduce.window import SigmaWindow, schedule_reach
+from tokenreduce.window import SigmaWindow, late_level, schedule_reach
 
 from . import flux as forge_flux
 from .grid import supply_activations_shape
@@ -84,8 +84,6 @@ class MethodRun:
         self.header = header(method, target)
         if method == "ToMe" and target.layout.kind == DIT:  # Forge's Flux: whole blocks (flux.py)
             self.info = forge_flux.tome_info(settings, target, patch)
-        elif target.layout.kind == DIT:  # ToDo on Forge's Flux: without the budget (flux.py)
-            self.info = forge_flux.todo_info(settings, target)
         else:
             self.info = tome_info(settings, target) if method == "ToMe" else todo_info(settings, target)[0]
         always = settings.start_percent <= 0.0 and settings.end_percent >= 1.0
@@ -122,6 +120,7 @@ class PassRun:
             reach = schedule_reach(_percent_to_sigma(unet), schedule[0])
             for method in self.methods:
                 method.run.reach = reach
+                method.run.late_sigma = late_level(schedule)  # where the budget reads a DiT block (late_blocks.py)
 
     def wrapper(self, previous):
         """The ``model_function_wrapper`` of this pass, calling ``previous`` (another
