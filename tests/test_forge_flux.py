@@ -225,8 +225,39 @@ def test_the_budget_decides_forges_flux_blocks_one_by_one_on_a_late_input(forge,
     assert torch.equal(again, out) and measuring.measurements == measured
 
 
+def test_tome_on_forges_flux_is_timed_and_budgeted_per_block_as_in_comfyui(forge, unet, tmp_path):
+    """ToMe's auto rule and quality budget on Forge's own Flux (issue #51; before: untimed, no budget,
+    every selected block merged): its blocks reached through their seams in rehearsals of the call,
+    each block's change read alone on a late input at the ratio and half of it. A budget nothing
+    fits: the unpatched output, the report naming every block left alone; one that fits every block
+    at the ratio: reduce_when always's output; the kept decisions measure nothing again."""
+    from tokenreduce.pays import Decisions
+
+    def budgeted_tome(store, max_change):
+        patched, run = patching.install(unet, "Flux", S.FIRST, tome(reduce_when="auto", max_change=max_change),
+                                        LATENT, decisions=store)
+        run.use_schedule([*SCHEDULE, 0.0], patched)
+        out = sample(patched, sigmas=SCHEDULE)
+        ((method, report),) = run.finish(True)
+        return out, method, report
+
+    unpatched = sample(unet, sigmas=SCHEDULE)
+    store = Decisions(tmp_path / "auto_decisions.json")
+    out, method, report = budgeted_tome(store, 1e-9)
+    (line,) = [line for line in report.notes if "per block, read at 75 % of sampling, counted 2x" in line]
+    assert torch.equal(out, unpatched) and "left alone double 1, single 0-1" in line, report.notes
+    assert "not timed" not in method.info and not any("not timed" in w for w in report.warnings)
+    assert len([site for site, _ in store.log if site.endswith(" merged")]) == 6  # 3 blocks, 2 ratios
+    measured = store.measurements
+    always = sample(install(unet, tome())[0], sigmas=SCHEDULE)
+    out, _, report = budgeted_tome(store, 2.0)
+    (line,) = [line for line in report.notes if "per block, read at 75 %" in line]
+    assert torch.equal(out, always) and "ratio 0.5 double 1, single 0-1" in line and store.measurements == measured
+
+
 def tome(stage=S.FIRST, **values):
-    return {"ToMe": S.method_settings("ToMe", stage, values)}
+    """ToMe's settings; reduce_when always unless given (what it merges, not what auto decides: below)."""
+    return {"ToMe": S.method_settings("ToMe", stage, {"reduce_when": "always", **values})}
 
 
 def test_tome_merges_the_image_tokens_of_forges_own_flux_blocks(forge, unet, monkeypatch):

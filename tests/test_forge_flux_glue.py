@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from tokenreduce.pays import Decisions
 from tokenreduce.run import OVERRIDE
 from tokenreduce_forge import flux as forge_flux
 from tokenreduce_forge import patching
@@ -184,10 +185,10 @@ ToyForgeFlux.__name__ = forge_flux.MODEL_CLASS
 
 
 class ToyClone:
-    """What ToMe asks of Forge's UnetPatcher: its model objects and object patches."""
+    """What ToMe asks of Forge's UnetPatcher: its model objects, object patches and model options."""
 
     def __init__(self, model):
-        self.model, self.object_patches = model, {}
+        self.model, self.object_patches, self.model_options = model, {}, {"transformer_options": {}}
 
     def get_model_object(self, name):
         return self.model if name == "diffusion_model" else self.model.get_submodule(name.split(".", 1)[1])
@@ -201,15 +202,16 @@ def _forge_run(model, methods: dict, x, context, seeds=(0.7,)):
     settings = {name: S.method_settings(name, S.FIRST, values) for name, values in methods.items()}
     layout = forge_flux.layout_of(model)
     run = types.SimpleNamespace(warnings=[])
-    refusal, chosen = forge_flux.choose(clone, run, layout, "Flux", S.FIRST, settings, x.shape, None,
+    refusal, chosen = forge_flux.choose(clone, run, layout, "Flux", S.FIRST, settings, x.shape, Decisions(None),
                                         lambda p: 1.0 - p)
     assert refusal is None and len(chosen) == len(methods), (refusal, run.warnings)
     runs = [patching.MethodRun(c.method, S.FIRST, *c[1:]) for c in chosen]
     patches = {key: value for method in runs for key, value in method.patch.object_patches.items()}
+    replaces = {key: value for method in runs for key, value in getattr(method.patch, "replaces", {}).items()}
     outs = []
     for sigma in seeds:
         sigmas = torch.tensor([sigma])
-        options = {"sigmas": sigmas}
+        options = {"sigmas": sigmas, "patches_replace": {"dit": dict(replaces)}}  # as register sets them
         contexts = [method.run.open_call(sigmas, options) for method in runs]
         for method, context_ in zip(runs, contexts):
             method.patch.prepare_call(context_, method.run, patching.ModelCall(x, context, {}, options, sigmas))
@@ -287,13 +289,22 @@ def test_tome_on_forges_flux_reuses_plans_and_corrects_from_the_whole_blocks():
         assert (corrected[step] - unpatched[step]).norm() < 0.5 * (plain[step] - unpatched[step]).norm()
 
 
-def test_tome_auto_on_forges_flux_says_it_is_untimed():
+def test_tome_on_forges_flux_puts_its_block_replacements_in_the_options_behind_a_seam():
+    """ToMe on Forge's Flux as in ComfyUI: its replacement at each merged block's key, which the
+    block's seamed forward calls (the auto rule's rehearsals put theirs there instead); a block's
+    forward with no replacement in the options runs the block as it is."""
     torch.manual_seed(0)
     model = ToyForgeFlux()
+    x, context = torch.randn(1, 4, 12, 10), torch.randn(1, 6, 8)
     with torch.no_grad():
-        _, method, _ = _forge_tome_run(model, {"reduce_when": "auto"}, torch.randn(1, 4, 12, 10), torch.randn(1, 6, 8))
-    assert "reduce_when auto is not timed for ToMe on Forge's Flux" in method.info
-    assert any("reduce_when auto is not timed" in w for w in method.run.warnings)
+        _, method, _ = _forge_tome_run(model, {"reduce_when": "always"}, x, context)
+        assert set(method.patch.replaces) == {("double_block", 1), ("single_block", 0), ("single_block", 1)}
+        assert "reduce_when auto is not timed" not in method.info and not method.run.warnings
+        forward = method.patch.object_patches["diffusion_model.double_blocks.1.forward"]
+        img, txt, vec = torch.randn(1, 30, 8), torch.randn(1, 6, 8), torch.ones(1)
+        pe = torch.zeros(1, 1, 36, 4, 2, 2)
+        block = model.double_blocks[1]
+        assert all(torch.equal(a, b) for a, b in zip(forward(img, txt, vec, pe), block(img, txt, vec, pe)))
 
 
 def test_tome_on_forges_flux_names_the_unet_only_settings_it_ignores():

@@ -532,7 +532,7 @@ WINDOW_ALWAYS = {"method": "window", "reduce_when": "always"}  # auto times the 
 
 
 def _replaced(unet) -> dict:
-    return patching._attn1_replace(unet)
+    return patching._patches_replace(unet)
 
 
 @pytest.mark.parametrize("family", ["SD15", "SDXL"])

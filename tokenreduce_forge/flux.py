@@ -19,22 +19,20 @@ selected keys and values of the image grid (text tokens intact) and calls Forge'
 function. Outside a sampling pass of this clone (a stale patched module, a timing of the auto
 rule) everything passes through to what Forge computes.
 
-ToMe (whole blocks merged) goes through the same seam: each selected block's ``forward`` is an
-object patch that hands the block's arguments to the core's block wrapper
-(``tokenreduce/tome_dit.py``, ``ToMeDiTPatch.replacement``: the ComfyUI node's plan, merge and
-restore, positions following the tokens, the text never merged) with the block's own forward as
-the original block. ``reduce_when auto`` is not timed here (the core times a DiT block by
-calling it through its host's block-replace seam, which Forge's Flux does not have): every
-selected block is merged, and the info text and the pass's warnings say so.
+Forge's Flux has no block-replace seam (ComfyUI's ``patches_replace["dit"]``), so the object
+patches give each block one (``seamed``): its ``forward`` hands the block, with ComfyUI's Flux
+arguments and its own forward as the original block, to the replacement the call's transformer
+options name under ComfyUI's key (``("double_block", i)``), and otherwise runs it as it is.
 
-ToDo's quality budget (``max_change``) measures a block's change on the inputs the model hands it,
-caught where the host calls the block through its block-replace seam in a rehearsal of the call
-(per block, on a late input: ``tokenreduce/late_blocks.py``). Forge's Flux has no such seam, so
-with a budget each block ToDo reduces gets one in its object patch (``seamed``): its ``forward`` hands the
-block to a replacement the call's options name under ComfyUI's key (``patches_replace["dit"]``,
-``("double_block", i)``), with ComfyUI's arguments, and otherwise runs the block as it is. Only the
-budget's rehearsals put a replacement there (Forge's own calls never do), so a normal call runs the
-block unchanged. ToMe's auto rule stays untimed here and without a budget (``AUTO_UNTIMED``).
+- ToMe (whole blocks merged) puts the core's block wrapper there (``tokenreduce/tome_dit.py``,
+  ``ToMeDiTPatch.replacement``: the ComfyUI node's plan, merge and restore, positions following
+  the tokens, the text never merged), in the clone's transformer options
+  (``set_model_patch_replace``), and seams each block it merges; so its auto rule and quality
+  budget are the ComfyUI node's: a block timed and measured through the seam in a rehearsal of
+  the call (``tome_dit.captured_blocks``, per block on a late input: ``late_blocks.py``).
+- ToDo's quality budget (``max_change``) measures a block's change the same way, its rehearsals
+  naming a replacement at the keys of the blocks it reduces; with a budget ToDo seams them too.
+  Only the budget's rehearsals and ToMe name replacements, so a block neither reaches runs as it is.
 
 ToMe and ToDo together (in either order of the settings: the same patches) stack as in ComfyUI:
 a block both select gets ToMe's forward around ToDo's rebuilt one, and the one diffusion-model
@@ -50,11 +48,10 @@ import functools
 import types
 from typing import NamedTuple
 
-from tokenreduce.describe import header, tome_dit_info
 from tokenreduce.describe import todo_info as core_todo_info
 from tokenreduce.families import flux
 from tokenreduce.layout import DIT, Layout, dit_layout
-from tokenreduce.methods import REDUCE_ALWAYS, dit_method_problem, todo_select, tome_select, tome_unet_only
+from tokenreduce.methods import dit_method_problem, todo_select, tome_select, tome_unet_only
 from tokenreduce.pays import auto_rule
 from tokenreduce.preflight import dit_factor
 from tokenreduce.rebind import rebuilt
@@ -106,6 +103,7 @@ class ForgeFluxToDo(ToDoDiTPatch):
         super().__init__(*args, **kwargs)
         self.attention: PassAttention | None = None  # set with the object patches (``_reach``)
         self.object_patches: dict = {}  # key -> object, added to the clone by ``register``
+        self.rebuilt: dict = {}  # key -> the block's forward rebuilt with this pass's attention (seamed or not)
 
     def _in_front(self, run, options):
         return self.override, None
@@ -212,9 +210,6 @@ class Chosen(NamedTuple):
     warnings: list
 
 
-AUTO_UNTIMED = ("reduce_when auto is not timed for ToMe on Forge's Flux (its blocks have no block-replace seam "
-                "to time one through): every selected block is merged, as with reduce_when always, and max_change "
-                "is not applied")
 def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, latent_shape: tuple, decisions,
            percent_to_sigma) -> tuple[str | None, list[Chosen]]:
     """The methods this pass runs on Forge's Flux (``clone``: its UnetPatcher), with the same
@@ -229,8 +224,8 @@ def choose(clone, run, layout: Layout, family: str, stage: str, methods: dict, l
             return refusal, []
     if "ToMe" in methods:
         inner = chosen["ToDo"][0].patch if chosen.get("ToDo") else None
-        refusal, chosen["ToMe"] = choose_tome(clone, run, layout, family, stage, methods["ToMe"], percent_to_sigma,
-                                              inner)
+        refusal, chosen["ToMe"] = choose_tome(clone, run, layout, family, stage, methods["ToMe"], decisions,
+                                              percent_to_sigma, inner)
         if refusal is not None:
             return refusal, []
     return None, [c for method in methods for c in chosen.get(method, [])]
@@ -288,36 +283,42 @@ def _reach(clone, layout: Layout, target, patch: ForgeFluxToDo) -> str | None:
     module = next(iter(found.values())).__func__.__globals__
     attention = PassAttention(patch, module["apply_rope"], module["attention_function"])
     patch.attention = attention
-    patch.object_patches = {key: rebound(current, "attention", attention.for_slot(slot))
-                            for (key, slot), current in found.items()}
+    patch.rebuilt = {key: rebound(current, "attention", attention.for_slot(slot))
+                     for (key, slot), current in found.items()}
+    patch.object_patches = dict(patch.rebuilt)
     if patch.rule is not None and patch.rule.max_change > 0:  # the budget's rehearsals reach the blocks here
         keys = FAMILY.merge.keys(clone.get_model_object("diffusion_model"))  # block -> ("double_block", i)
         blocks = {f"{site.path}.forward": site.key[1] for site in target.sites}
         patch.object_patches = {key: seamed(*keys[blocks[key]], forward, attention)
-                                for key, forward in patch.object_patches.items()}
+                                for key, forward in patch.rebuilt.items()}
     patch.object_patches[FORWARD] = attention.forward(_forward_of(clone, FORWARD,
                                                                   clone.get_model_object("diffusion_model")))
     return None
 
 
-def register(clone, run) -> tuple[list, list]:
-    """Add the object patches of the pass's Flux methods to ``clone``: (functions, object keys),
-    as ``patching.Installed`` records them."""
-    keys = []
+def register(clone, run) -> tuple[list, list, list]:
+    """Add the object patches and block replacements (ToMe's) of the pass's Flux methods to
+    ``clone``: (functions, object keys, replacements), as ``patching.Installed`` records them."""
+    keys, replaced = [], []
     for method in run.methods:
         for key, value in method.patch.object_patches.items():
             clone.add_object_patch(key, value)
             keys.append(key)
-    return [], keys
+        for (kind, index), function in getattr(method.patch, "replaces", {}).items():
+            clone.set_model_patch_replace(function, "dit", kind, index)
+            replaced.append(("dit", (kind, index), function))
+    return [], keys, replaced
 
 
 # --- ToMe: whole blocks merged through the core's block wrapper (tokenreduce/tome_dit.py) ---------
 
-def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, percent_to_sigma,
+def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, decisions, percent_to_sigma,
                 todo: ForgeFluxToDo | None = None):
     """ToMe on Forge's Flux: the core's ``ToMeDiTPatch`` (the ComfyUI node's), its block-replace
-    functions called from each selected block's ``forward`` (an object patch on the clone);
-    ``todo``: ToDo's patch of the same pass, whose block forwards ToMe's call inside."""
+    functions in the clone's transformer options, called through the seam each selected block's
+    ``forward`` gets (an object patch on the clone: ``seamed``); ``todo``: ToDo's patch of the same
+    pass, whose rebuilt block forwards ToMe's call inside. Its auto rule and quality budget are the
+    ComfyUI node's (the block timed and measured through that seam)."""
     who = label(stage, "ToMe")
     target = resolve_target(layout, family, "ToMe", "max_downsample", settings.max_downsample, tome_select,
                             kinds=(DIT,))
@@ -326,28 +327,14 @@ def choose_tome(clone, run, layout: Layout, family: str, stage: str, settings, p
         return None, []
     diffusion_model = clone.get_model_object("diffusion_model")
     patch = ToMeDiTPatch(settings, layout, tome_dit_blocks(target.sites), diffusion_model,
-                         f"{CONTEXT_PREFIX}forge.{stage}.ToMe", who, None)  # auto: untimed (AUTO_UNTIMED)
+                         f"{CONTEXT_PREFIX}forge.{stage}.ToMe", who,
+                         auto_rule(settings.reduce_when, decisions, per_process=True, max_change=settings.max_change))
     problem = _reach_tome(clone, target, patch, todo)
     if problem is not None:
         return f"{who} cannot reach the blocks of Forge's Flux: {problem}. Turn one of them off.", []
-    warnings = [] if settings.reduce_when == REDUCE_ALWAYS else [f"{who}: {AUTO_UNTIMED}."]
-    warnings += [f"{who}: {warning}" for warning in tome_unet_only(settings, layout.family.name)]
+    warnings = [f"{who}: {warning}" for warning in tome_unet_only(settings, layout.family.name)]
     window = SigmaWindow(percent_to_sigma(settings.start_percent), percent_to_sigma(settings.end_percent))
     return None, [Chosen("ToMe", settings, target, patch, window, warnings)]
-
-
-def tome_info(settings, target, patch) -> str:
-    """The info text of ToMe on Forge's Flux: the node's, and what reduce_when auto does here."""
-    info = tome_dit_info(settings, target, patch)
-    if settings.reduce_when == REDUCE_ALWAYS:
-        return info
-    return info[:info.index("reduce_when auto")] + AUTO_UNTIMED + "."
-
-
-def tome_forward(patch: ToMeDiTPatch, options: PassAttention, kind: str, index: int, current):
-    """A Forge Flux block's ``forward`` (``current``: the one it had) through the core's block
-    wrapper (``block_forward``)."""
-    return block_forward(patch.replacement(kind, index, None), options, kind, current)
 
 
 def block_forward(run_block, options: PassAttention, kind: str, current):
@@ -378,21 +365,26 @@ def block_forward(run_block, options: PassAttention, kind: str, current):
 
 
 def _reach_tome(clone, target, patch: ToMeDiTPatch, todo: ForgeFluxToDo | None = None) -> str | None:
-    """The object patches of ToMe on Forge's Flux (``register`` adds them), or why there can be
-    none. With ``todo`` (ToDo's patch of the pass): a block both select runs ToDo's forward inside
-    ToMe's, whose object patch takes that key's place, and ToDo's attention and model forward serve
-    both (one object patch per key)."""
+    """The object patches and block replacements of ToMe on Forge's Flux (``register`` adds them),
+    or why there can be none: each selected block's ``forward`` seamed (``seamed``) and ToMe's
+    replacement at its key, chained to one already there. With ``todo`` (ToDo's patch of the pass):
+    a block both select runs ToDo's rebuilt forward inside the seam, whose object patch takes that
+    key's place, and ToDo's attention and model forward serve both (one object patch per key)."""
     inner = todo.object_patches if todo is not None else {}
+    rebuilt = todo.rebuilt if todo is not None else {}
     options = todo.attention if todo is not None else PassAttention(None, None, None)  # the call's options
     keys = patch.replace_keys()
-    patch.object_patches = {}
+    there = clone.model_options.get("transformer_options", {}).get("patches_replace", {}).get("dit", {})
+    patch.object_patches, patch.replaces = {}, {}
     for site in target.sites:
         key = f"{site.path}.forward"
         if key in clone.object_patches:
             return f"block {site.path.split('.', 1)[1]} has another extension's forward"
-        current = inner.pop(key, None) or _forward_of(clone, key, clone.get_model_object(site.path))
-        kind, _ = keys[site.key[1]]
-        patch.object_patches[key] = tome_forward(patch, options, kind, site.key[1], current)
+        inner.pop(key, None)
+        current = rebuilt.get(key) or _forward_of(clone, key, clone.get_model_object(site.path))
+        kind, index = keys[site.key[1]]
+        patch.object_patches[key] = seamed(kind, index, current, options)
+        patch.replaces[(kind, index)] = patch.replacement(kind, site.key[1], there.get((kind, index)))
     if todo is None:
         patch.object_patches[FORWARD] = options.forward(_forward_of(clone, FORWARD,
                                                                     clone.get_model_object("diffusion_model")))

@@ -25,7 +25,7 @@ import time
 from dataclasses import replace
 
 from tokenreduce.change import measure_change
-from tokenreduce.describe import header, todo_info, tome_info
+from tokenreduce.describe import header, todo_info, tome_dit_info, tome_info
 from tokenreduce.fingerprint import fingerprint
 from tokenreduce.layout import DIT, UNET, model_layout
 from tokenreduce.measure import UNetLevels, copied_containers
@@ -63,7 +63,7 @@ class Installed:
                  replaced: list = ()):
         self.functions = functions  # (patch list name, function)
         self.object_keys = object_keys
-        self.replaced = list(replaced)  # (attn1 replace key, function): ToDo's window
+        self.replaced = list(replaced)  # (replace name, key, function): ToDo's window (attn1), ToMe on Flux (dit)
         self.previous_wrapper = previous_wrapper
         self.had_wrapper = had_wrapper
 
@@ -83,7 +83,7 @@ class MethodRun:
         self.patch = patch
         self.header = header(method, target)
         if method == "ToMe" and target.layout.kind == DIT:  # Forge's Flux: whole blocks (flux.py)
-            self.info = forge_flux.tome_info(settings, target, patch)
+            self.info = tome_dit_info(settings, target, patch)
         else:
             self.info = tome_info(settings, target) if method == "ToMe" else todo_info(settings, target)[0]
         always = settings.start_percent <= 0.0 and settings.end_percent >= 1.0
@@ -251,22 +251,22 @@ def strip_ours(clone) -> None:
         clone.model_options.pop("model_function_wrapper", None)
     for key in installed.object_keys:
         clone.object_patches.pop(key, None)
-    replace = _attn1_replace(clone)
-    for key, function in installed.replaced:
+    for name, key, function in installed.replaced:
+        replace = _patches_replace(clone, name)
         if replace.get(key) == function:
             del replace[key]
 
 
-def _attn1_replace(unet) -> dict:
-    """The patcher's attn1 replace patches, by block key (``("input", 1, 0)``; or without the
-    transformer index, for every index of the block)."""
-    return unet.model_options.get("transformer_options", {}).get("patches_replace", {}).get("attn1", {})
+def _patches_replace(unet, name: str = "attn1") -> dict:
+    """The patcher's ``name`` replace patches by key: attn1's by block (``("input", 1, 0)``; or
+    without the transformer index, for every index of the block), dit's by block (``("double_block", 1)``)."""
+    return unet.model_options.get("transformer_options", {}).get("patches_replace", {}).get(name, {})
 
 
 def _replaced_by_others(clone, sites) -> list:
     """The sites whose self-attention another extension replaces (an attn1 replace patch): ToDo's
     window cannot run there, since Forge calls one replacement per block."""
-    replace = _attn1_replace(clone)
+    replace = _patches_replace(clone)
     return [site for site in sites if site.key in replace or site.key[:2] in replace]
 
 
@@ -379,7 +379,7 @@ def _patch(clone, run: PassRun, layout, family: str, stage: str, methods: dict, 
 
 def _register(clone, run: PassRun) -> tuple[list, list, list]:
     if any(method.target.layout.kind == DIT for method in run.methods):
-        return *forge_flux.register(clone, run), []
+        return forge_flux.register(clone, run)
     functions, object_keys, replaced = [], [], []
 
     def add(name: str, function) -> None:
@@ -395,7 +395,7 @@ def _register(clone, run: PassRun) -> tuple[list, list, list]:
                 for site in method.target.sites:
                     if site.level in patch.factors:
                         clone.set_model_attn1_replace(patch.attn1_replace, *site.key)
-                        replaced.append((site.key, patch.attn1_replace))
+                        replaced.append(("attn1", site.key, patch.attn1_replace))
             continue
         if settings.merge_attn:
             add("attn1_output_patch", patch.unmerge_output)
