@@ -169,6 +169,25 @@ def spy_stepping_aside(monkeypatch, run_module, spied: dict) -> tuple[dict, list
     return counts, active
 
 
+def steps_down_to_half_the_ratio(one_pass, change=lambda decision: decision.change) -> None:
+    """ToMe's milder step on a host's UNets (issue #51): ``one_pass(name, **tome_inputs)`` runs ToMe
+    once on a one-level UNet with decisions of its own and returns (output, report). Ratio 0.5 and
+    0.25 are each measured alone; a budget between the two (as ``change`` reads a decision) leaves
+    0.5 alone and merges at 0.25: ratio 0.25's output, both decisions reported."""
+    changes, outputs = {}, {}
+    for ratio in (0.5, 0.25):  # each alone, within a budget nothing exceeds
+        outputs[ratio], report = one_pass(str(ratio), ratio=ratio, max_change=2.0)
+        ((_, decision),) = report.decisions
+        assert decision.reduce
+        changes[ratio] = change(decision)
+    assert changes[0.25] < changes[0.5]
+    output, report = one_pass("ladder", ratio=0.5, max_change=(changes[0.25] + changes[0.5]) / 2)
+    (_, full), (site, half) = report.decisions
+    assert full.over_budget and not full.reduce
+    assert half.reduce and site.endswith("ratio 0.25 instead") and change(half) == changes[0.25]
+    assert torch.equal(output, outputs[0.25])
+
+
 def steps_down_to_the_window(one_pass, change=lambda decision: decision.change) -> None:
     """The budget's milder step on a host's UNets: ``one_pass(name, **todo_inputs)`` runs ToDo once
     with decisions of its own (a device where reducing pays) and returns (output, report). Nearest

@@ -442,3 +442,21 @@ def test_dit_todo_window_is_timed_on_the_cpu_and_left_alone_where_it_is_slower(c
     run(comfy, nearest, VARIANT)
     (_, decision), = session_of(nearest).last_report.decisions
     assert decision.reduce and decision.full_ms is None
+
+
+def test_tome_over_the_budget_steps_down_to_half_the_ratio(comfy, models, monkeypatch, tmp_path):
+    """ToMe's milder step on the node's UNets (issue #51), as ToDo's nearest steps down to the
+    window: the node's ratio over max_change, half of it within: the level merges at half (its
+    image), both decisions reported. Fails before: over the budget the level was left alone."""
+    from comfy_helpers import steps_down_to_half_the_ratio
+
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+
+    def one_pass(name: str, **inputs):
+        store = pays.Decisions(tmp_path / f"{name}.json")
+        monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: store)
+        model = patched(comfy, "tome", models["SD15"], use_rand=False, **inputs)
+        image = sample(comfy, model)
+        return image, session_of(model).last_report
+
+    steps_down_to_half_the_ratio(one_pass)

@@ -136,8 +136,8 @@ def test_the_measuring_call_returns_what_the_next_one_does(store, method, budget
         first = patch.report()
         kept = call()  # a new run (report() ended the last): its decision is read, not measured
         second = patch.report()
-    # ToDo's nearest over the tiny budget measures its milder step too (the window, over it as well)
-    measured = 2 if method == "ToDo" and budget < 1 else 1
+    # over the tiny budget the milder step is measured too (ToDo's window, ToMe's half ratio: over it as well)
+    measured = 2 if budget < 1 else 1
     assert [d.decision.source for d in first.decisions] == [pays.MEASURED] * measured
     assert [d.decision.source for d in second.decisions] == [pays.KEPT] * measured
     assert store.measurements == measured
@@ -219,6 +219,22 @@ def test_todo_over_the_budget_steps_down_to_the_window(monkeypatch, tmp_path):
 
     # the changes as the budget reads them: weighed by the call's reach (its timestep, 500)
     steps_down_to_the_window(one_call, change=lambda decision: decision.weighed_change)
+
+
+def test_tome_over_the_budget_steps_down_to_half_the_ratio(monkeypatch, tmp_path):
+    """ToMe's milder step on diffusers' UNets (issue #51), as in ComfyUI and Forge: the node's ratio
+    over max_change, half of it within: the level merges at half, both decisions reported."""
+    from comfy_helpers import steps_down_to_half_the_ratio
+
+    def one_call(name: str, **inputs):
+        store = pays.Decisions(tmp_path / f"{name}.json")
+        monkeypatch.setattr(api, "decisions_at", lambda path: store)
+        model, call = unet_and_call()
+        with apply_patch(model, "ToMe", use_rand=False, **inputs) as patch:
+            out = call()
+            return out, patch.report()
+
+    steps_down_to_half_the_ratio(one_call, change=lambda decision: decision.weighed_change)
 
 
 def test_method_window_runs_on_unet2d_models_plain_self_attentions(monkeypatch):

@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from comfy_helpers import ScriptedClock, patched, sample, steps_down_to_the_window
+from comfy_helpers import ScriptedClock, patched, sample, steps_down_to_half_the_ratio, steps_down_to_the_window
 from conftest import REPO
 from tokenreduce.describe import run_lines
 from tokenreduce.grid import grid_at
@@ -574,6 +574,21 @@ def test_forge_todo_over_the_budget_steps_down_to_the_window(comfy, models, tmp_
         return image, report
 
     steps_down_to_the_window(one_pass)
+
+
+def test_forge_tome_over_the_budget_steps_down_to_half_the_ratio(comfy, models, tmp_path):
+    """ToMe's milder step on Forge's UNets (issue #51, the core's): the node's ratio over
+    max_change, half of it within: the level merges at half (its image), both decisions said."""
+    def one_pass(name: str, **values):
+        store = Decisions(tmp_path / f"{name}.json")
+        settings = {"ToMe": S.method_settings("ToMe", S.FIRST, {"use_rand": False, **values})}
+        unet, run = patching.install(forge_like(models["SD15"]), "SD15", S.FIRST, settings, (1, 4, 32, 32),
+                                     decisions=store)
+        image = sample(comfy, unet, "SD15")
+        ((_, report),) = run.finish(True)
+        return image, report
+
+    steps_down_to_half_the_ratio(one_pass)
 
 
 def test_another_extensions_attn1_replace_refuses_the_window_and_turns_the_milder_step_off(models):

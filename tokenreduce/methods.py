@@ -63,8 +63,8 @@ def max_change_input() -> Input:
                          "and the report says so. A run covering part of sampling (image to image, a hires pass: "
                          "denoise below 1) weighs the change by the cube root of that share, so denoise 0.125 "
                          "halves it. Applies on a CPU too (each side run once, untimed). On UNets "
-                         "ToDo's nearest first steps down to method window, which runs where it is within the "
-                         "budget; on DiTs each block is decided on its own (its change read at 3/4 of sampling, "
+                         "ToDo's nearest first steps down to method window and ToMe to half its ratio, which runs "
+                         "where it is within the budget; on DiTs each block is decided on its own (its change read at 3/4 of sampling, "
                          "counted twice, the blocks' changes summed within the budget): ToDo's nearest, the "
                          "window or nothing, ToMe's ratio, half of it or nothing. 0 = no budget: speed alone "
                          "decides. reduce_when always ignores it.")

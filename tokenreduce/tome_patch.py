@@ -28,6 +28,7 @@ do tensor work on what the call context holds.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import NamedTuple
 
@@ -48,6 +49,7 @@ from .tome_dit import BlockPlan, Tiles, alike_bound, later_inputs_signature, mak
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
 SIZES = "sizes"  # call context: the log sizes of the keys of the self-attention call the attn1 patch just merged
 SHARED = ("shared",)  # the key shared plans are drawn under
+RATIOS = "ratios"  # call context: level -> the ratio its blocks merge at where not the node's (the budget's milder step)
 
 
 class TilePlan(NamedTuple):
@@ -147,10 +149,21 @@ class ToMePatch(InFront, CallPatch):
         latent_hw, device, sigmas = tuple(call.x.shape[-2:]), call.x.device, call.sigmas
         s = self.settings
         levels = sorted({site.level for site in self.sites if site.level <= self.max_level})
-        context["left"] = left = self.left_alone(context, run, call, levels,
-                                                 lambda level: self._pays(run, call, level, latent_hw))
+        key = self.call_key(call)
+        ratios = run.cache.setdefault(("tome unet ratios", key), {}) if self.rule is not None else {}
+
+        def runs(level: int) -> bool:  # asked once per run and kind of call (``left_alone`` keeps the answer)
+            ratios[level] = self._ratio(run, call, level, latent_hw)
+            return ratios[level] is not None
+
+        context["left"] = left = self.left_alone(context, run, call, levels, runs)
         if not context["active"]:  # every level left alone
             return
+        milder = run.cache.get(("tome unet milder", key))
+        if milder is None:  # one object per run and kind of call: a compiled model sees no new value
+            milder = run.cache[("tome unet milder", key)] = {level: ratio for level, ratio in ratios.items()
+                                                             if ratio is not None and ratio != s.ratio}
+        context[RATIOS] = milder
         shared = {}  # share_plans: grid -> the plan of this call
         every = getattr(s, "plan_every", 1)
         if every > 1:  # plan reuse across steps: the plans of an earlier step's call like this one
@@ -173,43 +186,58 @@ class ToMePatch(InFront, CallPatch):
     def call_key(self, call: ModelCall) -> tuple:
         return self.unet.call_key(call)
 
-    def _pays(self, run: RunState, call: ModelCall, level: int, latent_hw: tuple[int, int]) -> bool:
+    def _ratio(self, run: RunState, call: ModelCall, level: int, latent_hw: tuple[int, int]) -> float | None:
+        """The ratio a level merges at in this run: the node's, or None (left alone) by reduce_when
+        auto; where the node's is over the quality budget, half of it where that is within the
+        budget and pays (the milder step, as ToDo's nearest steps down to the window: issue #51)."""
+        ratio = self.settings.ratio
+        decision = self._decision(run, call, level, latent_hw, ratio)
+        if decision is None or decision.reduce:
+            return ratio
+        milder = ratio / 2
+        if not decision.over_budget or int(math.prod(grid_at(latent_hw, level)) * milder) <= 0:
+            return None
+        return milder if self._decision(run, call, level, latent_hw, milder).reduce else None
+
+    def _decision(self, run: RunState, call: ModelCall, level: int, latent_hw: tuple[int, int], ratio: float):
         if self.rule is None:
-            return True
+            return None
         s = self.settings
         grid = grid_at(latent_hw, level)
-        reduction = ("ToMe", s.ratio, s.stride_x, s.stride_y, s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp,
+        reduction = ("ToMe", ratio, s.stride_x, s.stride_y, s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp,
                      s.matching, s.share_plans, *later_inputs_signature(s))
         kind = self.unet.kind(call, level, grid, reduction)
-        return self.pays(run, call.x.device, kind,
-                         lambda: (level_text(level, grid), lambda: self._work(call, level, grid)),
-                         lambda: self.unet.fingerprint(call, level))
+        instead = "" if ratio == s.ratio else f", ratio {ratio:g} instead"
+        return self.decision(run, call.x.device, kind,
+                             lambda: (level_text(level, grid) + instead, lambda: self._work(call, level, grid, ratio)),
+                             lambda: self.unet.fingerprint(call, level))
 
-    def _work(self, call: ModelCall, level: int, grid: tuple[int, int]) -> Work:
-        """A block of the level unmerged and merged (plan, merge, the smaller calls, unmerge).
-        With share_plans one plan serves the level's blocks: the block is timed with its plan
-        made once, and the plan's own time, shared by the level's blocks (and with plan_every by
-        that many steps), is added."""
+    def _work(self, call: ModelCall, level: int, grid: tuple[int, int], ratio: float) -> Work:
+        """A block of the level unmerged and merged at ``ratio`` (plan, merge, the smaller calls,
+        unmerge). With share_plans one plan serves the level's blocks: the block is timed with its
+        plan made once, and the plan's own time, shared by the level's blocks (and with plan_every
+        by that many steps), is added."""
         s = self.settings
         h, w = grid
-        context = self.timing_context(grid, call.x.device)
+        context = self.timing_context(grid, call.x.device, {} if ratio == s.ratio else {level: ratio})
         block = self.unet.work(call, level, grid, self.context_key, lambda: context)()
         if not s.share_plans:
             return block
         tokens = sample((call.x.shape[0], h * w, self.unet.block_dim(call, level)), call.x.device, compute_dtype(call))
         blocks = sum(1 for site in self.sites if site.level == level) * getattr(s, "plan_every", 1)
-        r = int(h * w * s.ratio)
+        r = int(h * w * ratio)
         partition = context["draw_partition"](None, grid)
         plan = lambda: plan_cells(tokens, w, h, s.stride_x, s.stride_y, partition, r, self.reach)  # noqa: E731 - random tokens: unbounded
         return block._replace(runs={**block.runs, "plan": plan}, reduced_ms=lambda t: t["reduced"] + t["plan"] / blocks)
 
-    def timing_context(self, grid: tuple[int, int], device: torch.device) -> dict:
+    def timing_context(self, grid: tuple[int, int], device: torch.device, ratios: dict | None = None) -> dict:
         """A fresh call context in which a timed block merges at ``grid`` (every host times in
-        one): top-left targets, no draw from the run's generators, nothing noted in the run."""
+        one): top-left targets, no draw from the run's generators, nothing noted in the run;
+        ``ratios``: level -> a ratio other than the node's (the budget's milder step)."""
         s = self.settings
         partition = draw_cells(grid[0], grid[1], s.stride_x, s.stride_y, None, device, self.tiled)
         return call_context(True, left=frozenset(), shared={}, partitions={},
-                            draw_partition=lambda key, g: partition)
+                            draw_partition=lambda key, g: partition, **{RATIOS: ratios or {}})
 
     def mlp_plans(self) -> dict:
         """This thread's site key -> plan of its current model call, for the MLP object patches.
@@ -252,22 +280,22 @@ class ToMePatch(InFront, CallPatch):
             return None
         return located
 
-    def _plan(self, context: dict, key: tuple, grid: tuple[int, int], n: torch.Tensor) -> MergePlan:
+    def _plan(self, context: dict, key: tuple, grid: tuple[int, int], level: int, n: torch.Tensor) -> MergePlan:
         if self.settings.share_plans:
             # The first block of this grid in this model call plans for all of them: the
             # similarity is computed once per level instead of once per block.
             shared = context["shared"].get(grid)
             if shared is None:
-                shared = context["shared"][grid] = self._new_plan(context, SHARED, grid, n)
+                shared = context["shared"][grid] = self._new_plan(context, SHARED, grid, level, n)
             return shared
-        return self._new_plan(context, key, grid, n)
+        return self._new_plan(context, key, grid, level, n)
 
-    def _new_plan(self, context: dict, key: tuple, grid: tuple[int, int], n: torch.Tensor) -> MergePlan:
+    def _new_plan(self, context: dict, key: tuple, grid: tuple[int, int], level: int, n: torch.Tensor) -> MergePlan:
         s = self.settings
         h, w = grid
         partitions = context["partitions"]
         partition = partitions[(key, grid)] if (key, grid) in partitions else context["draw_partition"](key, grid)
-        r = int(n.shape[1] * s.ratio)
+        r = int(n.shape[1] * context.get(RATIOS, {}).get(level, s.ratio))  # the budget's milder step: its own
         # timed on random tokens (``measure.RANDOM_TOKENS``): nothing is alike there, so ratio's count,
         # the most a bounded merge does
         bound = None if context.get(RANDOM_TOKENS) else self.bound
@@ -288,7 +316,7 @@ class ToMePatch(InFront, CallPatch):
                 self.mlp_plans()[key] = None
             return n, context, value
         located = self._locate(call, n, extra_options)
-        plan = None if located is None else self._plan(call, key, located[0], n)
+        plan = None if located is None else self._plan(call, key, *located, n)
         extra_options[PLAN] = plan
         if self.settings.merge_mlp:
             self.mlp_plans()[key] = plan

@@ -32,7 +32,7 @@ from ..describe import level_text
 from ..grid import grid_at
 from ..run import note_reduced, note_skipped
 from ..tome_dit import later_inputs_signature
-from ..tome_patch import ToMePatch
+from ..tome_patch import RATIOS, ToMePatch
 from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, unet_sample, weights_fingerprint
 from .models import self_attention
 from .session import Session
@@ -105,7 +105,7 @@ class DiffusersToMe(UNetCalls, ToMePatch):
             return None
         if not self._reduces(context, module, level, grid, args, kwargs):
             return None
-        plan = self._plan(context, site.key, grid, x)
+        plan = self._plan(context, site.key, grid, level, x)
         s = self.settings
         keys_merged = s.merge_attn and not self.queries_only
         note_reduced(context, grid, level,
@@ -113,25 +113,40 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         return plan
 
     def _reduces(self, context, module, level: int, grid, args, kwargs) -> bool:
-        """reduce_when auto: this level's block call timed unmerged and merged, once per kind."""
+        """reduce_when auto: this level's block call timed unmerged and merged, once per kind; where
+        the node's ratio is over the quality budget, half of it (the milder step, as in the core's
+        ``tome_patch._ratio``), which then merges the level's blocks in this call (``RATIOS``)."""
         if self.switch.forced is not None:
             return self.switch.forced
         if self.rule is None:
             return True
+        ratio = self.settings.ratio
+        kind, decision = self._decision(module, level, grid, args, kwargs, ratio)
+        if decision is None or decision.reduce or not decision.over_budget or \
+                int(grid[0] * grid[1] * ratio / 2) <= 0:
+            return self.decided(context, kind, decision is None or decision.reduce)
+        kind, milder = self._decision(module, level, grid, args, kwargs, ratio / 2)
+        if milder.reduce:
+            context[RATIOS] = {**context.get(RATIOS, {}), level: ratio / 2}
+        return self.decided(context, kind, milder.reduce)
+
+    def _decision(self, module, level: int, grid, args, kwargs, ratio: float) -> tuple:
+        """(kind, the auto rule's decision) of this level's block call merged at ``ratio``."""
         s = self.settings
         x = args[0] if args else kwargs["hidden_states"]
-        kind = ("diffusers ToMe", level, grid, tuple(x.shape), str(x.dtype), s.ratio, s.stride_x, s.stride_y,
+        kind = ("diffusers ToMe", level, grid, tuple(x.shape), str(x.dtype), ratio, s.stride_x, s.stride_y,
                 s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp, s.matching, s.share_plans,
                 attention_backend(self_attention(module).processor), *later_inputs_signature(s))
+        instead = "" if ratio == s.ratio else f", ratio {ratio:g} instead"
+        ratios = {} if ratio == s.ratio else {level: ratio}
 
         def describe():  # timed in a context of its own (the core's), as the ComfyUI path times
             # max_change: the block's change on the input the model hands it now (this pre-hook's),
             # before the block runs: a block over budget is left alone from this call on
-            return level_text(level, grid), lambda: self.switch.work(
-                lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device),
+            return level_text(level, grid) + instead, lambda: self.switch.work(
+                lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device, ratios),
                 unit=on_copies(module, args, kwargs))
-        return self.decided(context, kind, self.pays(self.session.run, x.device, kind, describe,
-                                                     lambda: weights_fingerprint(module)))
+        return kind, self.decision(self.session.run, x.device, kind, describe, lambda: weights_fingerprint(module))
 
     def end_block(self, module, args, kwargs, output):
         self.current = self._merged_input = None
