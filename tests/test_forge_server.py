@@ -233,14 +233,19 @@ def test_reruns_are_bit_identical_and_leave_nothing_behind(forge, plain):
 
 def test_the_quality_budget_leaves_alone_what_changes_too_much_and_says_so(forge, plain):
     """reduce_when auto's max_change at its default (5 %) on a real Forge: measured on the CPU too,
-    on the model call's own input; merges that change a block by more are left alone, said in the
-    report and the warnings, and the image is the plain one."""
+    on the model call's own input; a merge that changes a block by more is left alone, said in the
+    report, and measured again at half the ratio (the milder step, issue #51): where that is over
+    the budget too, the warnings say so and the image is the plain one; else the level merges at
+    half, said."""
     result = generate(forge, [{"ToMe": {"merge_mlp": True, "merge_crossattn": True}}])
-    assert same(result.pixels, plain.pixels)
     report = result.ours()["TokenReduce ToMe report"]
     assert report.startswith("ToMe · SD15 · 5 of 16 blocks at downsample 1 | auto · downsample 1 (32×32) · left "
                              "alone: changes its output "), report
-    assert "> 5 %" in report and "Raise max_change" in result.ours()["TokenReduce warnings"]
+    assert "> 5 %" in report and "auto · downsample 1 (32×32), ratio 0.25 instead · " in report, report
+    if "ratio 0.25 instead · left alone" in report:
+        assert same(result.pixels, plain.pixels) and "Raise max_change" in result.ours()["TokenReduce warnings"]
+    else:
+        assert "ratio 0.25 instead · reduced" in report and not same(result.pixels, plain.pixels), report
 
 
 def test_the_api_dict_form_and_the_positional_arguments_agree(forge):
