@@ -95,6 +95,30 @@ def reduced(records, field="queries"):
     return {r["grid"] for r in records if r[field] < r["grid"][0] * r["grid"][1]}
 
 
+def reduced_blocks(records, field="keys"):
+    """The UNet blocks (``extra["block"]``) whose calls had fewer ``field`` tokens than their grid."""
+    return {r["block"] for r in records if r[field] < r["grid"][0] * r["grid"][1]}
+
+
+def block_changes(store) -> dict:
+    """{(block, method): change} the UNet per-block budget measured (issue #51), from a store's log:
+    its sites read '..., block input.1.0, nearest' (ToMe: '..., ratio 0.5'); block as the records
+    name it (("input", 1)) where its transformer has one block."""
+    found = {}
+    for site, decision in store.log:
+        if ", block " in site:
+            block, method = site.split(", block ")[1].split(", ", 1)
+            kind, number, index = block.split(".")
+            found[((kind, int(number)), method)] = decision.change
+    return found
+
+
+def per_block(model):
+    """The per-block decision of a node (issue #51): the one site that ends so."""
+    (decision,) = [d for site, d in session_of(model).last_report.decisions if site.endswith("per block")]
+    return decision
+
+
 def rel_error(a, b):
     return float((a - b).norm() / b.norm())
 
@@ -186,6 +210,35 @@ def steps_down_to_half_the_ratio(one_pass, change=lambda decision: decision.chan
     assert full.over_budget and not full.reduce
     assert half.reduce and site.endswith("ratio 0.25 instead") and change(half) == changes[0.25]
     assert torch.equal(output, outputs[0.25])
+
+
+def steps_down_block_by_block(one_pass, full, milder, inputs_of, label=str) -> None:
+    """The budget's milder step on a host's UNets, block by block (issue #51): ``one_pass(name,
+    **inputs)`` runs the node once with decisions of its own and returns (output, report, store);
+    ``inputs_of(method)`` sets the node to ``full`` (nearest, ratio 0.5) or ``milder`` (the window,
+    ratio 0.25), as ``label`` names them in the store's log. Each is measured alone, block by
+    block; at a budget as large as the largest milder change every block runs, those whose node's
+    setting is over it at the milder step (the milder pass's image where that is every block)."""
+    changes, outputs = {}, {}
+    for method in (full, milder):  # each alone, within a budget nothing exceeds
+        outputs[method], report, store = one_pass(str(method), **inputs_of(method), max_change=2.0)
+        (decision,) = [d for site, d in report.decisions if site.endswith("per block")]
+        assert decision.reduce
+        changes.update({(block, method): change for (block, name), change in block_changes(store).items()
+                        if name == label(method)})
+    blocks = {block for block, _ in changes}
+    assert len(changes) == 2 * len(blocks) > 2
+    budget = max(changes[(block, milder)] for block in blocks)
+    stepping = {block for block in blocks if changes[(block, full)] > budget}
+    assert stepping and all(changes[(block, milder)] < changes[(block, full)] for block in stepping)
+    output, report, store = one_pass("ladder", **inputs_of(full), max_change=budget)
+    (decision,) = [d for site, d in report.decisions if site.endswith("per block")]
+    assert decision.reduce and decision.change <= budget
+    assert block_changes(store) == {(block, label(method)): change for (block, method), change in changes.items()}
+    if stepping == blocks:
+        assert torch.equal(output, outputs[milder])
+    else:  # some blocks at the node's setting, the others at the milder step: neither pass's image
+        assert not torch.equal(output, outputs[milder]) and not torch.equal(output, outputs[full])
 
 
 def steps_down_to_the_window(one_pass, change=lambda decision: decision.change) -> None:

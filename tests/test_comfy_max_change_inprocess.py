@@ -18,7 +18,8 @@ import pytest
 import random_dits
 import torch
 
-from comfy_helpers import ScriptedClock, patched, reduced, sample, session_of, spy_attn1
+from comfy_helpers import (ScriptedClock, block_changes, patched, per_block, reduced, reduced_blocks, sample,
+                           session_of, spy_attn1)
 from test_comfy_dit_inprocess import run, todo
 from test_comfy_tome_dit_inprocess import dits, tome  # noqa: F401 - dits is a fixture
 
@@ -37,12 +38,6 @@ def cpu_store(comfy, monkeypatch, tmp_path):
     return store
 
 
-def per_block(model):
-    """The per-block decision of a ToDo node on a DiT (issue #51): the one site that ends so."""
-    (decision,) = [d for site, d in session_of(model).last_report.decisions if site.endswith("per block")]
-    return decision
-
-
 def lines_of(model) -> list[str]:
     describe = sys.modules[f"{PACK}.tokenreduce.describe"]
     session = session_of(model)
@@ -50,51 +45,63 @@ def lines_of(model) -> list[str]:
 
 
 def test_a_kind_that_changes_more_than_the_budget_is_left_alone_and_said_on_the_cpu(comfy, models, cpu_store):
+    """On a UNet the budget decides block by block (issue #51): every block of the level over it is
+    left alone, said with the smallest change a block would make; one measurement serves a budget
+    nothing exceeds, which reduces every block and says nothing (untimed, nothing changed)."""
     records = []
     tight = patched(comfy, "todo", models["SD15"], max_change=TINY)
     sample(comfy, spy_attn1(tight, records), steps=1)
     assert reduced(records, "keys") == set()  # left alone: nothing reduced
-    (site, decision), (milder, window) = session_of(tight).last_report.decisions  # nearest, then its milder step
+    decision = per_block(tight)
     assert decision.change > TINY and decision.over_budget and decision.source == "measured"
-    assert milder.endswith("method window instead") and window.over_budget and not window.reduce
-    assert decision.full_ms is None  # the CPU is not timed: the change alone was measured
-    said = f"auto · {site} · left alone: changes its output {100 * decision.change:.3g} % > 0.0001 %"
+    changes = block_changes(cpu_store)
+    blocks = {block for block, _ in changes}
+    assert len(blocks) > 1 and all((block, "nearest") in changes for block in blocks)
+    mildest = "window" if any(method == "window" for _, method in changes) else "nearest"  # where it pays
+    assert decision.change == min(c for (_, method), c in changes.items() if method == mildest)
+    assert decision.full_ms is None  # the CPU is not timed: the changes alone were measured
+    said = (f"auto · downsample 1 (32×32), per block · left alone: changes its output "
+            f"{100 * decision.change:.3g} % > 0.0001 %")
     assert said in lines_of(tight)
     records.clear()
+    measured = cpu_store.measurements
     loose = patched(comfy, "todo", models["SD15"], max_change=HUGE)
     sample(comfy, spy_attn1(loose, records), steps=1)
-    assert reduced(records, "keys") == {(32, 32)}
-    (_, kept), = session_of(loose).last_report.decisions
-    assert (kept.source, kept.change, kept.reduce) == ("kept", decision.change, True)  # one measurement, both budgets
+    assert reduced_blocks(records) == blocks and cpu_store.measurements == measured  # one measurement, both budgets
+    kept = per_block(loose)
+    assert (kept.source, kept.reduce) == ("kept", True)
+    assert kept.change == max(changes[(block, "nearest")] for block in blocks)  # the most any block changes
     assert not any(line.startswith("auto · ") for line in lines_of(loose))  # untimed and reduced: nothing to say
 
 
 def test_a_run_covering_part_of_sampling_weighs_the_change_by_its_reach(comfy, models, cpu_store):
-    """Issue #51: the unit's change is kept once; a run at denoise 0.2 (a hires pass) weighs it by
-    the cube root of the share of sampling it covers, so a budget that refuses text to image lets
-    the hires pass reduce, and the report says the weighed change where it still refuses."""
-    first = patched(comfy, "todo", models["SD15"], max_change=TINY)
+    """Issue #51: each block's change is kept once; a run at denoise 0.2 (a hires pass) weighs it by
+    the cube root of the share of sampling it covers, so a budget that refuses a block at text to
+    image lets the hires pass reduce it, and the report says the weighed change where it still
+    refuses. (average: one method, no milder step to weigh.)"""
+    first = patched(comfy, "todo", models["SD15"], max_change=TINY, method="average")
     sample(comfy, first, steps=1)
-    (_, decision), _window = session_of(first).last_report.decisions  # nearest, then the window (milder step)
-    change = decision.change
+    changes = {block: change for (block, _), change in block_changes(cpu_store).items()}
+    largest = max(changes.values())
     records = []
-    budget = 0.7 * change  # over it at denoise 1, within it at 0.2: change * 0.2 ** (1/3) = 0.58 change
-    model = patched(comfy, "todo", models["SD15"], max_change=budget)
+    budget = 0.7 * largest  # over it at denoise 1, within it at 0.2: change * 0.2 ** (1/3) = 0.58 change
+    model = patched(comfy, "todo", models["SD15"], max_change=budget, method="average")
     sample(comfy, spy_attn1(model, records), steps=4)
-    (_, whole), (_, window) = session_of(model).last_report.decisions
-    assert not window.reduce  # the milder step too: on these random weights it changes as much as nearest
-    assert whole.reach == 1.0 and whole.over_budget and reduced(records, "keys") == set()
+    whole = per_block(model)
+    assert whole.reach == 1.0
+    assert reduced_blocks(records) == {block for block, change in changes.items() if change <= budget}
+    assert max(changes, key=changes.get) not in reduced_blocks(records)
     records.clear()
     sample(comfy, spy_attn1(model, records), steps=4, denoise=0.2)
-    (site, hires), = session_of(model).last_report.decisions
-    assert hires.source == "kept" and hires.change == change  # measured once, weighed per run
-    assert 0.1 < hires.reach < 0.3 and hires.reduce and not hires.over_budget
-    assert reduced(records, "keys") == {(32, 32)}
-    tighter = patched(comfy, "todo", models["SD15"], max_change=0.3 * change)  # over it even at 0.2
+    hires = per_block(model)
+    assert hires.source == "kept" and 0.1 < hires.reach < 0.3 and hires.reduce  # measured once, weighed per run
+    assert reduced_blocks(records) == set(changes)  # every block, the largest change included
+    smallest = min(changes.values())
+    tighter = patched(comfy, "todo", models["SD15"], max_change=0.3 * smallest, method="average")  # over it at 0.2
     sample(comfy, tighter, steps=4, denoise=0.2)
-    (site, refused), _window = session_of(tighter).last_report.decisions
-    weighed = f"{100 * change * refused.reach ** (1 / 3):.3g} %"
-    assert (f"auto · {site} · left alone: changes its output {100 * change:.3g} % ({weighed} weighed by the "
+    refused = per_block(tighter)
+    weighed = f"{100 * smallest * refused.reach ** (1 / 3):.3g} %"
+    assert (f"left alone: changes its output {100 * smallest:.3g} % ({weighed} weighed by the "
             f"{describe_percent(refused.reach)} of sampling this run covers)") in " ".join(lines_of(tighter))
 
 
@@ -445,10 +452,10 @@ def test_dit_todo_window_is_timed_on_the_cpu_and_left_alone_where_it_is_slower(c
 
 
 def test_tome_over_the_budget_steps_down_to_half_the_ratio(comfy, models, monkeypatch, tmp_path):
-    """ToMe's milder step on the node's UNets (issue #51), as ToDo's nearest steps down to the
-    window: the node's ratio over max_change, half of it within: the level merges at half (its
-    image), both decisions reported. Fails before: over the budget the level was left alone."""
-    from comfy_helpers import steps_down_to_half_the_ratio
+    """ToMe's milder step on the node's UNets (issue #51), block by block, as ToDo's nearest steps
+    down to the window: a block whose merge at the node's ratio is over max_change merges at half
+    of it where that is within. Fails before: over the budget the level was left alone."""
+    from comfy_helpers import steps_down_block_by_block
 
     pays = sys.modules[f"{PACK}.tokenreduce.pays"]
 
@@ -457,6 +464,6 @@ def test_tome_over_the_budget_steps_down_to_half_the_ratio(comfy, models, monkey
         monkeypatch.setattr(sys.modules[f"{PACK}.nodes.common"], "decisions", lambda: store)
         model = patched(comfy, "tome", models["SD15"], use_rand=False, **inputs)
         image = sample(comfy, model)
-        return image, session_of(model).last_report
+        return image, session_of(model).last_report, store
 
-    steps_down_to_half_the_ratio(one_pass)
+    steps_down_block_by_block(one_pass, 0.5, 0.25, lambda ratio: {"ratio": ratio}, lambda ratio: f"ratio {ratio:g}")

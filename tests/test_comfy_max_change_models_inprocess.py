@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from comfy_helpers import patched, reduced, sample, session_of, spy_attn1
+from comfy_helpers import block_changes, patched, per_block, reduced_blocks, sample, session_of, spy_attn1
 
 PACK = "tokenreduce_pack"
 HUGE = 2.0
@@ -43,46 +43,55 @@ def store_at(comfy, monkeypatch, path, **options):
 
 
 def decided(comfy, model, budget: float, **settings):
-    """The decision of the one kind ToDo meets on the tiny SD1.5 at 32x32 (downsample 1), and
-    whether the run reduced."""
+    """The decisions of ToDo on the tiny SD1.5 at 32x32 (downsample 1): its blocks' per-block
+    decision (issue #51), the level's speed decision (None on an untimed CPU), and the blocks the
+    run reduced."""
     records = []
-    # average: nearest over the budget would step down to the window (a second decision); what this
+    # average: nearest over the budget would step down to the window (a second method); what this
     # file tests is the change kept per model, the same for any method
     node = patched(comfy, "todo", model, max_change=budget, **{"method": "average", **settings})
     sample(comfy, spy_attn1(node, records), steps=1)
-    (_, decision), = session_of(node).last_report.decisions
-    return decision, bool(reduced(records, "keys"))
+    decisions = session_of(node).last_report.decisions
+    speed = [d for site, d in decisions if not site.endswith("per block")]
+    return per_block(node), (speed[0] if speed else None), reduced_blocks(records)
 
 
-def alone(comfy, monkeypatch, tmp_path, model, name: str) -> float:
-    """The change ``model``'s block makes when measured in a decisions file of its own."""
-    store_at(comfy, monkeypatch, tmp_path / f"{name}.json")
-    decision, _ = decided(comfy, model, HUGE)
+def alone(comfy, monkeypatch, tmp_path, model, name: str) -> dict:
+    """{block: the change it makes} for ``model``, measured in a decisions file of its own."""
+    store = store_at(comfy, monkeypatch, tmp_path / f"{name}.json")
+    decision, _, _ = decided(comfy, model, HUGE)
     assert decision.source == "measured"
-    return decision.change
+    return {block: change for (block, _), change in block_changes(store).items()}
 
 
 def test_a_second_model_of_one_shape_gets_its_own_change(comfy, pair, monkeypatch, tmp_path):
-    """B measured after A in one decisions file: measured for itself (not A's kept change), and left
-    alone where, measured alone, it is left alone; A is still reduced, after a restart too."""
+    """B measured after A in one decisions file: measured for itself (not A's kept changes), and
+    left alone where, measured alone, it is left alone; A is still reduced, after a restart too."""
     a, b = pair
-    change_a, change_b = alone(comfy, monkeypatch, tmp_path, a, "a"), alone(comfy, monkeypatch, tmp_path, b, "b")
-    assert change_b > 1.5 * change_a  # sharper attention: reducing its keys changes B more
-    budget = (change_a + change_b) / 2
+    changes_a = alone(comfy, monkeypatch, tmp_path, a, "a")
+    changes_b = alone(comfy, monkeypatch, tmp_path, b, "b")
+    assert changes_a.keys() == changes_b.keys() and len(changes_a) > 1
+    assert min(changes_b.values()) > 1.5 * max(changes_a.values())  # sharper attention: B changes more
+    budget = (max(changes_a.values()) + min(changes_b.values())) / 2
+    blocks = set(changes_a)
     path = tmp_path / "shared.json"
     store = store_at(comfy, monkeypatch, path)
-    first, reduces = decided(comfy, a, budget)
-    assert (first.source, first.change, reduces) == ("measured", change_a, True)
-    second, reduces = decided(comfy, b, budget)
-    assert (second.source, second.change) == ("measured", change_b)  # its own, not A's
+    first, _, reduces = decided(comfy, a, budget)
+    assert (first.source, reduces) == ("measured", blocks)
+    assert {block: change for (block, _), change in block_changes(store).items()} == changes_a
+    second, _, reduces = decided(comfy, b, budget)
+    assert second.source == "measured" and store.measurements == 2 * len(blocks)  # its own, not A's
+    assert {block: change for (block, _), change in block_changes(store).items()} == changes_b
     assert second.over_budget and not reduces  # left alone, as alone
-    assert store.measurements == 2
-    (entry,) = json.loads(path.read_text())["decisions"].values()  # one kind: one entry, two models' changes
-    assert sorted(entry["changes"].values()) == [change_a, change_b] and "change" not in entry
+    entries = [e for key, e in json.loads(path.read_text())["decisions"].items() if '"block"' in key]
+    assert len(entries) == len(blocks)  # a kind per block: one entry, two models' changes each
+    assert sorted(c for e in entries for c in e["changes"].values()) == sorted([*changes_a.values(),
+                                                                               *changes_b.values()])
+    assert not any("change" in e for e in entries)
     restarted = store_at(comfy, monkeypatch, path)  # a second process: each model's kept change, nothing measured
-    for model, change, reduces in ((b, change_b, False), (a, change_a, True)):
-        decision, reduced_now = decided(comfy, model, budget)
-        assert (decision.source, decision.change, reduced_now) == ("kept", change, reduces)
+    for model, reduces in ((b, set()), (a, blocks)):
+        decision, _, reduced_now = decided(comfy, model, budget)
+        assert (decision.source, reduced_now) == ("kept", reduces)
     assert restarted.measurements == 0
 
 
@@ -106,13 +115,20 @@ def lora(comfy, patcher, strength: float = 1.0, rank: int = 2, seed: int = 4):
 def test_a_lora_d_clone_gets_its_own_fingerprint_and_change(comfy, pair, monkeypatch, tmp_path):
     a, _ = pair
     store = store_at(comfy, monkeypatch, tmp_path / "d.json")
-    base, _ = decided(comfy, a, HUGE)
-    with_lora, _ = decided(comfy, lora(comfy, a), HUGE)
-    assert (base.source, with_lora.source) == ("measured", "measured") and with_lora.change != base.change
-    stronger, _ = decided(comfy, lora(comfy, a, strength=0.5), HUGE)  # the strength is the LoRA's too
-    assert stronger.source == "measured" and store.measurements == 3
-    again, _ = decided(comfy, a, HUGE)
-    assert (again.source, again.change) == ("kept", base.change)
+
+    def changes_of(model):
+        measured = store.measurements
+        decision, _, _ = decided(comfy, model, HUGE)
+        return decision, store.measurements - measured, block_changes(store)
+
+    base, counted, base_changes = changes_of(a)
+    with_lora, lora_count, lora_changes = changes_of(lora(comfy, a))
+    assert (base.source, with_lora.source) == ("measured", "measured") and lora_count == counted > 1
+    assert all(lora_changes[block] != change for block, change in base_changes.items())
+    stronger, count, _ = changes_of(lora(comfy, a, strength=0.5))  # the strength is the LoRA's too
+    assert stronger.source == "measured" and count == counted
+    again, count, _ = changes_of(a)
+    assert (again.source, again.change, count) == ("kept", base.change, 0)
 
 
 def test_the_fingerprint_reads_the_lora_alike_patched_in_place_or_on_the_fly(comfy, pair):
@@ -148,11 +164,66 @@ def test_the_fingerprint_reads_the_lora_alike_patched_in_place_or_on_the_fly(com
 
 
 def test_speed_stays_keyed_by_shape(comfy, pair, measuring):
-    """Timed (a scripted clock on the CPU): A's timing serves B; B's change alone is measured."""
+    """Timed (a scripted clock on the CPU): A's timing serves B; B's changes alone are measured."""
     a, b = pair
     store = measuring((10.0, 5.0), (10.0, 20.0))  # a second timing would say "slower": never asked
-    first, _ = decided(comfy, a, HUGE)
-    second, reduces = decided(comfy, b, HUGE)
-    assert (first.source, second.source) == ("measured", "measured")
-    assert (second.full_ms, second.reduced_ms) == (first.full_ms, first.reduced_ms) == (10.0, 5.0)
+    first, first_speed, _ = decided(comfy, a, HUGE)
+    second, second_speed, reduces = decided(comfy, b, HUGE)
+    assert (first.source, second.source, first_speed.source, second_speed.source) == (
+        "measured", "measured", "measured", "kept")
+    assert (second_speed.full_ms, second_speed.reduced_ms) == (10.0, 5.0)
     assert store.stopwatch.kinds == 1 and reduces and second.change != first.change
+
+
+def sharpened_block(comfy, path: str, factor: float = SHARPER):
+    """The tiny SD1.5 (A's config and seed) with the self-attention of the one block at ``path``
+    sharpened: that block alone changes much more when reduced."""
+    model = comfy.models.make_model("SD15", tiny=True, seed=0)
+    block = model.model.diffusion_model.get_submodule(path)
+    with torch.no_grad():
+        block.attn1.to_q.weight.mul_(factor)
+        block.attn1.to_k.weight.mul_(factor)
+    return model
+
+
+@pytest.mark.parametrize("node", ["todo", "tome"])
+def test_each_block_of_a_level_is_decided_on_its_own(comfy, pair, monkeypatch, tmp_path, node):
+    """Issue #51, per block on UNets: a level whose first block changes much more than its others
+    (its self-attention sharpened) runs every other block and leaves that one alone. Decided per
+    level, by its first block, the whole level was left alone. The report names both; the run
+    that measured gives the image of the next run and of a restart, which measure nothing."""
+    a, _ = pair
+    first_path = next(name for name, _ in a.model.diffusion_model.named_modules()
+                      if name.endswith("transformer_blocks.0"))
+    model = sharpened_block(comfy, first_path)
+    settings = {"method": "average"} if node == "todo" else {"use_rand": False}
+    store = store_at(comfy, monkeypatch, tmp_path / "blocks.json")
+    every = patched(comfy, node, model, max_change=HUGE, **settings)
+    sample(comfy, every, steps=1)
+    changes = {block: change for (block, _), change in block_changes(store).items()}
+    sharp = ("input", 1)  # the level's first block
+    assert sharp in changes and len(changes) > 2
+    others = max(change for block, change in changes.items() if block != sharp)
+    assert changes[sharp] > 1.5 * others
+    budget = (changes[sharp] + others) / 2
+    records = []
+    budgeted = patched(comfy, node, model, max_change=budget, **settings)
+    first = sample(comfy, spy_attn1(budgeted, records), steps=2)
+    field = "keys" if node == "todo" else "queries"
+    assert reduced_blocks(records, field) == set(changes) - {sharp}
+    decision = per_block(budgeted)
+    assert decision.reduce and decision.change == others
+    line = next(line for line in describe_lines(budgeted) if "per block" in line)
+    assert "left alone input 1 " in line and "each block alone" in line and "at most" in line, line
+    measured = store.measurements
+    assert torch.equal(sample(comfy, budgeted, steps=2), first) and store.measurements == measured
+    store_at(comfy, monkeypatch, tmp_path / "blocks.json")  # a restart
+    again = patched(comfy, node, model, max_change=budget, **settings)
+    assert torch.equal(sample(comfy, again, steps=2), first)
+    assert per_block(again).source == "kept"
+
+
+def describe_lines(model) -> list[str]:
+    describe = sys.modules[f"{PACK}.tokenreduce.describe"]
+    session = session_of(model)
+    return describe.run_lines(session.header, session.last_report)

@@ -172,6 +172,7 @@ def test_a_node_the_budget_leaves_alone_adds_no_graph_break(comfy, models, sdpa_
     runs = [dict(steps=2)]
     unpatched = _counted(comfy, compiled, runs)
     ours = _counted(comfy, apply(comfy, node, compiled, max_change=1e-6).result[0], runs)
-    assert store.measurements and all(decision.change > 1e-6 for _, decision in store.log)
+    changes = [decision.change for _, decision in store.log if decision.full_ms is None]  # not the window's timing
+    assert changes and all(change > 1e-6 for change in changes)
     assert (ours["breaks"], ours["graphs"]) == (unpatched["breaks"], unpatched["graphs"]) and ours["breaks"] == 0
     assert torch.equal(ours["outputs"][0], unpatched["outputs"][0])

@@ -109,3 +109,27 @@ def test_tomes_kinds_of_block_are_named_by_their_keys_alone():
     assert describe.graded_text({}, units, options, keys, 0.0, 0.05, name_kinds=False) == \
         "left alone double 1, single 0-1"
 
+
+
+def test_each_block_alone_runs_its_most_reducing_step_within_the_budget():
+    """UNets (issue #51): each block held against the budget alone, not summed."""
+    changes = {("a", "nearest"): 0.04, ("a", "window"): 0.01, ("b", "nearest"): 0.08, ("b", "window"): 0.03,
+               ("c", "nearest"): 0.12, ("c", "window"): 0.07}
+    options = {u: LADDER for u in "abc"}
+    chosen, largest = pays.grade_each(options, changes, 0.05)
+    assert chosen == {"a": "nearest", "b": "window"} and largest == pytest.approx(0.04)
+    weighed, _ = pays.grade_each(options, changes, 0.05, reach=0.125)  # halved by the cube root
+    assert weighed == {"a": "nearest", "b": "nearest", "c": "window"}
+    assert pays.grade_each({"a": ("nearest",), "b": ()}, changes, 1.0) == ({"a": "nearest"}, 0.04)
+
+
+def test_unet_blocks_are_named_by_their_transformer_and_index_where_it_has_several():
+    from tokenreduce.describe import block_names
+    from tokenreduce.layout import Site
+    from tokenreduce.unet_blocks import block_names as unet_names
+
+    sites = [Site(("input", 1, 0), 1, ""), Site(("input", 2, 0), 1, ""), Site(("output", 9, 0), 1, ""),
+             Site(("input", 7, 0), 2, ""), Site(("input", 7, 1), 2, ""), Site(("input", 7, 2), 2, "")]
+    names = unet_names(sites)
+    assert block_names([names[s.key] for s in sites[:3]]) == "input 1-2, output 9"
+    assert block_names([names[s.key] for s in sites[3:]]) == "input 7 blocks 0-2"

@@ -169,8 +169,8 @@ def test_plan_every_reuses_the_shared_plans_across_a_pipelines_steps(pipes, monk
 
     pipe = pipes["SD15"]
     made, new_plan = [], ToMePatch._new_plan
-    monkeypatch.setattr(ToMePatch, "_new_plan", lambda self, context, key, grid, level, n: made.append(grid) or
-                        new_plan(self, context, key, grid, level, n))
+    monkeypatch.setattr(ToMePatch, "_new_plan", lambda self, context, key, grid, level, n, ratio: made.append(grid) or
+                        new_plan(self, context, key, grid, level, n, ratio))
     reads, step = [], RunState.step
     monkeypatch.setattr(RunState, "step", lambda self, sigmas: reads.append(sigmas) or step(self, sigmas))
     run = lambda: tiny.generate(pipe, steps=4, size=SIZE)  # noqa: E731

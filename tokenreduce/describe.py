@@ -234,11 +234,12 @@ def block_names(keys: list) -> str:
 
 
 def graded_text(graded: dict, units: list, options: dict, keys: dict, total: float | None, budget: float,
-                name_kinds: bool = True) -> str:
+                name_kinds: bool = True, each: bool = False) -> str:
     """What a per-block decision ran (``pays.grade_blocks``): 'window double 1, single 0-3 · left
     alone double 0 · 3.9 % of the 5 % budget' (units: (kind, block); ``keys``: block -> its
     block-replace key; the kind is named where a model call has several and ``name_kinds``: ToDo's
-    kinds of attention call, not ToMe's kinds of block, which the keys name)."""
+    kinds of attention call, not ToMe's kinds of block, which the keys name). ``each``: each block
+    held against the budget alone (``pays.grade_each``): '... · at most 3.9 % a block, budget 5 %'."""
     several = name_kinds and len({kind for kind, _ in units}) > 1
 
     def names(chosen):
@@ -257,7 +258,8 @@ def graded_text(graded: dict, units: list, options: dict, keys: dict, total: flo
     if left:
         parts.append(f"left alone {names(left)}")
     if total is not None and graded:
-        parts.append(f"{percent_text(total)} of the {percent_text(budget)} budget")
+        parts.append(f"at most {percent_text(total)} a block, budget {percent_text(budget)}" if each
+                     else f"{percent_text(total)} of the {percent_text(budget)} budget")
     return " · ".join(parts)
 
 

@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple
 
 from .describe import graded_text, percent_text
 from .measure import measuring_options
-from .pays import FAILED, KEPT, LATE_SCALE, MEASURED, Decision, grade_blocks
+from .pays import FAILED, KEPT, LATE_SCALE, MEASURED, Decision, grade_blocks, grade_each
 from .run import ModelCall, RunState
 from .window import LATE, late_latent
 
@@ -64,10 +64,16 @@ def late_block_changes(call: ModelCall, late: float | None, wanted: dict,
     replace = options.setdefault("patches_replace", {})
     replace["dit"] = {key: replaced(block) for block, key in wanted.items()}  # ours alone: no other pack's
     call.rehearse(options, x=x, level=level)
+    return reached(wanted, found)
+
+
+def reached(wanted, found: dict, name=str) -> dict:
+    """``found``, where the rehearsal reached every block of ``wanted``; else ``NotRehearsed``
+    naming the blocks it never reached (``name``: how)."""
     missing = [block for block in wanted if block not in found]
     if missing:
         raise NotRehearsed(f"the model call, run again to measure its blocks, never reached block "
-                           f"{', '.join(map(str, missing))}")
+                           f"{', '.join(map(name, missing))}")
     return found
 
 
@@ -106,12 +112,15 @@ class Graded(NamedTuple):
 
 
 def grade(units: list, ladder: tuple, pays: Callable[[object, object], bool],
-          change: Callable[[object, object], Decision], budget: float, reach: float) -> Graded | None:
+          change: Callable[[object, object], Decision], budget: float, reach: float,
+          each: bool = False) -> Graded | None:
     """Per-block decisions of ``units`` under ``budget``: the first method of ``ladder`` (the
     node's) where it pays (``pays(unit, method)``), each block's change (``change(unit, method)``:
     the auto rule's decision, kept or measured) summed and counted ``LATE_SCALE`` times
-    (``pays.grade_blocks``); the milder methods of the ladder are timed and measured only where a
-    block was left out. None: a change not knowable here (the caller decides per kind)."""
+    (``pays.grade_blocks``), or with ``each`` each block held against the budget alone
+    (``pays.grade_each``: a UNet's blocks, read at the first call); the milder methods of the
+    ladder are timed and measured only where a block was left out. None: a change not knowable
+    here (the caller decides per kind)."""
     options = {unit: (ladder[0],) if pays(unit, ladder[0]) else () for unit in units}
     measured, choice, total, failed = {}, {}, 0.0, None
     for milder in (None, *ladder[1:]):
@@ -128,19 +137,22 @@ def grade(units: list, ladder: tuple, pays: Callable[[object, object], bool],
         if failed is None and any(d.change is None for d in measured.values()):
             return None
         if failed is None:
-            choice, total = grade_blocks(options, {k: d.change for k, d in measured.items()}, budget, reach,
-                                         LATE_SCALE)
+            changes = {k: d.change for k, d in measured.items()}
+            choice, total = grade_each(options, changes, budget, reach) if each else \
+                grade_blocks(options, changes, budget, reach, LATE_SCALE)
     if failed is not None:  # reduced as set where it pays; said every run
         choice, total = {unit: methods[0] for unit, methods in options.items() if methods}, None
     return Graded(choice, total, options, measured, failed)
 
 
 def say_graded(run: RunState, device, site: str, graded: Graded, units: list, keys: dict, budget: float,
-               where: str, label: Callable[[object], str] = str, name_kinds: bool = True) -> None:
+               where: str, label: Callable[[object], str] = str, name_kinds: bool = True,
+               each: bool = False) -> None:
     """The report's line of a per-block decision (nothing where nothing paid: the speed decisions
     say so), and a decision under ``site`` for the run's warnings and websocket message: reduced
     where any block reduces; else left alone with the smallest change a block would make, counted
-    as the budget counts it (every block alone was over the budget); a failure, said every run."""
+    as the budget counts it (every block alone was over the budget); a failure, said every run.
+    ``each``: graded by ``grade_each`` (read at the first call, each block alone)."""
     if not graded.measured:
         return
     measured = graded.measured.values()
@@ -155,11 +167,15 @@ def say_graded(run: RunState, device, site: str, graded: Graded, units: list, ke
         smallest = min((d.change for (unit, method), d in graded.measured.items()
                         if method == graded.options[unit][-1]), default=None)
         decision = Decision(False, None, None, source, seconds,
-                            change=smallest * LATE_SCALE if smallest is not None else None,
+                            change=smallest * (1.0 if each else LATE_SCALE) if smallest is not None else None,
                             budget=budget, reach=run.reach)
     run.decided(site, device, decision, where)
-    if graded.failed is None:
+    # Graded each block alone (a UNet's), a line only where the budget changed what runs: as a UNet's
+    # level within the budget said no more (measure_change's readout says what the reduction changed).
+    changed = not each or any(graded.choice.get(unit) != (graded.options[unit] or (None,))[0] for unit in units)
+    if graded.failed is None and changed:
         choice = {unit: label(method) for unit, method in graded.choice.items()}
         options = {unit: tuple(label(m) for m in methods) for unit, methods in graded.options.items()}
-        run.note_once(f"auto · {site}, read at {percent_text(LATE)} of sampling, counted {LATE_SCALE:g}x · "
-                      + graded_text(choice, units, options, keys, graded.total, budget, name_kinds))
+        how = "each block alone" if each else f"read at {percent_text(LATE)} of sampling, counted {LATE_SCALE:g}x"
+        run.note_once(f"auto · {site}, {how} · " + graded_text(choice, units, options, keys, graded.total, budget,
+                                                                name_kinds, each))

@@ -223,19 +223,28 @@ class UNetLevels:
     def __init__(self, diffusion_model: torch.nn.Module, sites, family: str):
         self.model = diffusion_model  # the model at patch time: where a call names none
         self.family = family
+        self.sites = tuple(sites)  # every patched block (the quality budget decides them one by one)
         self.first = {}  # level -> its first site
-        for site in sites:
+        for site in self.sites:
             self.first.setdefault(site.level, site)
 
     def block(self, call: ModelCall, level: int) -> torch.nn.Module:
+        return self.site_block(call, self.first[level])
+
+    def site_block(self, call: ModelCall, site) -> torch.nn.Module:
+        """The transformer block of ``site`` in the diffusion model the call runs."""
         model = call.model if call.model is not None else self.model
         model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the module it compiled
-        return model.get_submodule(self.first[level].path.removeprefix("diffusion_model."))
+        return model.get_submodule(site.path.removeprefix("diffusion_model."))
 
     def fingerprint(self, call: ModelCall, level: int) -> str:
         """The weights the level's measured block (its first) runs with in ``call``: the quality
         budget's change is kept per model (``run.weights_of``)."""
-        return weights_of(call, self.first[level].path.removeprefix("diffusion_model."), self.block(call, level))
+        return self.site_fingerprint(call, self.first[level])
+
+    def site_fingerprint(self, call: ModelCall, site) -> str:
+        """The weights the block of ``site`` runs with in ``call`` (``run.weights_of``)."""
+        return weights_of(call, site.path.removeprefix("diffusion_model."), self.site_block(call, site))
 
     def block_dim(self, call: ModelCall, level: int) -> int:
         return int(self.block(call, level).norm1.normalized_shape[0])

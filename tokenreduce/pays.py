@@ -308,6 +308,28 @@ def grade_blocks(options: dict, changes: dict, budget: float, reach: float = 1.0
     return chosen, total
 
 
+def grade_each(options: dict, changes: dict, budget: float, reach: float = 1.0) -> tuple[dict, float]:
+    """Per-block decisions where each block is held against the budget alone (a UNet's blocks,
+    read at the run's first call: ``unet_blocks.py``): each unit runs the most reducing of its
+    ``options`` whose change, weighed by the run's ``reach``, is within ``budget``, or is left
+    alone. Returns ({unit: method}, the largest weighed change of what runs).
+
+    Not summed as a DiT's late blocks are (``grade_blocks``): the UNet's unit was the level's first
+    block alone, and it tracks the SD fixture's pictures (docs/quality.md); summed over a level's
+    five blocks the fixture's ToDo (1.9-2.4 % a block, LPIPS 0.003) would be refused as if it moved
+    the picture. Per block, a level whose first block reads within the budget and whose others
+    do not no longer runs them all, and one whose first block reads over it no longer leaves the
+    others alone."""
+    weight = weighed_change(1.0, reach)
+    chosen, largest = {}, 0.0
+    for unit, methods in options.items():
+        method = next((m for m in methods if changes[(unit, m)] * weight <= budget), None)
+        if method is not None:
+            chosen[unit] = method
+            largest = max(largest, changes[(unit, method)] * weight)
+    return chosen, largest
+
+
 def device_name(device: torch.device) -> str:
     """What the decisions file calls a device: its model name where torch knows it."""
     if device.type == "cpu":

@@ -29,12 +29,13 @@ import torch
 from .describe import level_text
 from .downsample import downsample_tokens, downsampled_grid
 from .grid import grid_at
-from .layout import unet_call_grid
+from .layout import unet_call_grid, unet_call_key
 from .measure import UNetLevels
 from .override_front import InFront, hand_on
 from .pays import AutoRule
 from .peak_window import HEAVY_KEYS, WINDOW, WindowPlan, window_call, window_plan
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped
+from .unet_blocks import GRADED, UNetBlockBudget
 
 WINDOWED = "windowed"  # call context: the levels whose self-attention runs windowed in this call
 PENDING = "window"  # call context: (grid, level) of the self-attention call the attn1 patch just saw
@@ -43,7 +44,7 @@ BY_OVERRIDE = "attention override"  # how the host runs the window: its attentio
 BY_REPLACE = "attn1 replace"  # ... an attn1 replace patch per block (Forge)
 
 
-class ToDoPatch(InFront, CallPatch):
+class ToDoPatch(UNetBlockBudget, InFront, CallPatch):
     """The patch function of one ToDo node output on a UNet (and, where the window may run, its
     attention override: ``may_window``)."""
 
@@ -108,6 +109,13 @@ class ToDoPatch(InFront, CallPatch):
             context[WINDOWED] = self._windowed
             self._put_plans(context, run, call, key)
             return
+        graded = self._graded_blocks(run, call, levels)  # with a budget: block by block (unet_blocks.py)
+        if graded is not None:
+            context["left"] = self.left_alone(context, run, call, levels, lambda level: level in graded.levels)
+            context[GRADED] = graded.methods
+            context[WINDOWED] = self._windowed_of(run, key, graded)
+            self._put_plans(context, run, call, key)
+            return
         methods = run.cache.setdefault(("todo unet methods", key), {})
 
         def runs(level: int) -> bool:  # asked once per run and kind of call (``left_alone`` keeps the answer)
@@ -121,6 +129,15 @@ class ToDoPatch(InFront, CallPatch):
             run.cache[("todo unet windowed", key)] = windowed
         context[WINDOWED] = windowed
         self._put_plans(context, run, call, key)
+
+    @staticmethod
+    def _windowed_of(run: RunState, key, graded) -> frozenset:
+        """The levels with a block graded to the window: one object per run and kind of call."""
+        windowed = run.cache.get(("todo unet graded windowed", key))
+        if windowed is None:
+            windowed = run.cache[("todo unet graded windowed", key)] = frozenset(
+                level for level, methods in graded.levels.items() if WINDOW in methods)
+        return windowed
 
     def _put_plans(self, context: dict, run: RunState, call: ModelCall, key) -> None:
         """The window's plans of this call's windowed levels, built here, before the call (never in
@@ -149,21 +166,37 @@ class ToDoPatch(InFront, CallPatch):
             return None
         return WINDOW if self._decision(run, call, level, WINDOW).reduce else None
 
-    def _decision(self, run: RunState, call: ModelCall, level: int, method: str):
+    def _decision(self, run: RunState, call: ModelCall, level: int, method: str, budgeted: bool = True):
         grid = grid_at(tuple(call.x.shape[-2:]), level)
-        kind = self.unet.kind(call, level, grid, ("ToDo", self.factors[level], method))
         instead = "" if method == self.method else f", method {method} instead"
-
-        def reducing() -> dict:
-            if method != WINDOW:
-                return call_context(True, left=frozenset(), **{WINDOWED: frozenset()})
-            plan = self._plan(run, grid, self.factors[level], call.x.device)
-            return call_context(True, left=frozenset(), **{WINDOWED: frozenset([level]), WINDOW_PLANS: {level: plan}})
-
         # The window is timed on a CPU too: on a small grid it can be more work than full attention.
-        return self.decision(run, call.x.device, kind, lambda: (
-            level_text(level, grid) + instead, self.unet.work(call, level, grid, self.context_key, reducing)),
-            lambda: self.unet.fingerprint(call, level), time_cpu=method == WINDOW)
+        return self.decision(run, call.x.device, self._level_kind(call, level, method), lambda: (
+            level_text(level, grid) + instead,
+            self.unet.work(call, level, grid, self.context_key, lambda: self._block_context(run, call, level, method))),
+            lambda: self.unet.fingerprint(call, level), time_cpu=method == WINDOW, budgeted=budgeted)
+
+    # --- the per-block budget's parts (unet_blocks.UNetBlockBudget) ---------------------------
+    def _block_ladder(self) -> tuple[str, ...]:
+        """nearest steps down to the window where the window can run; any other method alone."""
+        return (self.method, WINDOW) if self.method == "nearest" and self.may_window else (self.method,)
+
+    def _speed_pays(self, run: RunState, call: ModelCall, level: int, method: str) -> bool:
+        return self._decision(run, call, level, method, budgeted=False).reduce
+
+    def _level_kind(self, call: ModelCall, level: int, method: str) -> tuple:
+        return self.unet.kind(call, level, grid_at(tuple(call.x.shape[-2:]), level),
+                              ("ToDo", self.factors[level], method))
+
+    def _block_context(self, run: RunState, call: ModelCall, level: int, method: str) -> dict:
+        """A call context in which the level's blocks are reduced by ``method``."""
+        if method != WINDOW:
+            return call_context(True, left=frozenset(), **{WINDOWED: frozenset()})
+        plan = self._plan(run, grid_at(tuple(call.x.shape[-2:]), level), self.factors[level], call.x.device)
+        return call_context(True, left=frozenset(), **{WINDOWED: frozenset([level]), WINDOW_PLANS: {level: plan}})
+
+    @staticmethod
+    def _method_label(method: str) -> str:
+        return method
 
     # --- in the model call ----------------------------------------------------------------
     def attn1(self, n, context, value, extra_options):
@@ -177,10 +210,15 @@ class ToDoPatch(InFront, CallPatch):
         factor = self.factors.get(level)
         if factor is None or level in call["left"]:
             return n, context, value
+        graded = call.get(GRADED)  # the budget decided block by block: this block's method, or none
+        method = graded.get(unet_call_key(extra_options)) if graded is not None else \
+            (WINDOW if level in call.get(WINDOWED, ()) else self.method)
+        if method is None:
+            return n, context, value
         if context.shape[1] != h * w or value.shape[1] != h * w:
             note_skipped(call)  # another patch changed the keys/values; reported at run end
             return n, context, value
-        if level in call.get(WINDOWED, ()):
+        if method == WINDOW:
             call[PENDING] = ((h, w), level)  # the override runs this block's self-attention windowed
             return n, context, value
         keys = downsample_tokens(context, h, w, factor, self.method)

@@ -45,6 +45,7 @@ from .pays import AutoRule, Work
 from .run import CallPatch, ModelCall, RunState, call_context, note_reduced, note_skipped, plan_key
 from .seeding import derive_seed
 from .tome_dit import BlockPlan, Tiles, alike_bound, later_inputs_signature, make_tiles, merge, plan_block, restore
+from .unet_blocks import GRADED, UNetBlockBudget
 
 PLAN = "tokenreduce.tome_plan"  # key of this block call's plan in extra_options
 SIZES = "sizes"  # call context: the log sizes of the keys of the self-attention call the attn1 patch just merged
@@ -106,7 +107,7 @@ def plan_cells(metric: torch.Tensor, w: int, h: int, sx: int, sy: int, cells: Pa
     return plan_merge(metric, w, h, sx, sy, cells, r, reach, bound)
 
 
-class ToMePatch(InFront, CallPatch):
+class ToMePatch(UNetBlockBudget, InFront, CallPatch):
     """The patch functions of one ToMe node output, for the sites of ``target``, and, with mode
     proportional, its attention override: the self-attention call whose keys the attn1 patch
     merged gets their log sizes as an additive bias (``bipartite.log_sizes``); every other call
@@ -151,14 +152,19 @@ class ToMePatch(InFront, CallPatch):
         levels = sorted({site.level for site in self.sites if site.level <= self.max_level})
         key = self.call_key(call)
         ratios = run.cache.setdefault(("tome unet ratios", key), {}) if self.rule is not None else {}
+        graded = self._graded_blocks(run, call, levels)  # with a budget: block by block (unet_blocks.py)
 
         def runs(level: int) -> bool:  # asked once per run and kind of call (``left_alone`` keeps the answer)
+            if graded is not None:
+                return level in graded.levels
             ratios[level] = self._ratio(run, call, level, latent_hw)
             return ratios[level] is not None
 
         context["left"] = left = self.left_alone(context, run, call, levels, runs)
         if not context["active"]:  # every level left alone
             return
+        if graded is not None:
+            context[GRADED] = graded.methods
         milder = run.cache.get(("tome unet milder", key))
         if milder is None:  # one object per run and kind of call: a compiled model sees no new value
             milder = run.cache[("tome unet milder", key)] = {level: ratio for level, ratio in ratios.items()
@@ -174,7 +180,8 @@ class ToMePatch(InFront, CallPatch):
             else:
                 shared = dict(kept)  # a copy: a grid planned anew here is this call's own
         keys = {(SHARED if s.share_plans else site.key, grid_at(latent_hw, site.level)) for site in self.sites
-                if site.level in levels and site.level not in left and grid_at(latent_hw, site.level) not in shared}
+                if site.level in levels and site.level not in left and grid_at(latent_hw, site.level) not in shared
+                and (graded is None or site.key in graded.methods)}
         sigma = run.sigma(sigmas) if s.use_rand and keys else None  # nothing to draw: no read (a device sync)
         context["partitions"] = {key: self._partition(run, key[0], key[1], device, sigma) for key in keys}
         # A grid the latent does not predict (a model that rescales inside, Kohya Deep Shrink)
@@ -199,18 +206,44 @@ class ToMePatch(InFront, CallPatch):
             return None
         return milder if self._decision(run, call, level, latent_hw, milder).reduce else None
 
-    def _decision(self, run: RunState, call: ModelCall, level: int, latent_hw: tuple[int, int], ratio: float):
+    def _decision(self, run: RunState, call: ModelCall, level: int, latent_hw: tuple[int, int], ratio: float,
+                  budgeted: bool = True):
         if self.rule is None:
             return None
-        s = self.settings
         grid = grid_at(latent_hw, level)
+        instead = "" if ratio == self.settings.ratio else f", ratio {ratio:g} instead"
+        return self.decision(run, call.x.device, self._level_kind(call, level, ratio),
+                             lambda: (level_text(level, grid) + instead, lambda: self._work(call, level, grid, ratio)),
+                             lambda: self.unet.fingerprint(call, level), budgeted=budgeted)
+
+    # --- the per-block budget's parts (unet_blocks.UNetBlockBudget) ---------------------------
+    def _block_ladder(self) -> tuple[float, ...]:
+        """The node's ratio steps down to half of it."""
+        return (self.settings.ratio, self.settings.ratio / 2)
+
+    def _speed_pays(self, run: RunState, call: ModelCall, level: int, ratio: float) -> bool:
+        latent_hw = tuple(call.x.shape[-2:])
+        if int(math.prod(grid_at(latent_hw, level)) * ratio) <= 0:  # merges nothing there
+            return False
+        return self._decision(run, call, level, latent_hw, ratio, budgeted=False).reduce
+
+    def _level_kind(self, call: ModelCall, level: int, ratio: float) -> tuple:
+        s = self.settings
         reduction = ("ToMe", ratio, s.stride_x, s.stride_y, s.mode, s.merge_attn, s.merge_crossattn, s.merge_mlp,
                      s.matching, s.share_plans, *later_inputs_signature(s))
-        kind = self.unet.kind(call, level, grid, reduction)
-        instead = "" if ratio == s.ratio else f", ratio {ratio:g} instead"
-        return self.decision(run, call.x.device, kind,
-                             lambda: (level_text(level, grid) + instead, lambda: self._work(call, level, grid, ratio)),
-                             lambda: self.unet.fingerprint(call, level))
+        return self.unet.kind(call, level, grid_at(tuple(call.x.shape[-2:]), level), reduction)
+
+    def _block_context(self, run: RunState, call: ModelCall, level: int, ratio: float) -> dict | None:
+        """A call context in which the level's blocks merge at ``ratio`` (as timed: top-left
+        targets); None where that merges nothing."""
+        grid = grid_at(tuple(call.x.shape[-2:]), level)
+        if int(math.prod(grid) * ratio) <= 0:
+            return None
+        return self.timing_context(grid, call.x.device, {} if ratio == self.settings.ratio else {level: ratio})
+
+    @staticmethod
+    def _method_label(ratio: float) -> str:
+        return f"ratio {ratio:g}"
 
     def _work(self, call: ModelCall, level: int, grid: tuple[int, int], ratio: float) -> Work:
         """A block of the level unmerged and merged at ``ratio`` (plan, merge, the smaller calls,
@@ -274,6 +307,9 @@ class ToMePatch(InFront, CallPatch):
         if (located is None or not context["active"] or located[1] > self.max_level or located[1] in context["left"]
                 or located[1] not in self.site_levels):
             return None
+        graded = context.get(GRADED)  # the budget decided block by block: a block left alone merges nothing
+        if graded is not None and unet_call_key(extra_options) not in graded:
+            return None
         grid = located[0]
         if n.shape[1] != grid[0] * grid[1]:
             note_skipped(context)  # reported at the end of the run
@@ -281,21 +317,33 @@ class ToMePatch(InFront, CallPatch):
         return located
 
     def _plan(self, context: dict, key: tuple, grid: tuple[int, int], level: int, n: torch.Tensor) -> MergePlan:
+        ratio = self._ratio_of(context, key, level)
         if self.settings.share_plans:
             # The first block of this grid in this model call plans for all of them: the
-            # similarity is computed once per level instead of once per block.
-            shared = context["shared"].get(grid)
+            # similarity is computed once per level instead of once per block (the blocks the
+            # budget's milder step merges share a plan of their own).
+            shared_key = grid if ratio == self.settings.ratio else (grid, ratio)
+            shared = context["shared"].get(shared_key)
             if shared is None:
-                shared = context["shared"][grid] = self._new_plan(context, SHARED, grid, level, n)
+                shared = context["shared"][shared_key] = self._new_plan(context, SHARED, grid, level, n, ratio)
             return shared
-        return self._new_plan(context, key, grid, level, n)
+        return self._new_plan(context, key, grid, level, n, ratio)
 
-    def _new_plan(self, context: dict, key: tuple, grid: tuple[int, int], level: int, n: torch.Tensor) -> MergePlan:
+    def _ratio_of(self, context: dict, key: tuple, level: int) -> float:
+        """The ratio the block ``key`` merges at in this call: the budget's per-block choice, the
+        level's milder step, or the node's."""
+        graded = context.get(GRADED)
+        if graded is not None and key in graded:
+            return graded[key]
+        return context.get(RATIOS, {}).get(level, self.settings.ratio)
+
+    def _new_plan(self, context: dict, key: tuple, grid: tuple[int, int], level: int, n: torch.Tensor,
+                  ratio: float) -> MergePlan:
         s = self.settings
         h, w = grid
         partitions = context["partitions"]
         partition = partitions[(key, grid)] if (key, grid) in partitions else context["draw_partition"](key, grid)
-        r = int(n.shape[1] * context.get(RATIOS, {}).get(level, s.ratio))  # the budget's milder step: its own
+        r = int(n.shape[1] * ratio)  # the budget's milder step: its own
         # timed on random tokens (``measure.RANDOM_TOKENS``): nothing is alike there, so ratio's count,
         # the most a bounded merge does
         bound = None if context.get(RANDOM_TOKENS) else self.bound

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from ..late_blocks import NotRehearsed
+from ..late_blocks import NotRehearsed, reached
 from ..measure import copied_containers
 
 
@@ -121,8 +121,4 @@ def measure_blocks(model: torch.nn.Module, blocks: dict, call: tuple[tuple, dict
     finally:
         for handle in handles:
             handle.remove()
-    missing = [key for key in blocks if key not in found]
-    if missing:
-        raise NotRehearsed(f"the model call, run again to measure its blocks, never reached block "
-                           f"{', '.join(map(str, missing))}")
-    return found
+    return reached(blocks, found)
