@@ -62,12 +62,12 @@ def max_change_input() -> Input:
                          "once with the speed decision and kept with it (the block on the model call's own inputs), "
                          "and the report says so. A run covering part of sampling (image to image, a hires pass: "
                          "denoise below 1) weighs the change by the cube root of that share, so denoise 0.125 "
-                         "halves it. Applies on a CPU too (each side run once, untimed). On UNets "
-                         "ToDo's nearest first steps down to method window and ToMe to half its ratio, which runs "
-                         "where it is within the budget; on DiTs each block is decided on its own (its change read at 3/4 of sampling, "
-                         "counted twice, the blocks' changes summed within the budget): ToDo's nearest, the "
-                         "window or nothing, ToMe's ratio, half of it or nothing. 0 = no budget: speed alone "
-                         "decides. reduce_when always ignores it.")
+                         "halves it. Applies on a CPU too (each side run once, untimed). Each block is decided on "
+                         "its own: ToDo's nearest, else the window, else nothing; ToMe's ratio, else half of it, "
+                         "else nothing. On UNets a block's change is read at the first step and held against the "
+                         "budget alone; on DiTs it is read at 3/4 of sampling, counted twice, and the blocks' "
+                         "changes are summed within the budget. 0 = no budget: speed alone decides. reduce_when "
+                         "always ignores it.")
 
 
 def window_inputs(what: str) -> tuple[Input, Input]:

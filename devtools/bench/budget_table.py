@@ -56,12 +56,17 @@ def _graded_notes(host, model) -> list[str]:
 
 
 def _changes(pf, host, fx, make, steps: int, seeds: int) -> dict:
-    """{site: [change per caption]}: the auto rule's measurement with a budget nothing meets."""
+    """{site: [change per caption]}: the auto rule's measurement with a budget nothing meets; a
+    UNet's blocks one by one (issue #51: the store's per-block measurements, '..., block
+    input.1.0, nearest'), other units as the report's decisions hold them."""
     out = {}
     for caption in pf.EVAL_CAPTIONS:
         model = Config("m", "m", (make(max_change=TINY),)).apply(fx.patcher, host.appliers)
         _images(pf, fx, model, caption, steps, "t2i", seeds)
-        for site, decision in _decisions(host, model):
+        (session,) = host.sessions_of(model)
+        logged = [(site, d) for site, d in session.patch.rule.decisions.log if ", block " in site] \
+            if session.patch.rule is not None else []
+        for site, decision in logged or _decisions(host, model):
             if decision.change is not None:  # a speed decision (ToDo on DiTs: the budget decides per block)
                 out.setdefault(site, []).append(decision.change)
     return out
