@@ -120,8 +120,9 @@ def test_the_diffusers_unet_gives_comfyuis_images(sd15):
 
 @pytest.mark.parametrize("method", ["ToDo", "ToMe"])
 def test_the_budget_reduces_the_flat_trained_unet(sd15, own_store, method):
-    """The SD fixture's attention is flat: at the defaults both methods are within 5 % and reduce
-    (the image moves, nothing left alone is reported), as in the ComfyUI node."""
+    """The SD fixture's attention is flat: at the defaults both methods reduce every block (the image
+    moves), as in the ComfyUI node: ToDo within 5 % everywhere, ToMe's two blocks over it at 0.5
+    (issue #51: input 2 and output 9 read 6.5-7 %) at half the ratio, nothing else left alone."""
     import diffusers_fixture
     from tokenreduce.diffusers import apply_patch
 
@@ -131,4 +132,6 @@ def test_the_budget_reduces_the_flat_trained_unet(sd15, own_store, method):
         image = diffusers_fixture.sample(model, fixture, "a rocket", 1, 2)
         lines = patch.report_lines()
     assert not torch.equal(image, unpatched)
-    assert not any("left alone" in line for line in lines), lines
+    left = [line for line in lines if "left alone" in line]
+    assert all(method == "ToMe" and "instead" not in line for line in left), lines  # ratio 0.5's, stepped down
+    assert len(left) == (2 if method == "ToMe" else 0), lines

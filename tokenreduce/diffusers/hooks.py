@@ -16,7 +16,7 @@ import torch
 
 from ..fingerprint import fingerprint
 from ..measure import copied_containers
-from ..pays import Work, pair
+from ..pays import CPU, Decision, Work, pair, within_budget
 from ..run import call_context
 from .session import Session
 
@@ -228,3 +228,32 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
                 state = ()
             parts.append((f"{name} adapters", scaling, state))
     return fingerprint(parts)
+
+
+def block_decision(patch, device, kind: tuple, describe: Callable, block: torch.nn.Module, name: str, where: str,
+                   label: str, time_cpu: bool = False) -> Decision | None:
+    """The auto rule's decision for one UNet block's call of a level's ``kind`` (issue #51): the
+    level's speed (timed once per kind, on the first block that meets it) and, with a quality
+    budget, this block's own change (on the input the model hands it now: ``describe``'s work's
+    ``compare``), kept per block and model and held against the budget alone, as ComfyUI's UNet
+    blocks are (``unet_blocks.py``), and said so: '``where``, block ``name``, ``label``' (the level,
+    the block's path, the method or ratio). None: no rule."""
+    run = patch.session.run
+    model = lambda: weights_fingerprint(block)  # noqa: E731
+    if patch.rule is None or patch.rule.max_change <= 0:
+        return patch.decision(run, device, kind, describe, model, time_cpu=time_cpu)
+    speed = patch.decision(run, device, kind, describe, model, time_cpu=time_cpu, budgeted=False)
+    key = ("auto block", device, kind, name)
+    decision = run.cache.get(key)
+    if decision is None:
+        _, work = describe()
+        site = f"{where}, block {name}, {label}"
+        change = patch.rule.decide(device, (*kind, "block", name), work, site, model=model, reach=run.reach,
+                                   budgeted=False, untimed=True)
+        decision = run.cache[key] = within_budget(change._replace(
+            reduce=change.reduce and speed.reduce, full_ms=speed.full_ms, reduced_ms=speed.reduced_ms),
+            patch.rule.max_change, run.reach)
+        if decision.source != CPU:
+            run.decided(site, device, decision, patch.rule.decisions.where)
+    return decision
+

@@ -50,8 +50,8 @@ from ..rebind import rebuilt
 from ..run import SKIPPED, CallPatch, note_reduced, note_skipped
 from ..todo_dit import keep_plans, kept_keys, reduced_tokens, window_plans, window_runs
 from ..todo_patch import may_window, unet_window_plan
-from .hooks import (Hooks, Switch, UNetCalls, attention_backend, block_input, on_copies, unet_sample,
-                    weights_fingerprint)
+from .hooks import (Hooks, Switch, UNetCalls, attention_backend, block_decision, block_input, on_copies,
+                    unet_sample, weights_fingerprint)
 from .models import self_attention
 from .session import Session
 from .todo_blocks import DiTBlockBudget
@@ -73,6 +73,7 @@ class UNetToDo(UNetCalls, CallPatch):
         self.session = session
         self.switch = Switch(session)
         self.block_input = None  # max_change: (block, args, kwargs) of the site's block call running now
+        self.block_names: dict = {}  # block module -> its path (the budget decides per block)
         self.may_window = may_window(method, rule)
         self.measuring: str | None = None  # the method the auto rule's forced calls run (its measurement)
         self.milder_step_off: str | None = None  # why the milder step cannot run here (said each run)
@@ -167,9 +168,10 @@ class UNetToDo(UNetCalls, CallPatch):
             return level_text(level, grid) + instead, lambda: self.switch.work(
                 measuring(lambda: module(*args, **kwargs)), unit=measuring(unit) if unit is not None else None)
         # The window is timed on a CPU too: on a small grid it can be more work than full attention.
-        decision = self.decision(self.session.run, x.device, kind, describe, lambda: weights_fingerprint(block),
-                                 time_cpu=method == WINDOW)
-        self.decided(context, kind, decision is None or decision.reduce)
+        name = self.block_names[block]
+        decision = block_decision(self, x.device, kind, describe, block, name, level_text(level, grid), method,
+                                  time_cpu=method == WINDOW)
+        self.decided(context, (*kind, name), decision is None or decision.reduce)
         return decision
 
     # --- method window: in the self-attention's processor -------------------------------------
@@ -214,6 +216,7 @@ class UNetToDo(UNetCalls, CallPatch):
 
     def install(self, hooks: Hooks, model: torch.nn.Module) -> None:
         blocks = [(model.get_submodule(site.path), site.level) for site in self.sites]
+        self.block_names = {block: site.path for (block, _), site in zip(blocks, self.sites)}  # the budget's, per block
         if self.may_window:  # first: a processor that cannot run the window refuses before any hook is set
             try:
                 for block, _ in blocks:

@@ -32,8 +32,9 @@ from ..describe import level_text
 from ..grid import grid_at
 from ..run import note_reduced, note_skipped
 from ..tome_dit import later_inputs_signature
-from ..tome_patch import RATIOS, ToMePatch
-from .hooks import Hooks, Switch, UNetCalls, attention_backend, on_copies, unet_sample, weights_fingerprint
+from ..tome_patch import ToMePatch
+from ..unet_blocks import GRADED
+from .hooks import Hooks, Switch, UNetCalls, attention_backend, block_decision, on_copies, unet_sample
 from .models import self_attention
 from .session import Session
 
@@ -103,7 +104,7 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         if grid[0] * grid[1] != x.shape[1]:
             note_skipped(context)
             return None
-        if not self._reduces(context, module, level, grid, args, kwargs):
+        if not self._reduces(context, site, module, level, grid, args, kwargs):
             return None
         plan = self._plan(context, site.key, grid, level, x)
         s = self.settings
@@ -112,26 +113,27 @@ class DiffusersToMe(UNetCalls, ToMePatch):
                      lambda: self._stages(x.shape[1], plan.merged_tokens, x.shape[1], keys_merged))
         return plan
 
-    def _reduces(self, context, module, level: int, grid, args, kwargs) -> bool:
-        """reduce_when auto: this level's block call timed unmerged and merged, once per kind; where
-        the node's ratio is over the quality budget, half of it (the milder step, as in the core's
-        ``tome_patch._ratio``), which then merges the level's blocks in this call (``RATIOS``)."""
+    def _reduces(self, context, site, module, level: int, grid, args, kwargs) -> bool:
+        """reduce_when auto: this level's block call timed unmerged and merged, once per kind; with a
+        quality budget each block held against it alone (``hooks.block_decision``), and where the
+        node's ratio is over it, half of it (the milder step, as in the core's ``tome_patch``),
+        which then merges this block in this call (``GRADED``)."""
         if self.switch.forced is not None:
             return self.switch.forced
         if self.rule is None:
             return True
         ratio = self.settings.ratio
-        kind, decision = self._decision(module, level, grid, args, kwargs, ratio)
+        kind, decision = self._decision(site, module, level, grid, args, kwargs, ratio)
         if decision is None or decision.reduce or not decision.over_budget or \
                 int(grid[0] * grid[1] * ratio / 2) <= 0:
-            return self.decided(context, kind, decision is None or decision.reduce)
-        kind, milder = self._decision(module, level, grid, args, kwargs, ratio / 2)
+            return self.decided(context, (*kind, site.path), decision is None or decision.reduce)
+        kind, milder = self._decision(site, module, level, grid, args, kwargs, ratio / 2)
         if milder.reduce:
-            context[RATIOS] = {**context.get(RATIOS, {}), level: ratio / 2}
-        return self.decided(context, kind, milder.reduce)
+            context[GRADED] = {**context.get(GRADED, {}), site.key: ratio / 2}
+        return self.decided(context, (*kind, site.path), milder.reduce)
 
-    def _decision(self, module, level: int, grid, args, kwargs, ratio: float) -> tuple:
-        """(kind, the auto rule's decision) of this level's block call merged at ``ratio``."""
+    def _decision(self, site, module, level: int, grid, args, kwargs, ratio: float) -> tuple:
+        """(kind, the auto rule's decision) of this block's call merged at ``ratio``."""
         s = self.settings
         x = args[0] if args else kwargs["hidden_states"]
         kind = ("diffusers ToMe", level, grid, tuple(x.shape), str(x.dtype), ratio, s.stride_x, s.stride_y,
@@ -146,7 +148,8 @@ class DiffusersToMe(UNetCalls, ToMePatch):
             return level_text(level, grid) + instead, lambda: self.switch.work(
                 lambda: module(*args, **kwargs), lambda: self.timing_context(grid, x.device, ratios),
                 unit=on_copies(module, args, kwargs))
-        return kind, self.decision(self.session.run, x.device, kind, describe, lambda: weights_fingerprint(module))
+        return kind, block_decision(self, x.device, kind, describe, module, site.path, level_text(level, grid),
+                                    f"ratio {ratio:g}")
 
     def end_block(self, module, args, kwargs, output):
         self.current = self._merged_input = None
