@@ -121,8 +121,9 @@ def test_the_diffusers_unet_gives_comfyuis_images(sd15):
 @pytest.mark.parametrize("method", ["ToDo", "ToMe"])
 def test_the_budget_reduces_the_flat_trained_unet(sd15, own_store, method):
     """The SD fixture's attention is flat: at the defaults both methods reduce every block (the image
-    moves), as in the ComfyUI node: ToDo within 5 % everywhere, ToMe's two blocks over it at 0.5
-    (issue #51: input 2 and output 9 read 6.5-7 %) at half the ratio, nothing else left alone."""
+    moves), as in the ComfyUI node: ToDo within 5 % everywhere; ToMe block by block (issue #51): its
+    two blocks over it at 0.5 (input 2 and output 9, 6.5-7 %) step down to half the ratio, and are
+    left alone where that is over it too."""
     import diffusers_fixture
     from tokenreduce.diffusers import apply_patch
 
@@ -133,5 +134,7 @@ def test_the_budget_reduces_the_flat_trained_unet(sd15, own_store, method):
         lines = patch.report_lines()
     assert not torch.equal(image, unpatched)
     left = [line for line in lines if "left alone" in line]
-    assert all(method == "ToMe" and "instead" not in line for line in left), lines  # ratio 0.5's, stepped down
-    assert len(left) == (2 if method == "ToMe" else 0), lines
+    if method == "ToDo":
+        assert not left, lines
+    else:  # input 2 and output 9 at ratio 0.5 (6.8-7 %), and input 2 at 0.25 where that is over too (5.0 %)
+        assert 2 <= len(left) <= 3 and all(", block " in line for line in left), lines
