@@ -298,7 +298,8 @@ class ToMePatch(UNetBlockBudget, InFront, CallPatch):
         self.mlp_plans().clear()  # a host that keeps object patches after the run must find no plan
 
     # --- in the model call ----------------------------------------------------------------
-    def _locate(self, context: dict, n: torch.Tensor, extra_options: dict) -> tuple[tuple[int, int], int] | None:
+    def _locate(self, context: dict, n: torch.Tensor, extra_options: dict,
+                key: tuple) -> tuple[tuple[int, int], int] | None:
         """The grid and level of a block call this patch reduces, or None where it is left
         alone: a level above max_downsample, a step outside the window, or tokens that are not
         the block's grid (another patch reshaped them, or temporal attention), or a level with no
@@ -308,7 +309,7 @@ class ToMePatch(UNetBlockBudget, InFront, CallPatch):
                 or located[1] not in self.site_levels):
             return None
         graded = context.get(GRADED)  # the budget decided block by block: a block left alone merges nothing
-        if graded is not None and unet_call_key(extra_options) not in graded:
+        if graded is not None and key not in graded:
             return None
         grid = located[0]
         if n.shape[1] != grid[0] * grid[1]:
@@ -363,7 +364,7 @@ class ToMePatch(UNetBlockBudget, InFront, CallPatch):
                 # measure_change's unreduced rerun; a rehearsal, which runs no call context).
                 self.mlp_plans()[key] = None
             return n, context, value
-        located = self._locate(call, n, extra_options)
+        located = self._locate(call, n, extra_options, key)
         plan = None if located is None else self._plan(call, key, *located, n)
         extra_options[PLAN] = plan
         if self.settings.merge_mlp:

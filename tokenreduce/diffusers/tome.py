@@ -63,6 +63,8 @@ class DiffusersToMe(UNetCalls, ToMePatch):
             return self._partition(run, key, grid, device, noise[0])
         context.update(partitions={}, shared=self._shared_plans(context, arguments), left=frozenset(),
                        draw_partition=draw)
+        if self.rule is not None:  # the blocks decided to merge, at their ratio: one dict per run and kind of call
+            context[GRADED] = run.cache.setdefault(("diffusers tome graded", self.call_key(arguments)), {})
 
     def _shared_plans(self, context: dict, arguments) -> dict:
         """share_plans: grid -> the plan of this call, filled by its first block of each grid; with
@@ -117,20 +119,21 @@ class DiffusersToMe(UNetCalls, ToMePatch):
         """reduce_when auto: this level's block call timed unmerged and merged, once per kind; with a
         quality budget each block held against it alone (``hooks.block_decision``), and where the
         node's ratio is over it, half of it (the milder step, as in the core's ``tome_patch``),
-        which then merges this block in this call (``GRADED``)."""
+        which then merges this block (``GRADED``: the run's dict of the blocks that merge, as the
+        core's per-block budget gives it)."""
         if self.switch.forced is not None:
             return self.switch.forced
         if self.rule is None:
             return True
         ratio = self.settings.ratio
         kind, decision = self._decision(site, module, level, grid, args, kwargs, ratio)
-        if decision is None or decision.reduce or not decision.over_budget or \
-                int(grid[0] * grid[1] * ratio / 2) <= 0:
-            return self.decided(context, (*kind, site.path), decision is None or decision.reduce)
-        kind, milder = self._decision(site, module, level, grid, args, kwargs, ratio / 2)
-        if milder.reduce:
-            context[GRADED] = {**context.get(GRADED, {}), site.key: ratio / 2}
-        return self.decided(context, (*kind, site.path), milder.reduce)
+        if not decision.reduce and decision.over_budget and int(grid[0] * grid[1] * ratio / 2) > 0:
+            ratio /= 2
+            kind, decision = self._decision(site, module, level, grid, args, kwargs, ratio)
+        reduces = decision.reduce
+        if reduces:
+            context[GRADED][site.key] = ratio  # the core's plan reads it (``tome_patch._ratio_of``)
+        return self.decided(context, (*kind, site.path), reduces)
 
     def _decision(self, site, module, level: int, grid, args, kwargs, ratio: float) -> tuple:
         """(kind, the auto rule's decision) of this block's call merged at ``ratio``."""
