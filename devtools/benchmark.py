@@ -8,8 +8,10 @@
     python3 devtools/benchmark.py --gpu-table-tome OUT   # its ToMe preset (#38): ToMe vs ToDo at ~1 MP, Pareto fronts
     python3 devtools/benchmark.py --gpu-table-peaks OUT  # its peaks preset (#50): the window vs nearest, ToMe's new settings
     python3 devtools/benchmark.py --quality OUT          # trained photo fixtures: LPIPS, SSIM, PSNR per setting
-    python3 devtools/benchmark.py --unit-blocks OUT      # the budget's candidate units per Flux fixture block
         [--fixtures sd15 flux] [--seeds 16] [--long-seeds N] [--steps 20 4] [--modes t2i i2i] [--candidates]
+    python3 devtools/benchmark.py --distribution OUT     # the same settings' images as sets: KID against unpatched
+        [--fixtures sd15 flux] [--seeds 32] [--steps 4]
+    python3 devtools/benchmark.py --unit-blocks OUT      # the budget's candidate units per Flux fixture block
     python3 devtools/benchmark.py --peakedness           # attention peakedness per layer of the photo fixtures
     python3 devtools/benchmark.py --window-speed         # ToDo's window against nearest, one attention call (CPU)
     python3 devtools/benchmark.py --corrected-speed OUT  # ToMe's correct_from_whole in whole sampling runs (Flux fixture)
@@ -77,6 +79,11 @@ def main() -> int:
         pinned = None if other else host.run_inside_host(__file__)
         from bench import quality_table
         return quality_table.main(sys.argv[1:], pinned and pinned.comfyui)
+    if "--distribution" in sys.argv[1:]:  # the photo fixtures' images as sets: KID per setting (bench/distribution_table.py)
+        other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
+        pinned = None if other else host.run_inside_host(__file__)
+        from bench import distribution_table
+        return distribution_table.main(sys.argv[1:], pinned and pinned.comfyui)
     if "--budgets" in sys.argv[1:]:  # reduce_when auto's quality budget on the photo fixtures (bench/budget_table.py)
         other = any(arg == "--comfyui" or arg.startswith("--comfyui=") for arg in sys.argv[1:])
         pinned = None if other else host.run_inside_host(__file__)

@@ -102,3 +102,27 @@ def test_the_quality_table_compares_each_setting_seed_for_seed(comfy, tmp_path):
     assert set(row["by_cell"]) == {"t2i|2", "i2i|2"}
     assert (tmp_path / "grid_sd15.png").stat().st_size > 0
     assert "| ToDo 2 |" in done.stdout
+
+
+def test_the_distribution_table_holds_each_settings_images_against_another_seeds(comfy, tmp_path):
+    """benchmark.py --distribution in miniature: two images a caption, two steps, ToDo at its
+    defaults on the SD fixture. The unpatched row is the floor (its images against the reference
+    set of other noise; same-seed LPIPS 0); ToDo's images moved (LPIPS above 0)."""
+    import json
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(repo / "devtools" / "benchmark.py"), "--distribution", str(tmp_path),
+                           "--fixtures", "sd15", "--seeds", "2", "--steps", "2", "--configs", "ToDo 2",
+                           "--comfyui", str(comfy.root)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = json.loads((tmp_path / "distribution.json").read_text())
+    assert list(result["rows"]) == ["unpatched", "ToDo 2"]
+    floor, todo = result["rows"]["unpatched"], result["rows"]["ToDo 2"]
+    assert floor["images"] == todo["images"] == 8  # 4 captions x 2 images, text to image
+    assert floor["lpips"] == 0 and 0 < todo["lpips"] < 0.05
+    assert all(math.isfinite(row["kid"]) and row["kid_spread"] > 0 for row in (floor, todo))
+    assert "| ToDo 2 |" in done.stdout and "| unpatched |" in done.stdout

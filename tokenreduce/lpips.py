@@ -66,15 +66,44 @@ def lpips(a: torch.Tensor, b: torch.Tensor, weights: dict[str, torch.Tensor]) ->
     return torch.cat(pairs) if pairs else torch.zeros(0, dtype=torch.float32, device=a.device)
 
 
+def _scaled(images: torch.Tensor) -> torch.Tensor:
+    """An IMAGE batch [B, H, W, 3] in 0..1 as LPIPS's AlexNet takes it: [B, 3, H, W] float32,
+    to [-1, 1], then its scaling layer."""
+    shift = torch.tensor(SHIFT, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    scale = torch.tensor(SCALE, dtype=torch.float32, device=images.device).view(1, 3, 1, 1)
+    return ((images.to(torch.float32).permute(0, 3, 1, 2) * 2 - 1) - shift) / scale
+
+
+def _exact_convolutions():
+    """cuDNN without TF32 or autotuning, so that a GPU computes what the CPU does (to rounding)."""
+    return torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, benchmark=False, deterministic=True,
+                                      allow_tf32=False)
+
+
+@torch.no_grad()
+def features(images: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Per image of an IMAGE batch [B, H, W, 3] in 0..1, what a distribution measure compares
+    (``devtools/quality/metrics.py``, KID): the spatial mean of each of AlexNet's relu1..relu5,
+    unit-normalised over channels as LPIPS compares them, concatenated: float32 [B, 1152] (64 +
+    192 + 384 + 256 + 256), each layer's part of norm at most 1. One image at a time, as ``lpips``;
+    at least one image."""
+    if min(images.shape[1:3]) < MIN_SIZE:
+        raise ValueError(f"LPIPS's AlexNet needs images of at least {MIN_SIZE}x{MIN_SIZE} pixels, got "
+                         f"{tuple(images.shape[1:3])}")
+    rows = []
+    with _exact_convolutions():
+        for i in range(images.shape[0]):
+            layers = _layers(_scaled(images[i:i + 1]), weights)
+            rows.append(torch.cat([_unit(layer).mean(dim=(2, 3)) for layer in layers], 1))
+    return torch.cat(rows)
+
+
 def _lpips_pair(a: torch.Tensor, b: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
     """LPIPS of one image pair [1, H, W, 3]: float32 [1]."""
-    shift = torch.tensor(SHIFT, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
-    scale = torch.tensor(SCALE, dtype=torch.float32, device=a.device).view(1, 3, 1, 1)
-    both = torch.cat([a, b]).to(torch.float32).permute(0, 3, 1, 2) * 2 - 1
+    both = _scaled(torch.cat([a, b]))
     total = torch.zeros(a.shape[0], dtype=torch.float32, device=a.device)
-    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, benchmark=False, deterministic=True,
-                                    allow_tf32=False):
-        for k, features in enumerate(_layers((both - shift) / scale, weights)):
+    with _exact_convolutions():
+        for k, features in enumerate(_layers(both, weights)):
             first, second = _unit(features).chunk(2)
             weighted = F.conv2d((first - second) ** 2, weights[f"lin{k}.weight"])
             total = total + weighted.mean(dim=(1, 2, 3))

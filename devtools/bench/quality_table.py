@@ -141,9 +141,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _images(pf, fx, patcher, caption: str, steps: int, mode: str, seeds: int,
-            denoise: float = I2I_DENOISE) -> tuple:
+            denoise: float = I2I_DENOISE, noise_seed: int = 0) -> tuple:
     """(decoded images [seeds, H, W, 3], final latents) of one caption, schedule and mode
-    (``denoise``: image to image's)."""
+    (``denoise``: image to image's), the batch's noise drawn as KSampler draws it for ``noise_seed``."""
     import comfy.sample
     import torch
 
@@ -155,11 +155,11 @@ def _images(pf, fx, patcher, caption: str, steps: int, mode: str, seeds: int,
         photo = next(p for p in pf.PHOTOS if p.caption == caption)
         image = pf.square(pf.load_photo(photo.name), fx.spec.native_px).movedim(0, -1)[None]
         latent = fx.vae.encode(image).repeat(seeds, 1, 1, 1)
-    noise = comfy.sample.prepare_noise(latent, 0)
+    noise = comfy.sample.prepare_noise(latent, noise_seed)
     with torch.no_grad():
         out = comfy.sample.sample(patcher, noise, steps, pf.CFG[fx.spec.name], "euler", "simple",
                                   fx.conditioning(caption, seeds), fx.conditioning(pf.EMPTY, seeds), latent,
-                                  denoise=denoise, seed=0, disable_pbar=True)
+                                  denoise=denoise, seed=noise_seed, disable_pbar=True)
         return fx.vae.decode(out), out
 
 

@@ -9,6 +9,17 @@
   [-1, 1], LPIPS's scaling layer, AlexNet's relu1..relu5, each unit-normalised over channels, the
   squared difference weighted by the learned 1x1 heads, averaged over space and summed over layers.
 
+And one measure of two *sets* of images, not of pairs (a same-seed distance says how far each
+image moved, not whether the images got worse: ToMe for SD chose its random merge targets by FID,
+which moves each image further from its unaccelerated one):
+
+- ``kid(a, b)``: the kernel distance of Binkowski et al. 2018 (KID: the unbiased squared MMD with
+  the cubic polynomial kernel ``(x . y / d + 1) ** 3``), here of AlexNet features
+  (``features``: each relu layer's unit-normalised mean over space, as LPIPS sees the image;
+  Inception's weights, FID's and KID's usual net, cannot be fetched where this project is built).
+  0 in expectation for two sets drawn from one distribution (the estimate can fall below 0); it
+  grows as the distributions part. Unbiased at any set size, which FID is not.
+
 PSNR and SSIM are computed in float64; LPIPS in float32 on the inputs' device, without autograd,
 with cuDNN's TF32 off so that a GPU computes what the CPU does (to rounding).
 
@@ -126,3 +137,41 @@ def lpips(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     (the net: ``tokenreduce/lpips.py``, which the image-compare node runs too)."""
     _images(a, b)
     return core_lpips.lpips(a, b, _weights(a.device))
+
+
+# ---- KID: two sets of images --------------------------------------------------------------------
+
+def features(images: torch.Tensor) -> torch.Tensor:
+    """float32 [B, 1152] AlexNet features per image of an IMAGE batch (``tokenreduce/lpips.py``)."""
+    return core_lpips.features(images, _weights(images.device))
+
+
+def kid(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The unbiased squared MMD (KID) of two feature sets [m, d] and [n, d] (m, n >= 2) under the
+    kernel ``(x . y / d + 1) ** 3``, in float64: the mean kernel within each set (its diagonal
+    left out) less twice the mean across."""
+    if a.shape[0] < 2 or b.shape[0] < 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"KID needs two sets of at least 2 rows of one width, got {tuple(a.shape)} and {tuple(b.shape)}")
+    a, b = a.double(), b.double()
+    d, m, n = a.shape[1], a.shape[0], b.shape[0]
+
+    def kernel(x, y):
+        return (x @ y.T / d + 1) ** 3
+
+    within_a, within_b = kernel(a, a), kernel(b, b)
+    return float((within_a.sum() - within_a.diagonal().sum()) / (m * (m - 1))
+                 + (within_b.sum() - within_b.diagonal().sum()) / (n * (n - 1))
+                 - 2 * kernel(a, b).mean())
+
+
+def kid_spread(a: torch.Tensor, b: torch.Tensor, subsets: int = 50, seed: int = 0) -> float:
+    """The standard deviation of ``kid`` over ``subsets`` random halves of each set (drawn by a
+    private generator: the global RNG is left alone): how much the estimate moves with the draw.
+    The full sets' estimate moves less (about 1/sqrt(2) of this)."""
+    generator = torch.Generator().manual_seed(seed)
+    values = []
+    for _ in range(subsets):
+        pick_a = torch.randperm(a.shape[0], generator=generator)[:max(2, a.shape[0] // 2)]
+        pick_b = torch.randperm(b.shape[0], generator=generator)[:max(2, b.shape[0] // 2)]
+        values.append(kid(a[pick_a.to(a.device)], b[pick_b.to(b.device)]))
+    return float(torch.tensor(values, dtype=torch.float64).std())
