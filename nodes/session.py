@@ -21,7 +21,7 @@ from comfy.patcher_extension import WrappersMP
 from ..tokenreduce.change import measure_change
 from ..tokenreduce.measure import copied_containers
 from ..tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
-from ..tokenreduce.window import SigmaWindow, late_level, schedule_reach
+from ..tokenreduce.window import SigmaWindow, late_level, levels_to_late, schedule_reach
 from .host import attention_entry, compiled, compute_dtype, uncompiled, weights_fingerprint
 
 LOG = logging.getLogger("tokenreduce")
@@ -136,7 +136,8 @@ class PatchSession:
         previous, self.run = self.run, RunState(window, always_active=always, profile=self.profile,
                                                 warnings=list(warnings), measure_change=self.measure_change,
                                                 reach=run_reach(model_sampling, schedule),
-                                                late_sigma=late_level(schedule))
+                                                late_sigma=late_level(schedule),
+                                                late_levels=levels_to_late(schedule))
         start = time.perf_counter()
         completed = False
         try:

@@ -275,11 +275,7 @@ def test_dit_tome_decides_per_block_stepping_down_to_half_the_ratio(comfy, dits,
     tight = tome(comfy, model, ratio=0.5, max_change=TINY).result[0]  # nothing fits: both steps measured
     assert torch.equal(run(comfy, tight, VARIANT), unpatched)
     assert session_of(tight).last_report.warnings  # every kind left alone: said
-    changes = {}
-    for site, decision in cpu_store.log:
-        if site.endswith(" merged"):
-            block, merged = site.rsplit(", ", 1)
-            changes.setdefault(block, {})[int(merged.split()[0])] = decision.change
+    changes = _merged_changes(cpu_store.log)
     assert len(changes) == 2 and all(len(c) == 2 for c in changes.values())
     full, half = sorted(next(iter(changes.values())), reverse=True)
     steps = sorted((c[full] - c[half], block) for block, c in changes.items())
@@ -293,6 +289,48 @@ def test_dit_tome_decides_per_block_stepping_down_to_half_the_ratio(comfy, dits,
     assert torch.equal(run(comfy, node, VARIANT), image) and cpu_store.measurements == measured
     always = run(comfy, tome(comfy, model, ratio=0.5, reduce_when="always").result[0], VARIANT)
     assert not any(torch.equal(image, other) for other in (unpatched, always))
+
+
+def _merged_changes(log) -> dict:
+    """{block site: {merged count: change}} of the per-block ToMe decisions in a store's log."""
+    changes = {}
+    for site, decision in log:
+        if site.endswith(" merged"):
+            block, merged = site.rsplit(", ", 1)
+            changes.setdefault(block, {})[int(merged.split()[0])] = decision.change
+    return changes
+
+
+def test_dit_tome_corrected_from_whole_is_read_corrected_from_its_plans_step(comfy, dits, cpu_store):
+    """With correct_from_whole the budget reads each block as the run runs it on the late step: merged
+    with a plan made plan_every - 1 steps earlier, that plan's difference from the whole block added
+    (issue #50; read uncorrected, the correction's blocks were left alone wherever plain merging
+    was over the budget). The corrected change is smaller than the plain one, block by block, and
+    kept apart from it. Where only the milder ratio fits, its blocks merge and reuse their plan on
+    the next step (before, a plan kept only for the milder ratio was never found again: every step
+    planned anew and, corrected, ran every block whole: the unpatched image)."""
+    pays = sys.modules[f"{PACK}.tokenreduce.pays"]
+    model = dits(VARIANT)
+    unpatched = run(comfy, model, VARIANT, steps=4)
+    reuse = {"ratio": 0.5, "share_plans": True, "plan_every": 2}
+    run(comfy, tome(comfy, model, max_change=TINY, **reuse).result[0], VARIANT, steps=4)
+    plain = _merged_changes(cpu_store.log)
+    logged = len(cpu_store.log)
+    run(comfy, tome(comfy, model, max_change=TINY, correct_from_whole=True, **reuse).result[0], VARIANT, steps=4)
+    corrected = _merged_changes(cpu_store.log[logged:])
+    assert set(corrected) == set(plain) and len(plain) == 2
+    for block, changes in corrected.items():
+        assert set(changes) == set(plain[block])  # the ratio and half of it, each measured anew
+        assert all(0 <= changes[r] < plain[block][r] for r in changes), (block, changes, plain[block])
+    half = min(min(c) for c in corrected.values())
+    budget = pays.LATE_SCALE * sum(c[half] for c in corrected.values()) * 1.001  # both at half ...
+    slack = budget - pays.LATE_SCALE * sum(c[half] for c in corrected.values())
+    assert all(pays.LATE_SCALE * (c[max(c)] - c[half]) > slack for c in corrected.values())  # ... no step up
+    node = tome(comfy, model, max_change=budget, correct_from_whole=True, **reuse).result[0]
+    image = run(comfy, node, VARIANT, steps=4)
+    (line,) = [line for line in lines_of(node) if ", per block, read at 75 % of sampling" in line]
+    assert "ratio 0.25 " in line and "ratio 0.5 " not in line and "left alone" not in line, line
+    assert not torch.equal(image, unpatched)
 
 
 def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_restart(comfy, dits, cpu_store,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenreduce import describe, pays
-from tokenreduce.window import late_latent, late_level
+from tokenreduce.window import late_latent, late_level, levels_to_late
 
 # The Flux fixture's six blocks, rehearsed late (docs/quality.md, "Per block"): nearest, window.
 FLUX = {"double 0": (0.061, 0.014), "double 1": (0.076, 0.007), "single 0": (0.029, 0.003),
@@ -80,6 +80,15 @@ def test_the_late_level_is_the_step_at_three_quarters_of_the_schedule():
     assert late_level(torch.linspace(14.6, 0.0, 9)) == pytest.approx(14.6 * 2 / 8)  # step 6 of 8
     assert late_level(torch.tensor([1.0, 0.0])) is None  # one step: nothing later to read
     assert late_level(None) is None
+
+
+def test_the_levels_to_the_late_one_are_the_schedules_steps_up_to_it():
+    """Where an input some steps before the late one is read (ToMe's correct_from_whole: its plan's
+    step, plan_every - 1 steps back at the most)."""
+    sigmas = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+    assert levels_to_late(sigmas) == (1.0, 0.75, 0.5, 0.25)
+    assert levels_to_late(sigmas)[-1] == late_level(sigmas)
+    assert levels_to_late(torch.tensor([1.0, 0.0])) == () and levels_to_late(None) == ()
 
 
 @pytest.mark.parametrize("flow", [False, True])

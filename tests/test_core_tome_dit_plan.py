@@ -262,3 +262,13 @@ def test_every_package_the_core_imports_is_declared():
     requirements = _requirement_names((REPO / "requirements.txt").read_text().splitlines())
     assert imported <= project, imported - project
     assert imported - {"torch"} <= requirements, imported - {"torch"} - requirements
+
+
+def test_the_shared_plan_kept_for_a_step_is_the_ratios_or_else_the_milder_ones():
+    """plan_every finds a step's plans again by a shared plan: the node's ratio's, or where the
+    budget merges every block at its milder ratio, that one (else every step planned anew)."""
+    ratio, milder = object(), object()
+    difference = ("whole minus merged", ("single", 0))
+    assert tome_dit.shared_plan({tome_dit.SHARED_PLAN: ratio, (tome_dit.SHARED_PLAN, 12): milder}) is ratio
+    assert tome_dit.shared_plan({difference: object(), (tome_dit.SHARED_PLAN, 12): milder}) is milder
+    assert tome_dit.shared_plan({difference: object()}) is None and tome_dit.shared_plan({}) is None

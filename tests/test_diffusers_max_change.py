@@ -497,6 +497,28 @@ def test_dit_tome_decides_per_block_at_the_ratio_or_half_of_it(monkeypatch, tmp_
         assert any("blocks 256→128" in line for line in patch.report_lines())
 
 
+def test_dit_tome_blocks_at_the_milder_ratio_alone_reuse_their_plan(monkeypatch, tmp_path):
+    """With share_plans and plan_every, where the budget merges every merging block at half the
+    ratio, the next step finds that plan again (the reuse looked for the node's ratio's plan
+    alone: every step planned anew, and with correct_from_whole ran each block whole, the
+    unpatched latents)."""
+    decisions = pays.Decisions(tmp_path / "milder.json")
+    monkeypatch.setattr(api, "decisions_at", lambda path: decisions)
+    pipe = tiny.flux_pipeline()
+    unpatched = flux_run(pipe)
+    reuse = {"share_plans": True, "plan_every": 2, "correct_from_whole": True}
+    with apply_patch(pipe, "ToMe", max_change=TINY, **reuse):
+        flux_run(pipe)
+    changes = {site: d.change for site, d in decisions.log if site.endswith(" 64 merged")}  # half the ratio
+    assert len(changes) == 2, decisions.log
+    budget = pays.LATE_SCALE * sum(changes.values()) * 1.001  # both blocks at half: no step up fits
+    with apply_patch(pipe, "ToMe", max_change=budget, **reuse) as patch:
+        latents = flux_run(pipe)
+        lines = patch.report_lines()
+    assert "ratio 0.25 " in graded_line(lines) and "ratio 0.5 " not in graded_line(lines), lines
+    assert not torch.equal(latents, unpatched)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_each_unet_block_is_decided_on_its_own(store, method):
     """Issue #51, per block on diffusers' UNets as on ComfyUI's: under a budget between the largest

@@ -176,6 +176,9 @@ class RunState:
     # The noise level at window.LATE of the run's schedule, where the budget reads DiT blocks'
     # changes (late_blocks.py); None: the host cannot tell, or the run has too few steps.
     late_sigma: float | None = None
+    # The noise levels of the run's steps up to that one (window.levels_to_late): where an input some
+    # steps earlier is read (ToMe's correct_from_whole: its plan's step). (): not known.
+    late_levels: tuple = ()
     # (relative change, the call's sigmas) as tensors, read when the report is made; None: not yet
     _change: tuple | None = None
     _change_claimed: bool = False  # a call took the readout (once per run, whichever thread)

@@ -535,6 +535,14 @@ def restored(spec: BlockArgs, layout: TokenLayout, plan: BlockPlan, x: torch.Ten
 SHARED_PLAN = "tome dit plan"  # the key of the plan all merged blocks of a model call share, in its plans
 
 
+def shared_plan(plans: dict) -> BlockPlan | None:
+    """A plan the merged blocks of a model call share, kept in ``plans``: the node's ratio's
+    (``SHARED_PLAN``), else the one of the blocks the budget merges at a milder ratio
+    (``(SHARED_PLAN, r)``: where no block merges at the node's); None: none kept."""
+    milder = (plan for key, plan in plans.items() if isinstance(key, tuple) and key[:1] == (SHARED_PLAN,))
+    return plans.get(SHARED_PLAN) or next(milder, None)
+
+
 def block_plan(plans: dict | None, x: torch.Tensor, where: tuple[int, int], layout: TokenLayout, tiles: Tiles,
                r: int, frames: int = 1, timer=None, bound: float | None = None, key=SHARED_PLAN) -> BlockPlan:
     """The plan a merged block merges the sequence ``x`` (its grid at ``where``) with: the one kept
@@ -780,7 +788,7 @@ class ToMeDiTPatch(ToMeBlockBudget, CallPatch):
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: {reason}.")
             return
         kept = self._earlier_plans(run, call, tokens.grid)
-        reused = kept[SHARED_PLAN] if kept is not None else None
+        reused = shared_plan(kept) if kept is not None else None
         if self.merge.frame_grouped and self.strides[0] > 1:  # the ComfyUI node refuses it at validation
             context["active"] = False
             run.warn_once(f"{self.label}: this {self.family.name} model call was left alone: its blocks group their "
@@ -824,13 +832,13 @@ class ToMeDiTPatch(ToMeBlockBudget, CallPatch):
 
     def _earlier_plans(self, run: RunState, call: ModelCall, grid: tuple[int, int, int]) -> dict | None:
         """plan_every: the plans an earlier step's call like this one made (fewer than plan_every
-        steps before) for this grid (its shared plan under ``SHARED_PLAN``), or None: this call
+        steps before) for this grid (a shared plan: ``shared_plan``), or None: this call
         plans. Decided here, outside any compiled region."""
         every = getattr(self.settings, "plan_every", 1)
         if every <= 1:
             return None
         plans = run.kept_plans(plan_key(call), run.step(call.sigmas), every)
-        plan = plans.get(SHARED_PLAN) if plans is not None else None
+        plan = shared_plan(plans) if plans is not None else None
         return plans if plan is not None and plan.tiles.grid == grid else None
 
     # --- reduce_when auto ----------------------------------------------------------------------
@@ -916,8 +924,8 @@ class ToMeDiTPatch(ToMeBlockBudget, CallPatch):
         # still leave alone included: not decided yet), over plan_every steps
         every = getattr(self.settings, "plan_every", 1)
         calls_per_plan = len(keys) * every
-        # correct_from_whole: the step that plans runs the block whole too (the change is read
-        # uncorrected: the corrected first step changes nothing, its later steps cannot be read yet)
+        # correct_from_whole: the step that plans runs the block whole too (per kind the change is
+        # read uncorrected; per block, corrected from its plan's step: tome_dit_blocks)
         whole_share = 1 / every if self.correct else 0.0
         return Work(runs, lambda t: t["full"],
                     lambda t: t["reduced"] + t["plan"] / calls_per_plan + t["full"] * whole_share, compare=compare)

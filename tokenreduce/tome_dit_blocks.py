@@ -4,8 +4,10 @@
 the blocks' changes summed within ``max_change`` (``late_blocks.grade``); speed stays decided per
 kind of block and merged count. Read late, the Flux fixture's ToMe blocks rank as their pictures do
 but for one swap, where the first call's unit ranked the block that moves them least highest
-(docs/quality.md). A mixin of ``tome_dit.ToMeDiTPatch``; the block replacement reads the choice
-from the call's context (``graded``: block -> merged count)."""
+(docs/quality.md). With correct_from_whole each block is read as the late step runs it: merged with
+the plan a rehearsal made ``plan_every - 1`` steps earlier, that plan's difference from the whole
+block added. A mixin of ``tome_dit.ToMeDiTPatch``; the block replacement reads the choice from the
+call's context (``graded``: block -> merged count)."""
 
 from __future__ import annotations
 
@@ -69,11 +71,20 @@ class ToMeBlockBudget:
         choice = run.cache[cache_key] = {block: r for (_, block), r in graded.choice.items()}
         return choice
 
+    def _plan_level(self, run: RunState) -> float | None:
+        """correct_from_whole: the noise level of the step whose plan (and its difference from the
+        whole block) the late step reuses at the most, ``plan_every - 1`` steps before it (the run's
+        first where it has fewer); None: the call's own input (the run's levels not known)."""
+        levels = run.late_levels
+        return levels[max(0, len(levels) - getattr(self.settings, "plan_every", 1))] if levels else None
+
     def _block_change(self, run: RunState, call: ModelCall, tokens: TokenLayout, tiles, unit: tuple, r: int,
                       counts: tuple):
-        """The change of ``unit`` (kind, block) alone merged by ``r``, kept per block and model."""
+        """The change of ``unit`` (kind, block) alone merged by ``r``, kept per block and model
+        (corrected from the whole block: per the level its plan is made at too)."""
         kind, block = unit
-        signature = (*self._signature(call, tokens, kind, r), "block", block, "late", LATE)
+        planned = ("corrected, planned at", f"{self._plan_level(run) or 0:.4g}") if self.correct else ()
+        signature = (*self._signature(call, tokens, kind, r), "block", block, "late", LATE, *planned)
 
         def work() -> Work:
             return Work({}, lambda _: 0.0, lambda _: 0.0, change=lambda: self._late_changes(
@@ -92,19 +103,30 @@ class ToMeBlockBudget:
 
     def _rehearse_late(self, run: RunState, call: ModelCall, tokens: TokenLayout, tiles, counts: tuple) -> dict:
         keys = self.replace_keys()
-        shared = {r: {} for r in counts}  # share_plans: each count's plan made by the first block measured
+        # Per count, the plans of a step as the run keeps them: share_plans' one plan (made by the
+        # first block measured) and correct_from_whole's differences (one a block; it needs share_plans)
+        kept = {r: {} if self.settings.share_plans else None for r in counts}
+
+        def merged(block, args, extra, r: int, planning: bool = False):
+            merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(),
+                                   plans={} if kept[r] is None else kept[r], planning=planning)
+            options = {**args["transformer_options"], self.context_key: merging}
+            return on_copies(self.replacement(keys[block][0], block, None), {**args, "transformer_options": options},
+                             extra)()
+
+        if self.correct:
+            # The plans and their differences are made steps before the late one reuses them: a
+            # rehearsal at that step's input plans (each merged block also runs whole, as it does
+            # in the run), the late one reads the block merged by that plan and corrected.
+            def plan(block, args, extra):
+                for r in counts:
+                    whole = merged(block, args, extra, r, planning=True)
+                return whole, None
+            late_block_changes(call, self._plan_level(run), dict(keys), plan)
 
         def measure(block, args, extra):
-            kind, options = keys[block][0], args["transformer_options"]
             whole = on_copies(model_block, args, extra)()
-            changes = {}
-            for r in counts:
-                merging = call_context(True, layout=tokens, tiles=tiles, r=r, left=frozenset(),
-                                       plans=shared[r] if self.settings.share_plans else {})
-                merged = on_copies(self.replacement(kind, block, None),
-                                   {**args, "transformer_options": {**options, self.context_key: merging}}, extra)()
-                changes[r] = relative_change(whole, merged)
-            return whole, changes
+            return whole, {r: relative_change(whole, merged(block, args, extra, r)) for r in counts}
 
         found = late_block_changes(call, run.late_sigma, dict(keys), measure)
         return {(keys[block][0], block): changes for block, changes in found.items()}

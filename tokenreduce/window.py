@@ -83,11 +83,29 @@ def late_level(schedule, at: float = LATE) -> float | None:
     with the last): step 3 of 4 at 0.75, KSampler Advanced's start step. None where the schedule
     has fewer than two steps or ends there (nothing later to read). One read per run, before any
     step (the schedule lives on the CPU)."""
+    index = _late_index(schedule, at)
+    if index is None:
+        return None
+    level = float(schedule[index])
+    return level if level > 0.0 else None
+
+
+def levels_to_late(schedule, at: float = LATE) -> tuple[float, ...]:
+    """The noise levels of a run's steps from its first to the one ``late_level`` reads, highest
+    first: where an input some steps before the late one is read (ToMe's correct_from_whole, whose
+    plans and their differences are made steps before they serve). () where ``late_level`` is None."""
+    if late_level(schedule, at) is None:
+        return ()
+    return tuple(float(s) for s in schedule[:_late_index(schedule, at) + 1])
+
+
+def _late_index(schedule, at: float) -> int | None:
+    """The step ``late_level`` reads: the one at ``at`` of the schedule, at least the second and
+    before the last; None where the schedule has fewer than two steps."""
     if schedule is None or getattr(schedule, "numel", lambda: len(schedule))() < 3:
         return None
     steps = len(schedule) - 1
-    level = float(schedule[min(steps - 1, max(1, round(at * steps)))])
-    return level if level > 0.0 else None
+    return min(steps - 1, max(1, round(at * steps)))
 
 
 def late_latent(x, sigma, denoised, late: float):

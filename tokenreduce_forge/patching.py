@@ -38,7 +38,7 @@ from tokenreduce.run import CONTEXT_PREFIX, ModelCall, RunReport, RunState
 from tokenreduce.target import resolve_target
 from tokenreduce.todo_patch import BY_REPLACE, ToDoPatch
 from tokenreduce.tome_patch import ToMePatch
-from tokenreduce.window import SigmaWindow, late_level, schedule_reach
+from tokenreduce.window import SigmaWindow, late_level, levels_to_late, schedule_reach
 
 from . import flux as forge_flux
 from .grid import supply_activations_shape
@@ -121,6 +121,7 @@ class PassRun:
             for method in self.methods:
                 method.run.reach = reach
                 method.run.late_sigma = late_level(schedule)  # where the budget reads a DiT block (late_blocks.py)
+                method.run.late_levels = levels_to_late(schedule)  # and its plan's step, corrected (tome_dit_blocks.py)
 
     def wrapper(self, previous):
         """The ``model_function_wrapper`` of this pass, calling ``previous`` (another

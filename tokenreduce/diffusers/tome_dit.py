@@ -44,7 +44,8 @@ from ..pays import Work
 from ..run import CallPatch, note_reduced, note_skipped
 from ..seeding import derive_seed
 from ..tome_dit import (SHARED_PLAN, Tiles, alike_bound, block_plan, corrects, gathered, later_inputs_signature,
-                        make_tiles, merged_count, plan_block, plan_sequence_index, run_merged_block, take)
+                        make_tiles, merged_count, plan_block, plan_sequence_index, run_merged_block, shared_plan,
+                        take)
 from ..whole_difference import corrected_block
 from .hooks import attention_backend, weights_fingerprint
 from .session import Session
@@ -218,7 +219,7 @@ class DiffusersToMeDiT(ToMeBlockBudget, CallPatch):
             return
         x = arguments("hidden_states")
         kept = self._earlier_plans(context, arguments, layout)
-        reused = kept[SHARED_PLAN] if kept is not None else None
+        reused = shared_plan(kept) if kept is not None else None
         tiles = reused.tiles if reused is not None else self._tiles(layout.grid, x.device, context, layout.whole_frames)
         r = merged_count(tiles, self.settings.ratio)
         if r <= 0:
@@ -240,7 +241,7 @@ class DiffusersToMeDiT(ToMeBlockBudget, CallPatch):
             return None
         key, step = self.session.plan_key(context, arguments("hidden_states"), arguments("encoder_hidden_states"))
         plans = self.session.run.kept_plans(key, step, self.every)
-        plan = plans.get(SHARED_PLAN) if plans is not None else None
+        plan = shared_plan(plans) if plans is not None else None
         return plans if plan is not None and plan.tiles.grid == layout.grid else None
 
     def _tiles(self, grid: tuple[int, int, int], device, context: dict, whole_frames: int = 0) -> Tiles:
