@@ -497,6 +497,24 @@ def test_dit_tome_decides_per_block_at_the_ratio_or_half_of_it(monkeypatch, tmp_
         assert any("blocks 256→128" in line for line in patch.report_lines())
 
 
+def test_dit_tome_corrected_from_whole_is_read_corrected_from_its_plans_step(monkeypatch, tmp_path):
+    """With correct_from_whole each block is read as the late step runs it: merged by the plan a
+    rehearsal at the step plan_every - 1 before made, that plan's difference from the whole block
+    added (issue #50; read uncorrected, it was held to plain merging's change). Smaller, block by
+    block and count by count, and kept apart from the plain change."""
+    reuse = {"share_plans": True, "plan_every": 2}
+    pipe = tiny.flux_pipeline()
+    found = {}
+    for name, extra in (("plain", {}), ("corrected", {"correct_from_whole": True})):
+        decisions = pays.Decisions(tmp_path / f"{name}.json")
+        monkeypatch.setattr(api, "decisions_at", lambda path, decisions=decisions: decisions)
+        with apply_patch(pipe, "ToMe", max_change=TINY, **reuse, **extra):
+            flux_run(pipe)
+        found[name] = {site: d.change for site, d in decisions.log if site.endswith(" merged")}
+    assert len(found["plain"]) == 4 and set(found["corrected"]) == set(found["plain"])
+    assert all(0 <= found["corrected"][site] < change for site, change in found["plain"].items()), found
+
+
 def test_dit_tome_blocks_at_the_milder_ratio_alone_reuse_their_plan(monkeypatch, tmp_path):
     """With share_plans and plan_every, where the budget merges every merging block at half the
     ratio, the next step finds that plan again (the reuse looked for the node's ratio's plan

@@ -35,7 +35,7 @@ import torch
 from ..change import keep_change
 from ..describe import run_lines
 from ..run import RunReport, RunState, call_context
-from ..window import LATE, SigmaWindow, flow_sigma, late_level, schedule_reach
+from ..window import LATE, SigmaWindow, flow_sigma, late_level, levels_to_late, schedule_reach
 
 LOG = logging.getLogger("tokenreduce")
 
@@ -151,11 +151,28 @@ class Session:
         scheduler = self.scheduler()
         if scheduler is None:
             return flow_sigma(LATE)
+        sigmas = self._flow_sigmas(scheduler)
+        return None if sigmas is None else late_level(sigmas)
+
+    def level_before_late(self, steps: int) -> float | None:
+        """The noise level ``steps`` steps before ``late_sigma``'s (the run's first where it has
+        fewer): where ToMe's correct_from_whole makes the plan its late step reuses at the most.
+        None: not known (a model called without its pipeline, a scheduler that is not a flow
+        schedule, too few steps)."""
+        scheduler = self.scheduler()
+        sigmas = self._flow_sigmas(scheduler) if scheduler is not None else None
+        levels = levels_to_late(sigmas) if sigmas is not None else ()
+        return levels[max(0, len(levels) - 1 - steps)] if levels else None
+
+    @staticmethod
+    def _flow_sigmas(scheduler) -> torch.Tensor | None:
+        """A flow scheduler's sigmas from its begin index (an image-to-image run's own steps), on the
+        CPU; None for another scheduler."""
         sigmas = getattr(scheduler, "sigmas", None)
         if not is_flow(scheduler) or not torch.is_tensor(sigmas):
             return None
         begin = getattr(scheduler, "begin_index", None) or 0
-        return late_level(sigmas[begin:].detach().float().cpu())
+        return sigmas[begin:].detach().float().cpu()
 
     def open_call(self, timestep, call=None) -> dict:
         """The context of a model call at ``timestep`` (a tensor or a number) with the arguments

@@ -21,9 +21,11 @@ import torch
 
 from ..describe import grid_text
 from ..late_blocks import grade, once_per_run, say_graded
+from ..measure import copied_containers
 from ..pays import Work, relative_change
 from ..run import call_context
 from ..tome_dit import merged_count
+from ..whole_difference import corrected_block
 from ..window import LATE
 from .hooks import weights_fingerprint
 from .late import late_call, measure_blocks, snapshot
@@ -85,8 +87,9 @@ class ToMeBlockBudget:
         run, s = self.session.run, self.settings
         kind, index = unit
         hidden = arguments("hidden_states")
+        planned = ("corrected, planned at", f"{self._plan_level() or 0:.4g}") if self.correct else ()
         signature = ("diffusers ToMe DiT", self.family.name, kind, *layout.grid, layout.whole_frames, count, s.ratio,
-                     *self.strides, s.share_plans, str(hidden.dtype), "block", index, "late", LATE)
+                     *self.strides, s.share_plans, str(hidden.dtype), "block", index, "late", LATE, *planned)
 
         def work() -> Work:
             return Work({}, lambda _: 0.0, lambda _: 0.0, change=lambda: once_per_run(
@@ -98,24 +101,44 @@ class ToMeBlockBudget:
                                 model=lambda: weights_fingerprint(block), reach=run.reach, budgeted=False,
                                 untimed=True)
 
+    def _plan_level(self) -> float | None:
+        """correct_from_whole: the noise level of the step whose plan the late step reuses at the
+        most (``plan_every - 1`` steps before it); None: the call's own input."""
+        return self.session.level_before_late(self.every - 1)
+
     def _rehearse_late(self, arguments, layout, tiles, late: float, counts: tuple) -> dict:
         """{block index: {merged count: change}} of every selected block, read in one rerun of the
-        model call at the late input."""
+        model call at the late input; with correct_from_whole each block merged by the plans a
+        rehearsal at its plan's step made, their differences from the whole block added (as the run
+        runs the late step)."""
         call = late_call(self.model, arguments, self.family.timestep_scale, late, self._whole)
-        shared = {count: {} for count in counts}  # share_plans: each count's plan made by the first block measured
+        # per count, a step's plans: share_plans' plan (made by the first block measured), and
+        # correct_from_whole's differences (it needs share_plans)
+        shared = {count: {} if self.settings.share_plans else None for count in counts}
+        blocks = {index: entry[0] for index, entry in self._blocks_by_index.items()}
+
+        def merged_block(index: int, inputs: tuple, count: int, planning: bool = False):
+            _, original, kind, merged, positional = self._blocks_by_index[index]
+            args, kwargs = inputs
+            named = snapshot((), {**dict(zip(positional, args)), **kwargs})[1]
+            current = self.Current(layout, tiles, count, shared[count], planning)
+            run = lambda given: self._merged(original, given, current, merged)  # noqa: E731
+            return corrected_block(shared[count], (kind, index), planning, named, lambda given: original(**given),
+                                   run) if self.correct else run(named)
+
+        if self.correct:
+            def plan(index: int, inputs: tuple, output) -> None:
+                for count in counts:
+                    merged_block(index, inputs, count, planning=True)
+            level = self._plan_level()
+            planned = copied_containers(arguments.inputs) if level is None else late_call(
+                self.model, arguments, self.family.timestep_scale, level, self._whole)
+            measure_blocks(self.model, blocks, planned, self._whole, plan)
 
         def measure(index: int, inputs: tuple, output) -> dict:
-            _, original, _, merged, positional = self._blocks_by_index[index]
-            args, kwargs = inputs
-            named = {**dict(zip(positional, args)), **kwargs}
-            changes = {}
-            for count in counts:
-                current = self.Current(layout, tiles, count, shared[count] if self.settings.share_plans else None,
-                                       True)
-                out = self._merged(original, snapshot((), named)[1], current, merged)
-                changes[count] = 0.0 if out is None else relative_change(output, out)  # None: not its layout, whole
-            return changes
-        blocks = {index: entry[0] for index, entry in self._blocks_by_index.items()}
+            outs = {count: merged_block(index, inputs, count) for count in counts}
+            # None: not its layout, whole
+            return {count: 0.0 if out is None else relative_change(output, out) for count, out in outs.items()}
         return measure_blocks(self.model, blocks, call, self._whole, measure)
 
     def _whole(self, run):

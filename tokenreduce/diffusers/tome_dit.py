@@ -402,8 +402,8 @@ class DiffusersToMeDiT(ToMeBlockBudget, CallPatch):
         """The block unmerged and merged, as the ComfyUI node times its blocks: with share_plans the
         merged block with its plan made once, and the plan's own time shared by the merged blocks."""
         layout, tiles, r, plans, _, _ = current
-        # the call's own plans stay untouched; the budget reads the merged block uncorrected (as
-        # the ComfyUI node's: the corrected planning step changes nothing, the later ones cannot be read yet)
+        # the call's own plans stay untouched; per kind the budget reads the merged block uncorrected
+        # (per block, corrected from its plan's step: tome_blocks)
         reduced = _Current(layout, tiles, r, {} if plans is not None else None, True)
         runs = {"full": lambda: original(**call), "reduced": lambda: self._merged(original, call, reduced, merged)}
         if plans is None:
