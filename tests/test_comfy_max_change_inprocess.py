@@ -331,6 +331,8 @@ def test_dit_tome_corrected_from_whole_is_read_corrected_from_its_plans_step(com
     (line,) = [line for line in lines_of(node) if ", per block, read at 75 % of sampling" in line]
     assert "ratio 0.25 " in line and "ratio 0.5 " not in line and "left alone" not in line, line
     assert not torch.equal(image, unpatched)
+    measured = cpu_store.measurements
+    assert torch.equal(run(comfy, node, VARIANT, steps=4), image) and cpu_store.measurements == measured  # kept
 
 
 def test_dit_todo_a_failed_capture_is_said_every_run_and_tried_again_after_a_restart(comfy, dits, cpu_store,

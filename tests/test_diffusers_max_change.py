@@ -533,6 +533,8 @@ def test_dit_tome_blocks_at_the_milder_ratio_alone_reuse_their_plan(monkeypatch,
     with apply_patch(pipe, "ToMe", max_change=budget, **reuse) as patch:
         latents = flux_run(pipe)
         lines = patch.report_lines()
+        measured = decisions.measurements
+        assert torch.equal(flux_run(pipe), latents) and decisions.measurements == measured  # the measuring run's
     assert "ratio 0.25 " in graded_line(lines) and "ratio 0.5 " not in graded_line(lines), lines
     assert not torch.equal(latents, unpatched)
 
